@@ -1,0 +1,89 @@
+// File: dlock/client.hpp
+//
+// dlock::Client is a connection to one coordination store, shared by every
+// lock made from it. It is a cheap, copyable handle: copies share the store,
+// the session and the per-process wait queues.
+//
+//   auto client = dlock::Client::connect("zk://127.0.0.1:2181/app");
+//   dlock::Mutex m(client, "orders/42");
+//   std::scoped_lock hold(m);
+//
+// Sessions: a Client opens one store session lazily, on the first acquire,
+// and shares it among all locks and threads. If that session is lost, every
+// hold made through it reports kLost, and the next acquire opens a new one.
+//
+// Thread-safety: all methods are thread-safe.
+#ifndef DLOCK_CLIENT_HPP_
+#define DLOCK_CLIENT_HPP_
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "dlock/clock.hpp"
+#include "dlock/status.hpp"
+#include "dlock/store.hpp"
+
+namespace dlock {
+
+namespace internal {
+class ClientCore;
+}  // namespace internal
+
+struct ClientOptions {
+  // Time source for every deadline. nullptr: Clock::system().
+  std::shared_ptr<Clock> clock;
+  // How long opening the store and each session may take.
+  std::chrono::milliseconds connect_timeout{10'000};
+  // Written into owner records (`dlock status` shows it).
+  std::string label;
+  // Called with errors that no caller can receive, e.g. a removal that keeps
+  // failing in the background. Runs on a dlock thread; must not block.
+  std::function<void(const Status&)> on_background_error;
+};
+
+class Client {
+ public:
+  // Opens the store named by `url` (see OpenStore in dlock/store.hpp). Does
+  // not open a session yet. Throws dlock::Error on a bad URL or an
+  // unreachable store.
+  static Client connect(std::string_view url, ClientOptions options = {});
+
+  // The same, returning the error instead of throwing.
+  static Result<Client> open(std::string_view url, ClientOptions options = {});
+
+  // Uses a store built by hand, e.g. a MemStore with fault hooks.
+  static Client with_store(std::shared_ptr<Store> store, ClientOptions options = {});
+
+  // The store URL, password removed.
+  std::string url() const;
+
+  // The state of the current session; kClosed before the first acquire.
+  SessionState session_state() const;
+
+  // The current session, opening one if there is none or it was lost.
+  Result<std::shared_ptr<Session>> session() const;
+
+  // Inspection and repair, for tools: the entries of one store queue (a lock
+  // name, or "name/leases" and "name/locks" for a Semaphore), and the
+  // removal of one entry regardless of who owns it.
+  Result<std::vector<Entry>> list_entries(std::string_view queue, bool with_owners = true) const;
+  Status remove_entry(std::string_view queue, std::string_view id) const;
+
+  // Closes the session: every hold made through it ends (kLost). Later
+  // acquires open a new session.
+  void close_session() noexcept;
+
+  const std::shared_ptr<internal::ClientCore>& core() const noexcept { return core_; }
+
+ private:
+  explicit Client(std::shared_ptr<internal::ClientCore> core) : core_(std::move(core)) {}
+  std::shared_ptr<internal::ClientCore> core_;
+};
+
+}  // namespace dlock
+
+#endif  // DLOCK_CLIENT_HPP_

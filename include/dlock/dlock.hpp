@@ -1,0 +1,26 @@
+// File: dlock/dlock.hpp
+//
+// dlock: distributed locks for C++20 on the stores you already run
+// (ZooKeeper, Redis, ...) and on two embedded stores that need no server
+// (mem:// in-process, file:// host-local). Include this one header.
+//
+//   auto client = dlock::Client::connect("file:///run/myapp/locks");
+//   dlock::Mutex m(client, "jobs/nightly");
+//   std::unique_lock lock(m);
+//   do_work(*m.fencing_token());
+#ifndef DLOCK_DLOCK_HPP_
+#define DLOCK_DLOCK_HPP_
+
+#include "dlock/client.hpp"
+#include "dlock/clock.hpp"
+#include "dlock/hold.hpp"
+#include "dlock/mem_store.hpp"
+#include "dlock/mutex.hpp"
+#include "dlock/read_write_lock.hpp"
+#include "dlock/semaphore.hpp"
+#include "dlock/status.hpp"
+#include "dlock/store.hpp"
+#include "dlock/timeout.hpp"
+#include "dlock/version.hpp"
+
+#endif  // DLOCK_DLOCK_HPP_

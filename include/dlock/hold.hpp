@@ -1,0 +1,99 @@
+// File: dlock/hold.hpp
+//
+// dlock::Hold is one acquired lock, semaphore lease or read/write hold, owned
+// by no thread in particular: it can be moved to a thread pool, an async
+// callback or another thread and released there. Destroying it releases it.
+//
+//   std::optional<dlock::Hold> hold = mutex.acquire(5s);
+//   if (!hold) return;                       // timed out
+//   storage.write(data, hold->fencing_token());  // let the resource fence
+//   if (hold->lost_token().stop_requested()) ... // stop work: see below
+//
+// What the states mean for a holder:
+//  - kHeld: the store confirms the session that owns the hold is alive.
+//  - kUncertain: contact with the store is lost (session suspended). Nobody
+//    else can get the lock until the session expires on the server, but this
+//    process can no longer be sure it holds it. Stop touching the protected
+//    resource, or continue only with fencing. If contact comes back before
+//    expiry, the state returns to kHeld.
+//  - kLost: the session expired or was closed. Another holder may already
+//    have the lock. The hold is over; release() is still fine to call.
+//  - kReleased: release() was called.
+//
+// dlock declares kLost from its own monotonic clock no later than the moment
+// the store could give the lock to someone else (where the store allows it:
+// see each store's notes), so a holder hears it first. Because a process can
+// be paused at any instant (GC, SIGSTOP, swap), a holder that must never
+// overlap with the next one has to let the resource check fencing tokens.
+//
+// Thread-safety: all methods are thread-safe, including release() racing with
+// a state change.
+#ifndef DLOCK_HOLD_HPP_
+#define DLOCK_HOLD_HPP_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <stop_token>
+#include <string>
+#include <string_view>
+
+namespace dlock {
+
+enum class HoldState { kHeld, kUncertain, kLost, kReleased };
+std::string_view HoldStateName(HoldState state) noexcept;
+
+namespace internal {
+class HoldCore;
+}  // namespace internal
+
+class Hold {
+ public:
+  // An empty hold: holds nothing, released() is true.
+  Hold() noexcept = default;
+  explicit Hold(std::shared_ptr<internal::HoldCore> core) noexcept : core_(std::move(core)) {}
+  Hold(Hold&&) noexcept = default;
+  Hold& operator=(Hold&& other) noexcept;
+  Hold(const Hold&) = delete;
+  Hold& operator=(const Hold&) = delete;
+  ~Hold();
+
+  // True while the state is kHeld or kUncertain.
+  bool held() const noexcept;
+  explicit operator bool() const noexcept { return held(); }
+  HoldState state() const noexcept;
+
+  // The fencing token: larger than that of every earlier hold of the same
+  // lock in the same store. 0 for an empty Hold.
+  std::uint64_t fencing_token() const noexcept;
+
+  // The lock name, and how many semaphore permits this hold has (1 for locks).
+  const std::string& name() const noexcept;
+  std::uint32_t permits() const noexcept;
+
+  // Requested the first time the hold becomes kUncertain or kLost, and never
+  // reset: pass it to the work done under the lock.
+  std::stop_token lost_token() const noexcept;
+
+  // Calls `fn(state)` on every later state change (kUncertain, kHeld again,
+  // kLost; not kReleased). Runs on a dlock thread; must be quick and must not
+  // block. The returned handle unsubscribes when destroyed.
+  std::shared_ptr<void> on_state_change(std::function<void(HoldState)> fn) const;
+
+  // Gives the lock back. Never throws and never blocks for longer than one
+  // store round trip; if the store cannot be reached, the removal is retried
+  // in the background until it succeeds or the session ends. Idempotent.
+  void release() noexcept;
+
+  const std::shared_ptr<internal::HoldCore>& core() const noexcept { return core_; }
+
+ private:
+  std::shared_ptr<internal::HoldCore> core_;
+};
+
+// A semaphore lease is a Hold of one or more permits.
+using Lease = Hold;
+
+}  // namespace dlock
+
+#endif  // DLOCK_HOLD_HPP_

@@ -1,0 +1,204 @@
+// File: dlock/store.hpp
+//
+// The coordination-store interface: the few primitives every dlock recipe is
+// built from. Recipes (Mutex, Semaphore, ReadWriteLock) see only this file;
+// each store (mem://, file://, zk://, redis://, ...) implements it behind a URL.
+//
+// The model, in the terms of ZooKeeper's lock recipe:
+//
+//  - A *session* owns everything it creates. While it is kConnected its
+//    entries are alive. kSuspended means contact with the store is lost and
+//    may come back; the entries may or may not survive. kLost means the
+//    session expired: all its entries are gone, or will be before any other
+//    session can observe them as gone. kClosed means it was closed locally.
+//
+//  - A *queue* (named like a lock: "orders/42") holds *entries* in order. A
+//    session appends an ephemeral entry tagged with a kind ("lock", "read",
+//    "write", "lease") and an owner record. Every entry gets a fencing token,
+//    a number that only grows across the whole store, so a resource can refuse
+//    a holder whose token is older than one it has already seen.
+//
+//  - Waiting is for one thing only: until some given entries are gone. The
+//    store wakes the waiter (a watch, a blocking query, a pub/sub message, the
+//    kernel); it never sleeps and polls.
+//
+// Stores are thread-safe: every method may be called from any thread at once.
+#ifndef DLOCK_STORE_HPP_
+#define DLOCK_STORE_HPP_
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <span>
+#include <stop_token>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "dlock/clock.hpp"
+#include "dlock/status.hpp"
+
+namespace dlock {
+
+// dlock::SessionState
+enum class SessionState {
+  kConnected,  // entries are alive and the store is answering
+  kSuspended,  // contact lost; entries may survive if contact comes back in time
+  kLost,       // expired: every entry of the session is gone (or going)
+  kClosed,     // closed locally; entries were removed or are going with it
+};
+std::string_view SessionStateName(SessionState state) noexcept;
+
+// Kind tags the recipes write. Entries of other clients (Curator, kazoo) are
+// mapped onto these where their meaning is the same.
+namespace entry_kind {
+inline constexpr std::string_view kLock = "lock";    // exclusive (Mutex)
+inline constexpr std::string_view kRead = "read";    // shared side of ReadWriteLock
+inline constexpr std::string_view kWrite = "write";  // exclusive side of ReadWriteLock
+inline constexpr std::string_view kLease = "lease";  // one semaphore permit
+}  // namespace entry_kind
+
+// Who made an entry. For people (`dlock status`), never for decisions.
+struct OwnerRecord {
+  std::string host;
+  std::int64_t pid = 0;
+  std::string thread;  // the acquiring thread, or a label for thread-agnostic holds
+  std::string label;   // free text, e.g. the command `dlock run` started
+  std::int64_t acquired_unix_ms = 0;  // wall clock at append time
+};
+
+// A compact JSON object. Decode accepts unknown fields and rejects anything
+// that is not a JSON object with fields of the right types.
+std::string EncodeOwnerRecord(const OwnerRecord& owner);
+Result<OwnerRecord> DecodeOwnerRecord(std::string_view data);
+
+// What to append.
+struct EntrySpec {
+  std::string kind;
+  // Unique per acquire attempt (32 lower-case hex digits). If the reply to an
+  // append is lost, `Session::find_own` finds the entry by it, so a retry can
+  // adopt or delete it instead of leaving an orphan.
+  std::string attempt_id;
+  OwnerRecord owner;
+  // If set, the entry takes this existing sequence instead of a new one, so
+  // it sorts exactly where another entry of the same session is (lock
+  // downgrade: the read entry takes the place of the write entry).
+  std::optional<std::int64_t> sequence;
+};
+
+// An entry as read back from a store.
+struct Entry {
+  std::string id;        // unique within its queue; what remove/wait take
+  std::string kind;      // an entry_kind, or "foreign" if unknown
+  std::int64_t sequence = 0;  // queue order, smaller first (ties: by id)
+  std::optional<std::uint64_t> token;  // fencing token, where the listing has it
+  std::string attempt_id;  // empty for entries of other clients
+  std::optional<OwnerRecord> owner;  // present if listed with owners
+};
+
+// Queue order: by sequence, then by id.
+bool QueueOrder(const Entry& a, const Entry& b) noexcept;
+
+struct Appended {
+  Entry entry;  // always has its token
+  // The whole queue right after the append, where the store read it in the
+  // same atomic step (one round trip instead of two). Sorted.
+  std::optional<std::vector<Entry>> queue;
+};
+
+struct ListOptions {
+  bool with_owners = false;  // may cost a request per entry on some stores
+};
+
+// dlock::Session
+//
+// A handle on one store session. Thread-safe. Blocking methods block the
+// calling thread for at most about `deadline` (plus one store round trip) and
+// return kUnavailable while the session is suspended rather than wait for it.
+class Session {
+ public:
+  virtual ~Session() = default;
+
+  // A short printable id ("0x1000a3c9e5f0001", "pid 4242 #3").
+  virtual std::string id() const = 0;
+  virtual SessionState state() const noexcept = 0;
+
+  // Calls `fn(state)` on every state change after this call. `fn` runs on a
+  // store thread, must be cheap and must not block or call blocking methods
+  // of this session. The returned handle unsubscribes when destroyed and
+  // waits for a running call of `fn` to finish.
+  virtual std::shared_ptr<void> subscribe(std::function<void(SessionState)> fn) = 0;
+
+  // Appends an entry for this session. Errors: kUnavailable (outcome unknown:
+  // the entry may exist; see find_own), kSessionLost, kPermissionDenied.
+  virtual Result<Appended> append(std::string_view queue, const EntrySpec& spec,
+                                  Clock::time_point deadline) = 0;
+
+  // The queue's live entries, sorted. Entries of dead sessions are left out.
+  // A queue that does not exist is empty.
+  virtual Result<std::vector<Entry>> list(std::string_view queue, const ListOptions& options,
+                                          Clock::time_point deadline) = 0;
+
+  // Returns OK as soon as any entry in `ids` is gone from `queue` (already
+  // gone counts). Keeps waiting through a suspension. Errors:
+  // kDeadlineExceeded, kCancelled (`stop` requested), kSessionLost (this
+  // session expired: its own entries are gone too), kUnavailable.
+  virtual Status wait_any_gone(std::string_view queue, std::span<const std::string> ids,
+                               Clock::time_point deadline, std::stop_token stop) = 0;
+
+  // Removes one entry; OK if it was already gone. May remove another
+  // session's entry (the operator's `dlock break`).
+  virtual Status remove(std::string_view queue, std::string_view id,
+                        Clock::time_point deadline) = 0;
+
+  // The entry this session appended with `attempt_id`, if it exists and is
+  // still owned by this very session; nullopt otherwise.
+  virtual Result<std::optional<Entry>> find_own(std::string_view queue,
+                                                std::string_view attempt_id,
+                                                Clock::time_point deadline) = 0;
+
+  // Ends the session and its entries. Idempotent; never throws.
+  virtual void close() noexcept = 0;
+};
+
+// dlock::Store
+//
+// A connection to one store, shared by every lock of a Client. Thread-safe.
+class Store {
+ public:
+  virtual ~Store() = default;
+
+  // The URL this store was opened with, password removed.
+  virtual std::string url() const = 0;
+
+  // Opens a new session. Errors: kUnavailable (unreachable within the
+  // deadline), kUnauthenticated, kInvalidArgument.
+  virtual Result<std::shared_ptr<Session>> open_session(Clock::time_point deadline) = 0;
+};
+
+struct StoreOptions {
+  std::shared_ptr<Clock> clock;  // nullptr: Clock::system()
+  std::chrono::milliseconds connect_timeout{10'000};
+};
+
+// Opens the store a URL names:
+//   mem://                    a new in-process store
+//   file:///some/dir          host-local, multi-process, no daemon
+//   file://                   the default directory ($XDG_RUNTIME_DIR/dlock, else /tmp/dlock-<uid>)
+// plus each server store compiled in (see README). Unknown schemes and
+// malformed URLs fail with kInvalidArgument naming what is wrong.
+Result<std::shared_ptr<Store>> OpenStore(std::string_view url, const StoreOptions& options = {});
+
+// The schemes this build of dlock understands, e.g. {"file", "mem", "zk"}.
+std::vector<std::string> SupportedSchemes();
+
+// Lock names are path-like: "/"-separated segments of [A-Za-z0-9._-],
+// at most 512 bytes; no empty, "." or ".." segments; no leading or trailing
+// "/". Returns kInvalidArgument naming the problem.
+Status ValidateLockName(std::string_view name);
+
+}  // namespace dlock
+
+#endif  // DLOCK_STORE_HPP_

@@ -1,0 +1,34 @@
+// File: dlock/timeout.hpp
+//
+// Converts the standard library's durations and time points into the
+// relative timeouts dlock's acquire calls take, without overflow: a
+// `time_point::max()` or a huge duration means "no timeout".
+#ifndef DLOCK_TIMEOUT_HPP_
+#define DLOCK_TIMEOUT_HPP_
+
+#include <chrono>
+
+#include "dlock/clock.hpp"
+
+namespace dlock {
+
+inline constexpr Clock::duration kForever = Clock::duration::max();
+
+template <class Rep, class Period>
+constexpr Clock::duration ToTimeout(const std::chrono::duration<Rep, Period>& d) noexcept {
+  using Wide = std::chrono::duration<long double, std::nano>;
+  const Wide wide = std::chrono::duration_cast<Wide>(d);
+  if (wide <= Wide::zero()) return Clock::duration::zero();
+  if (wide >= Wide(static_cast<long double>(kForever.count()))) return kForever;
+  return std::chrono::duration_cast<Clock::duration>(d);
+}
+
+template <class C, class D>
+Clock::duration ToTimeout(const std::chrono::time_point<C, D>& tp) {
+  if (tp == std::chrono::time_point<C, D>::max()) return kForever;
+  return ToTimeout(tp - C::now());
+}
+
+}  // namespace dlock
+
+#endif  // DLOCK_TIMEOUT_HPP_

@@ -1,0 +1,254 @@
+#include "core/url.hpp"
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <limits>
+
+namespace dlock::internal {
+namespace {
+
+std::string Lower(std::string_view s) {
+  std::string out(s);
+  std::transform(out.begin(), out.end(), out.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  return out;
+}
+
+int HexValue(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  return -1;
+}
+
+Result<std::string> PercentDecode(std::string_view in, std::string_view what) {
+  std::string out;
+  out.reserve(in.size());
+  for (std::size_t i = 0; i < in.size(); ++i) {
+    if (in[i] != '%') {
+      out.push_back(in[i]);
+      continue;
+    }
+    if (i + 2 >= in.size()) {
+      return InvalidArgumentError("truncated percent-escape in the URL's " + std::string(what));
+    }
+    int hi = HexValue(in[i + 1]);
+    int lo = HexValue(in[i + 2]);
+    if (hi < 0 || lo < 0) {
+      return InvalidArgumentError("bad percent-escape in the URL's " + std::string(what));
+    }
+    out.push_back(static_cast<char>(hi * 16 + lo));
+    i += 2;
+  }
+  if (out.find('\0') != std::string::npos) {
+    return InvalidArgumentError("NUL byte in the URL's " + std::string(what));
+  }
+  return out;
+}
+
+Result<HostPort> ParseHostPort(std::string_view text) {
+  HostPort hp;
+  std::string_view host = text;
+  std::string_view port;
+  if (!text.empty() && text.front() == '[') {  // [::1]:2181
+    auto close = text.find(']');
+    if (close == std::string_view::npos) return InvalidArgumentError("unclosed '[' in host '" + std::string(text) + "'");
+    host = text.substr(1, close - 1);
+    std::string_view rest = text.substr(close + 1);
+    if (!rest.empty()) {
+      if (rest.front() != ':') return InvalidArgumentError("unexpected text after ']' in host '" + std::string(text) + "'");
+      port = rest.substr(1);
+      if (port.empty()) return InvalidArgumentError("empty port in '" + std::string(text) + "'");
+    }
+  } else {
+    auto colon = text.rfind(':');
+    if (colon != std::string_view::npos) {
+      host = text.substr(0, colon);
+      port = text.substr(colon + 1);
+      if (port.empty()) return InvalidArgumentError("empty port in '" + std::string(text) + "'");
+    }
+  }
+  if (host.empty()) return InvalidArgumentError("empty host in the URL");
+  for (char c : host) {
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '-' || c == '_' || c == ':')) {
+      return InvalidArgumentError("invalid character in host '" + std::string(host) + "'");
+    }
+  }
+  hp.host = std::string(host);
+  if (!port.empty()) {
+    unsigned value = 0;
+    auto [end, ec] = std::from_chars(port.data(), port.data() + port.size(), value);
+    if (ec != std::errc() || end != port.data() + port.size() || port.size() > 5) {
+      return InvalidArgumentError("port '" + std::string(port) + "' is not a number");
+    }
+    if (value == 0 || value > 65535) {
+      return InvalidArgumentError("port " + std::string(port) + " is out of range (1-65535)");
+    }
+    hp.port = static_cast<std::uint16_t>(value);
+  }
+  return hp;
+}
+
+}  // namespace
+
+std::string ParsedUrl::Redacted() const {
+  std::string out = scheme + "://";
+  if (user) {
+    out += *user;
+    if (password) out += ":***";
+    out += "@";
+  }
+  for (std::size_t i = 0; i < hosts.size(); ++i) {
+    if (i) out += ",";
+    bool v6 = hosts[i].host.find(':') != std::string::npos;
+    out += v6 ? "[" + hosts[i].host + "]" : hosts[i].host;
+    if (hosts[i].port) out += ":" + std::to_string(*hosts[i].port);
+  }
+  out += path;
+  char sep = '?';
+  for (const auto& [k, v] : query) {
+    out += sep + k + "=" + v;
+    sep = '&';
+  }
+  return out;
+}
+
+Result<ParsedUrl> ParseUrl(std::string_view url) {
+  if (url.empty()) return InvalidArgumentError("empty store URL");
+  if (url.size() > 4096) return InvalidArgumentError("store URL longer than 4096 bytes");
+  if (url.find('\0') != std::string_view::npos) return InvalidArgumentError("NUL byte in store URL");
+  auto sep = url.find("://");
+  if (sep == std::string_view::npos) {
+    return InvalidArgumentError("store URL '" + std::string(url) +
+                                "' has no scheme; expected e.g. file:///dir, mem://, zk://host:2181");
+  }
+  ParsedUrl out;
+  out.scheme = Lower(url.substr(0, sep));
+  if (out.scheme.empty()) return InvalidArgumentError("store URL has an empty scheme");
+  for (char c : out.scheme) {
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '+' || c == '-' || c == '.')) {
+      return InvalidArgumentError("invalid character in URL scheme '" + out.scheme + "'");
+    }
+  }
+  std::string_view rest = url.substr(sep + 3);
+  std::string_view query;
+  if (auto q = rest.find('?'); q != std::string_view::npos) {
+    query = rest.substr(q + 1);
+    rest = rest.substr(0, q);
+  }
+  std::string_view authority = rest;
+  std::string_view path;
+  if (auto slash = rest.find('/'); slash != std::string_view::npos) {
+    authority = rest.substr(0, slash);
+    path = rest.substr(slash);
+  }
+  if (auto at = authority.rfind('@'); at != std::string_view::npos) {
+    std::string_view userinfo = authority.substr(0, at);
+    authority = authority.substr(at + 1);
+    std::string_view user = userinfo;
+    if (auto colon = userinfo.find(':'); colon != std::string_view::npos) {
+      user = userinfo.substr(0, colon);
+      auto pw = PercentDecode(userinfo.substr(colon + 1), "password");
+      if (!pw.ok()) return pw.status();
+      out.password = *pw;
+    }
+    auto u = PercentDecode(user, "user name");
+    if (!u.ok()) return u.status();
+    out.user = *u;
+  }
+  if (!authority.empty()) {
+    std::size_t start = 0;
+    while (start <= authority.size()) {
+      auto comma = authority.find(',', start);
+      std::string_view one = authority.substr(start, comma == std::string_view::npos ? std::string_view::npos : comma - start);
+      auto hp = ParseHostPort(one);
+      if (!hp.ok()) return hp.status();
+      out.hosts.push_back(*hp);
+      if (comma == std::string_view::npos) break;
+      start = comma + 1;
+    }
+  }
+  auto p = PercentDecode(path, "path");
+  if (!p.ok()) return p.status();
+  out.path = *p;
+  while (!query.empty()) {
+    auto amp = query.find('&');
+    std::string_view kv = query.substr(0, amp);
+    query = amp == std::string_view::npos ? std::string_view() : query.substr(amp + 1);
+    if (kv.empty()) continue;
+    auto eq = kv.find('=');
+    if (eq == std::string_view::npos || eq == 0) {
+      return InvalidArgumentError("URL query parameter '" + std::string(kv) + "' is not key=value");
+    }
+    auto key = PercentDecode(kv.substr(0, eq), "query");
+    auto value = PercentDecode(kv.substr(eq + 1), "query");
+    if (!key.ok()) return key.status();
+    if (!value.ok()) return value.status();
+    if (out.query.count(*key)) return InvalidArgumentError("URL query parameter '" + *key + "' given twice");
+    out.query[*key] = *value;
+  }
+  return out;
+}
+
+Result<std::chrono::milliseconds> ParseDuration(std::string_view text) {
+  if (text.empty()) return InvalidArgumentError("empty duration");
+  std::size_t digits = 0;
+  while (digits < text.size() && std::isdigit(static_cast<unsigned char>(text[digits]))) ++digits;
+  if (digits == 0) return InvalidArgumentError("duration '" + std::string(text) + "' does not start with a number");
+  std::uint64_t value = 0;
+  auto [end, ec] = std::from_chars(text.data(), text.data() + digits, value);
+  if (ec != std::errc() || value > (1ULL << 40)) {
+    return InvalidArgumentError("duration '" + std::string(text) + "' is too large");
+  }
+  std::string_view unit = text.substr(digits);
+  using namespace std::chrono;
+  std::int64_t v = static_cast<std::int64_t>(value);
+  if (unit.empty() || unit == "ms") return milliseconds(v);
+  if (unit == "us") return duration_cast<milliseconds>(microseconds(v));
+  if (unit == "s") return milliseconds(v * 1000);
+  if (unit == "m") return milliseconds(v * 60'000);
+  if (unit == "h") return milliseconds(v * 3'600'000);
+  return InvalidArgumentError("duration '" + std::string(text) + "' has unknown unit '" + std::string(unit) +
+                              "' (use ms, s, m or h)");
+}
+
+Result<std::chrono::milliseconds> QueryDuration(const ParsedUrl& url, const std::string& key,
+                                                std::chrono::milliseconds fallback) {
+  auto it = url.query.find(key);
+  if (it == url.query.end()) return fallback;
+  auto d = ParseDuration(it->second);
+  if (!d.ok()) return InvalidArgumentError("URL parameter " + key + ": " + d.status().message());
+  return *d;
+}
+
+Result<std::int64_t> QueryInt(const ParsedUrl& url, const std::string& key, std::int64_t fallback,
+                              std::int64_t min, std::int64_t max) {
+  auto it = url.query.find(key);
+  if (it == url.query.end()) return fallback;
+  std::int64_t v = 0;
+  const std::string& s = it->second;
+  auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (ec != std::errc() || end != s.data() + s.size()) {
+    return InvalidArgumentError("URL parameter " + key + "='" + s + "' is not an integer");
+  }
+  if (v < min || v > max) {
+    return InvalidArgumentError("URL parameter " + key + "=" + s + " is out of range (" + std::to_string(min) +
+                                "-" + std::to_string(max) + ")");
+  }
+  return v;
+}
+
+Status CheckQueryKeys(const ParsedUrl& url, std::initializer_list<std::string_view> known) {
+  for (const auto& [k, v] : url.query) {
+    if (std::find(known.begin(), known.end(), k) == known.end()) {
+      std::string list;
+      for (auto n : known) list += (list.empty() ? "" : ", ") + std::string(n);
+      return InvalidArgumentError("unknown URL parameter '" + k + "' for " + url.scheme + "://" +
+                                  (list.empty() ? std::string(" (it takes none)") : " (known: " + list + ")"));
+    }
+  }
+  return OkStatus();
+}
+
+}  // namespace dlock::internal
