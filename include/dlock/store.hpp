@@ -125,10 +125,12 @@ class Session {
   virtual std::string id() const = 0;
   virtual SessionState state() const noexcept = 0;
 
-  // Calls `fn(state)` on every state change after this call. `fn` runs on a
-  // store thread, must be cheap and must not block or call blocking methods
-  // of this session. The returned handle unsubscribes when destroyed and
-  // waits for a running call of `fn` to finish.
+  // Calls `fn(state)` on every state change after this call, in order. `fn`
+  // runs on a store thread (or the thread that injected a fault), must be
+  // cheap, and must not block or call blocking methods of this session. The
+  // returned handle unsubscribes when destroyed; it does not wait for a call
+  // already running, so `fn` should capture weak references. Implementations
+  // call `fn` without holding their own locks.
   virtual std::shared_ptr<void> subscribe(std::function<void(SessionState)> fn) = 0;
 
   // Appends an entry for this session. Errors: kUnavailable (outcome unknown:
