@@ -143,7 +143,9 @@ struct StoreDir {
   std::shared_ptr<Clock> clock;
   std::atomic<std::uint64_t> sessions_opened{0};
 
-  std::string PathOf(std::string_view relative) const { return path + "/" + std::string(relative); }
+  std::string PathOf(std::string_view relative) const {
+    return path + (path.ends_with('/') ? "" : "/") + std::string(relative);
+  }
 };
 
 // An eventfd another thread signals (a stop request, a clock advance). Shared
