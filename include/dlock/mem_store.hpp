@@ -7,8 +7,10 @@
 // deterministically:
 //
 //   auto clock = std::make_shared<dlock::ManualClock>();
-//   auto store = dlock::MemStore::create({.clock = clock});
-//   auto client = dlock::Client::with_store(store, {.clock = clock});
+//   dlock::MemStoreOptions options;
+//   options.clock = clock;
+//   auto store = dlock::MemStore::create(options);
+//   auto client = dlock::Client::with_store(store);
 //   ...
 //   store->expire(client.session()->get()->id());  // holders hear kLost first
 //
@@ -17,6 +19,7 @@
 #define DLOCK_MEM_STORE_HPP_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -70,6 +73,10 @@ class MemStore final : public Store, public std::enable_shared_from_this<MemStor
   MemStore() = default;
   struct State;
   class MemSession;
+  // Moves a session to `next` and calls its listeners in order, without the
+  // store's mutex; then runs `then` under the mutex.
+  static void Transition(const std::shared_ptr<State>& state, std::string_view id, SessionState next,
+                         const std::function<void()>& then = {});
   std::shared_ptr<State> state_;
   std::shared_ptr<void> clock_subscription_;
 };
