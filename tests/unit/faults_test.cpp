@@ -198,6 +198,29 @@ TEST(Faults, ManualClockDrivesTimeouts) {
   ma.unlock();
 }
 
+TEST(Faults, SlowStoreCountsAgainstTheDeadline) {
+  auto clock = std::make_shared<ManualClock>();
+  MemStoreOptions store_options;
+  store_options.clock = clock;
+  auto store = MemStore::create(store_options);
+  ClientOptions options;
+  options.clock = clock;
+  auto a = Client::with_store(store, options);
+  auto b = Client::with_store(store, options);
+  Mutex ma(a, "slow");
+  Mutex mb(b, "slow");
+  ma.lock();
+  store->delay_next("append", 3s);
+  std::atomic<int> result{-1};
+  std::jthread waiter([&] { result = mb.try_lock_for(2s) ? 1 : 0; });
+  ASSERT_TRUE(Eventually([&] { return store->op_count("delayed") == 1u; }));
+  clock->advance(3s);  // the append completes after the deadline has passed
+  waiter.join();
+  EXPECT_EQ(result, 0);
+  EXPECT_TRUE(Eventually([&] { return store->entry_count() == 1u; })) << "the late entry was not removed";
+  ma.unlock();
+}
+
 TEST(Faults, SemaphoreLeasesGoWithTheSession) {
   auto store = MemStore::create();
   auto a = Client::with_store(store);
