@@ -32,6 +32,7 @@
 #include <sys/file.h>
 #include <sys/random.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -786,9 +787,26 @@ Result<UniqueFd> OpenGivenDirectory(const std::string& path) {
   return fd;
 }
 
+// Network file systems emulate flock with POSIX record locks (lost when the
+// owner closes any fd of the file, which listing its own queue does), and
+// their FIFOs reach no other host anyway.
+Status CheckLocalFileSystem(const StoreDir& dir) {
+  struct statfs fs {};
+  if (fstatfs(dir.root.get(), &fs) != 0) return ErrnoStatus(errno, "cannot stat the file system of", dir.path);
+  constexpr std::uint32_t kNfs = 0x6969, kSmb = 0x517b, kCifs = 0xff534d42, kSmb2 = 0xfe534d42, kCeph = 0x00c36400;
+  auto type = static_cast<std::uint32_t>(fs.f_type);  // magic numbers are 32-bit
+  if (type == kNfs || type == kSmb || type == kCifs || type == kSmb2 || type == kCeph) {
+    return InvalidArgumentError("store directory " + dir.path +
+                                " is on a network file system; the file:// store needs a local one (e.g. "
+                                "under /run or /tmp)");
+  }
+  return OkStatus();
+}
+
 // Creates the counter file and the FIFO directory if missing; this is also
 // where an unwritable store directory shows.
 Status InitializeDirectory(const StoreDir& dir) {
+  if (auto s = CheckLocalFileSystem(dir); !s.ok()) return s;
   UniqueFd counter(openat(dir.root.get(), std::string(kCounterFile).c_str(),
                           O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600));
   if (!counter.valid()) {
