@@ -544,6 +544,44 @@ TEST_F(FileStoreTest, AnEmptiedQueueLeavesNoDirectory) {
   EXPECT_EQ(List(*s, "tidy").size(), 1u);
 }
 
+TEST_F(FileStoreTest, AppendsSurviveTheQueueDirectoryComingAndGoing) {
+  // A stress test: removing the last entry deletes the queue directory, which
+  // other threads' appends may be about to use (the window is narrow, so a
+  // run does not always hit it).
+  std::atomic<int> failures{0};
+  auto churn = [&](Session& session) {
+    for (int i = 0; i < 250; ++i) {
+      auto appended = session.append("churn", Spec(), kNoDeadline);
+      if (!appended.ok()) {
+        ++failures;
+        continue;
+      }
+      if (!session.remove("churn", appended->entry.id, kNoDeadline).ok()) ++failures;
+    }
+  };
+  std::vector<std::shared_ptr<Session>> sessions;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) sessions.push_back(NewSession());
+  for (auto& session : sessions) threads.emplace_back([&churn, session] { churn(*session); });
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(failures.load(), 0);
+  EXPECT_TRUE(List(*sessions[0], "churn").empty());
+  EXPECT_FALSE(std::filesystem::exists(QueuePath("churn")));
+}
+
+TEST_F(FileStoreTest, ListingDeletesWhatACrashedAppendLeft) {
+  auto s = NewSession();
+  Entry e = Append(*s, "crash");
+  const std::string nonce = "0123456789abcdef0123456789abcdef";
+  std::ofstream(QueuePath("crash") + "/.tmp." + nonce) << "{}";  // nobody holds its lock
+  ASSERT_EQ(mkfifo((dir_.path() + "/.wake/" + nonce).c_str(), 0600), 0);
+  EXPECT_EQ(Ids(List(*s, "crash")), std::vector<std::string>{e.id});
+  EXPECT_FALSE(std::filesystem::exists(QueuePath("crash") + "/.tmp." + nonce));
+  EXPECT_FALSE(std::filesystem::exists(dir_.path() + "/.wake/" + nonce));
+  ASSERT_TRUE(s->remove("crash", e.id, kNoDeadline).ok());
+  EXPECT_FALSE(std::filesystem::exists(QueuePath("crash")));
+}
+
 // --- sessions
 
 TEST_F(FileStoreTest, SessionsInOneProcessAreIndependent) {
