@@ -245,20 +245,8 @@ TEST_P(CliTest, BreakFreesALockHeldByAStoppedProcess) {
   EXPECT_EQ(RunToEnd({"break", "--url", url_, name_}), 1) << "nothing left to break";
 }
 
-std::vector<std::string> CliStores() {
-  std::vector<std::string> out{"file"};
-  for (const auto& s : testing::StoreSpecs()) {
-    if (s != "mem") out.push_back(s);
-  }
-  return out;
-}
-
-INSTANTIATE_TEST_SUITE_P(Stores, CliTest, ::testing::ValuesIn(CliStores()),
-                         [](const ::testing::TestParamInfo<std::string>& p) {
-                           std::string s;
-                           for (char c : p.param) s += std::isalnum(static_cast<unsigned char>(c)) ? c : '_';
-                           return s.substr(0, 40) + "_" + std::to_string(p.index);
-                         });
+INSTANTIATE_TEST_SUITE_P(Stores, CliTest, ::testing::ValuesIn(testing::MultiProcessSpecs()),
+                         [](const auto& p) { return testing::SpecName(p.param, p.index); });
 
 }  // namespace
 }  // namespace dlock
