@@ -11,9 +11,15 @@
 // that its owner holds open read-write (see layout.hpp). A waiter opens it
 // read-only and polls: POLLHUP when the owner's fds close (release, or death
 // of the process), POLLIN when a remover wrote a byte after unlinking the
-// entry. Waiters arm the FIFOs first and test the entries second, so no
-// release is missed; a FIFO opened after its owner died shows no POLLHUP (a
-// Linux rule), which the test after arming catches. FIFOs were chosen over
+// entry. Waiters arm the FIFOs first and test second, so no release is missed;
+// a FIFO opened after its owner died shows no POLLHUP (a Linux rule), which
+// the test after arming catches. That test takes the flock of the FIFO itself
+// (its owner holds one on the FIFO's open file description as well as on the
+// entry file): when a process dies, the kernel may release its files in any
+// order and later than the exit (deferred fput), so the FIFO's writer could be
+// gone while the entry file is still locked, and a waiter arming in that gap
+// would sleep forever. Within one description the lock is dropped before the
+// writer is, so "no writer" always implies "lock free". FIFOs were chosen over
 // abstract unix sockets because every connect() to a listener that never
 // accepts leaves a connection in its backlog until the listener closes, so a
 // long-held entry would refuse waiters once its backlog filled. inotify is not
@@ -472,6 +478,10 @@ class FileSession final : public Session {
     // POLLHUP when it goes) and a reader (so that a remover can write).
     UniqueFd wake(openat(dir.root.get(), wake_path.c_str(), O_RDWR | O_NONBLOCK | O_CLOEXEC | O_NOFOLLOW));
     if (!wake.valid()) return abandon(ErrnoStatus(errno, "cannot open", dir.PathOf(wake_path)));
+    // The FIFO is locked too, for waiters: see "Waking" at the top.
+    if (RetryOnEintr([&] { return flock(wake.get(), LOCK_EX); }) != 0) {
+      return abandon(ErrnoStatus(errno, "cannot lock", dir.PathOf(wake_path)));
+    }
 
     auto counter = LockCounter(dir, LOCK_EX);
     if (!counter.ok()) return abandon(counter.status());
@@ -558,6 +568,9 @@ class FileSession final : public Session {
       auto probe = ProbeFile(dir, qdir_fd->get(), ids[i], names[i].nonce, dir.PathOf(qdir + "/" + ids[i]));
       if (!probe.ok()) return probe.status();
       if (probe->liveness == Liveness::kGone) return OkStatus();
+      // The FIFO's own lock: free means its owner is gone (see "Waking").
+      if (flock(fifos[i].get(), LOCK_SH | LOCK_NB) == 0) return OkStatus();
+      if (errno != EWOULDBLOCK) return ErrnoStatus(errno, "cannot test the lock of", dir.PathOf(WakePath(names[i].nonce)));
     }
 
     auto waker = Waker::Create();
