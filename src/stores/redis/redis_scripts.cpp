@@ -141,11 +141,16 @@ end
 return {}
 )lua";
 
-// ARGV: prefix, channel, ids... Returns {soonest mirror PTTL, gone ids...}.
+// ARGV: prefix, channel, own session ('' for none), ids...
+// Returns {soonest mirror PTTL, own mirror exists (1/0), gone ids...}: the
+// waiter's own lease in the queue is checked on the way, so that a session
+// whose lease the server lost (a restart without data) hears it here first.
 constexpr const char* kCheckGone = R"lua(
 local soonest = prune()
-local out = {soonest}
-for i = 3, #ARGV do
+local own = 1
+if ARGV[3] ~= '' then own = redis.call('EXISTS', mkey(ARGV[3])) end
+local out = {soonest, own}
+for i = 4, #ARGV do
   if not redis.call('ZSCORE', zkey, ARGV[i]) then out[#out + 1] = ARGV[i] end
 end
 return out

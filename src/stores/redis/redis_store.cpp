@@ -537,18 +537,26 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
     const std::string q(queue);
     const QueueKeys k = KeysFor(q, cfg_.endpoint.db);
     std::vector<std::string> watch(ids.begin(), ids.end());
-    auto store = store_;
     auto session = [this] { return Usable(false); };
-    auto check = [store, k, deadline](const std::string&, const std::vector<std::string>& which)
+    auto check = [this, q, k, deadline](const std::string&, const std::vector<std::string>& which)
         -> Result<CheckResult> {
-      std::vector<std::string> args = {k.base, k.channel};
+      // If this session has confirmed entries in the queue, its lease there
+      // must exist: ask on the way.
+      bool relies = HasConfirmed(q);
+      std::vector<std::string> args = {k.base, k.channel, relies ? sid_ : std::string()};
       args.insert(args.end(), which.begin(), which.end());
-      auto r = store->Script(ScriptId::kCheckGone, {k.zset}, args, store->IoDeadline(deadline));
-      if (!r.ok()) return r.status();
-      if (!r->is_array() || r->size() < 1) return InternalError("redis store: malformed reply to check");
+      auto r = store_->Script(ScriptId::kCheckGone, {k.zset}, args, store_->IoDeadline(deadline));
+      if (!r.ok()) {
+        OnRequestFailed(r.status());
+        return r.status();
+      }
+      if (!r->is_array() || r->size() < 2) return InternalError("redis store: malformed reply to check");
+      if (relies && ElementInt(r->element(1)) == 0 && HasConfirmed(q)) {
+        Lose("the session's lease in queue " + q + " is gone from the server");
+      }
       CheckResult out;
       out.soonest_ttl_ms = ElementInt(r->element(0));
-      for (std::size_t i = 1; i < r->size(); ++i) out.gone.emplace_back(ElementStr(r->element(i)));
+      for (std::size_t i = 2; i < r->size(); ++i) out.gone.emplace_back(ElementStr(r->element(i)));
       return out;
     };
     return store_->subscriber().Wait(q, k.channel, watch, deadline, std::move(stop), session, check);
@@ -609,6 +617,13 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
     UpdateLostAtLocked();
     auto left = std::chrono::ceil<milliseconds>(it->second.basis + cfg_.ttl - now).count();
     return std::max<std::int64_t>(left, 1);
+  }
+
+  bool HasConfirmed(const std::string& queue) const {
+    std::lock_guard<std::mutex> g(mu_);
+    auto it = queues_.find(queue);
+    if (it == queues_.end()) return false;
+    return std::any_of(it->second.ids.begin(), it->second.ids.end(), [](const auto& p) { return p.second.confirmed; });
   }
 
   void Confirm(const std::string& queue, const std::string& id) {

@@ -167,9 +167,10 @@ Status Subscriber::Wait(const std::string& queue, const std::string& channel, co
   Leave leave{this, ch, &w};
   const Clock& clock = *opt_.clock;
   for (;;) {
+    // A lost session first: its own entries are gone too, whatever else went.
+    if (Status s = session(); !s.ok()) return s;
     if (w.gone) return OkStatus();
     if (!w.error.ok()) return w.error;
-    if (Status s = session(); !s.ok()) return s;
     if (stop.stop_requested()) return CancelledError("waiting on queue " + queue + ": cancelled");
     Clock::time_point now = clock.now();
     if (now >= deadline) return DeadlineExceededError("waiting on queue " + queue);
