@@ -7,8 +7,10 @@
 // deterministically:
 //
 //   auto clock = std::make_shared<dlock::ManualClock>();
-//   auto store = dlock::MemStore::create({.clock = clock});
-//   auto client = dlock::Client::with_store(store, {.clock = clock});
+//   dlock::MemStoreOptions options;
+//   options.clock = clock;
+//   auto store = dlock::MemStore::create(options);
+//   auto client = dlock::Client::with_store(store);
 //   ...
 //   store->expire(client.session()->get()->id());  // holders hear kLost first
 //
@@ -17,6 +19,7 @@
 #define DLOCK_MEM_STORE_HPP_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -57,19 +60,27 @@ class MemStore final : public Store, public std::enable_shared_from_this<MemStor
   // The next `count` calls of `op` take effect but report kUnavailable, as
   // when a reply is lost on the way back.
   void lose_next_reply(std::string_view op, int count = 1);
+  // The next `count` calls of `op` wait until the store's clock has moved
+  // `by` past their start (a slow network), then proceed.
+  void delay_next(std::string_view op, Clock::duration by, int count = 1);
 
   // --- Observation, for tests.
 
   // Live entries in all queues.
   std::size_t entry_count() const;
   // How many calls of `op` were made ("append", ...); "wake" counts the
-  // wait_any_gone calls that returned because an entry went.
+  // wait_any_gone calls that returned because an entry went; "delayed" the
+  // calls held back by delay_next.
   std::uint64_t op_count(std::string_view op) const;
 
  private:
   MemStore() = default;
   struct State;
   class MemSession;
+  // Moves a session to `next` and calls its listeners in order, without the
+  // store's mutex; then runs `then` under the mutex.
+  static void Transition(const std::shared_ptr<State>& state, std::string_view id, SessionState next,
+                         const std::function<void()>& then = {});
   std::shared_ptr<State> state_;
   std::shared_ptr<void> clock_subscription_;
 };

@@ -56,6 +56,9 @@ class Semaphore {
   const std::string& name() const noexcept { return name_; }
 
  private:
+  std::optional<Lease> acquire_impl(std::uint32_t count, Clock::duration timeout, std::stop_token stop,
+                                    bool try_only);
+
   Client client_;
   std::string name_;
   std::uint32_t permits_;

@@ -1,0 +1,299 @@
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+
+#include "core/client_core.hpp"
+#include "dlock/client.hpp"
+
+namespace dlock {
+namespace internal {
+
+// ---------------------------------------------------------------- LocalGate
+
+bool LocalGate::enter(const Clock& clock, Clock::time_point deadline, std::stop_token stop) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!busy_ && line_.empty()) {
+    busy_ = true;
+    return true;
+  }
+  Waiter me;
+  line_.push_back(&me);
+  auto my_turn = [&] { return !busy_ && line_.front() == &me; };
+  bool ok = clock.wait_until(me.cv, lock, stop, deadline, my_turn);
+  line_.remove(&me);
+  if (ok) {
+    busy_ = true;
+  } else if (!busy_ && !line_.empty()) {
+    line_.front()->cv.notify_one();  // we were first: pass the turn on
+  }
+  return ok;
+}
+
+void LocalGate::leave() noexcept {
+  std::lock_guard<std::mutex> g(mu_);
+  busy_ = false;
+  if (!line_.empty()) line_.front()->cv.notify_one();
+}
+
+bool LocalGate::idle() noexcept {
+  std::lock_guard<std::mutex> g(mu_);
+  return !busy_ && line_.empty();
+}
+
+void LocalGate::poke() noexcept {
+  std::lock_guard<std::mutex> g(mu_);
+  for (Waiter* w : line_) w->cv.notify_all();
+}
+
+// --------------------------------------------------------------- ClientCore
+
+ClientCore::ClientCore(std::shared_ptr<Store> store, ClientOptions options)
+    : store_(std::move(store)),
+      options_(std::move(options)),
+      clock_(options_.clock ? options_.clock : Clock::system()),
+      rng_(std::random_device{}()) {
+  char host[256] = {};
+  if (gethostname(host, sizeof host - 1) == 0) host_ = host;
+  pid_ = getpid();
+  // A clock moved by hand must re-check the deadlines of local waiters.
+  clock_subscription_ = clock_->on_advance([this] {
+    std::lock_guard<std::mutex> g(mu_);
+    for (auto& [name, gate] : gates_) gate->poke();
+    pending_cv_.notify_all();
+  });
+}
+
+ClientCore::~ClientCore() {
+  clock_subscription_.reset();
+  if (retry_thread_.joinable()) {
+    retry_thread_.request_stop();
+    pending_cv_.notify_all();
+    retry_thread_.join();
+  }
+  std::shared_ptr<Session> session;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    session = std::move(session_);
+  }
+  if (session) session->close();
+}
+
+Result<std::shared_ptr<Session>> ClientCore::session(Clock::time_point deadline) {
+  std::lock_guard<std::mutex> g(mu_);
+  if (session_) {
+    SessionState s = session_->state();
+    if (s == SessionState::kConnected || s == SessionState::kSuspended) return session_;
+    session_->close();
+    session_.reset();
+  }
+  Clock::time_point connect_deadline = std::min(deadline, DeadlineAfter(now(), options_.connect_timeout));
+  auto opened = store_->open_session(connect_deadline);
+  if (!opened.ok()) return opened.status();
+  session_ = *opened;
+  return session_;
+}
+
+SessionState ClientCore::session_state() const {
+  std::lock_guard<std::mutex> g(mu_);
+  return session_ ? session_->state() : SessionState::kClosed;
+}
+
+void ClientCore::close_session() noexcept {
+  std::shared_ptr<Session> session;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    session = std::move(session_);
+  }
+  if (session) session->close();
+}
+
+SessionState ClientCore::await_not_suspended(Session& session, Clock::time_point deadline,
+                                             std::stop_token stop) {
+  // Shared with the subscription, which may still run after it is dropped.
+  struct Waker {
+    std::mutex mu;
+    std::condition_variable_any cv;
+  };
+  auto waker = std::make_shared<Waker>();
+  auto wake = [waker] {
+    std::lock_guard<std::mutex> g(waker->mu);
+    waker->cv.notify_all();
+  };
+  auto sub = session.subscribe([wake](SessionState) { wake(); });
+  auto advanced = clock_->on_advance(wake);
+  std::unique_lock<std::mutex> lock(waker->mu);
+  clock_->wait_until(waker->cv, lock, stop, deadline,
+                     [&] { return session.state() != SessionState::kSuspended; });
+  lock.unlock();
+  sub.reset();
+  return session.state();
+}
+
+bool ClientCore::try_pending(Pending& p) noexcept {
+  SessionState s = p.session->state();
+  if (s == SessionState::kLost || s == SessionState::kClosed) return true;  // gone with the session
+  Clock::time_point deadline = DeadlineAfter(now(), kRequestTimeout);
+  if (p.id.empty()) {
+    auto found = p.session->find_own(p.queue, p.attempt_id, deadline);
+    if (!found.ok()) return false;
+    if (!*found) return true;  // the append never happened
+    p.id = (*found)->id;
+  }
+  Status st = p.session->remove(p.queue, p.id, deadline);
+  return st.ok() || st.code() == ErrorCode::kSessionLost || st.code() == ErrorCode::kNotFound;
+}
+
+void ClientCore::remove_guaranteed(const std::shared_ptr<Session>& session, const std::string& queue,
+                                   const std::string& id) noexcept {
+  try {
+    Pending p{session, queue, id, {}, 0};
+    if (!try_pending(p)) enqueue(std::move(p));
+  } catch (...) {
+    report(InternalError("failed to schedule removal of " + queue + "/" + id));
+  }
+}
+
+void ClientCore::forget_attempt(const std::shared_ptr<Session>& session, const std::string& queue,
+                                const std::string& attempt_id) noexcept {
+  try {
+    Pending p{session, queue, {}, attempt_id, 0};
+    if (!try_pending(p)) enqueue(std::move(p));
+  } catch (...) {
+    report(InternalError("failed to schedule clean-up of attempt " + attempt_id));
+  }
+}
+
+void ClientCore::enqueue(Pending p) noexcept {
+  std::lock_guard<std::mutex> g(mu_);
+  pending_.push_back(std::move(p));
+  if (!retry_thread_.joinable()) {
+    retry_thread_ = std::jthread([this](std::stop_token stop) { retry_loop(stop); });
+  }
+  pending_cv_.notify_all();
+}
+
+void ClientCore::retry_loop(std::stop_token stop) {
+  auto backoff = std::chrono::milliseconds(50);
+  while (!stop.stop_requested()) {
+    std::deque<Pending> work;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      clock_->wait_until(pending_cv_, lock, stop, kNoDeadline, [&] { return !pending_.empty(); });
+      if (stop.stop_requested()) return;
+      work.swap(pending_);
+    }
+    std::deque<Pending> again;
+    for (auto& p : work) {
+      if (try_pending(p)) continue;
+      if (++p.failures == 5) {
+        report(UnavailableError("still retrying the removal of an entry in " + p.queue));
+      }
+      again.push_back(std::move(p));
+    }
+    if (again.empty()) {
+      backoff = std::chrono::milliseconds(50);
+      continue;
+    }
+    std::unique_lock<std::mutex> lock(mu_);
+    for (auto& p : again) pending_.push_back(std::move(p));
+    // Back off before the next round: these are error-recovery retries, not waits.
+    auto until = DeadlineAfter(now(), backoff);
+    clock_->wait_until(pending_cv_, lock, stop, until, [] { return false; });
+    backoff = std::min(backoff * 2, std::chrono::milliseconds(2000));
+  }
+}
+
+std::shared_ptr<LocalGate> ClientCore::gate(const std::string& queue) {
+  std::lock_guard<std::mutex> g(mu_);
+  auto& slot = gates_[queue];
+  if (!slot) slot = std::make_shared<LocalGate>();
+  return slot;
+}
+
+void ClientCore::drop_gate(const std::string& queue, std::shared_ptr<LocalGate> gate) noexcept {
+  std::lock_guard<std::mutex> g(mu_);
+  auto it = gates_.find(queue);
+  // Handed out only under mu_: the map's reference and ours mean nobody else has it.
+  if (it != gates_.end() && it->second == gate && gate.use_count() == 2 && gate->idle()) gates_.erase(it);
+}
+
+std::string ClientCore::new_attempt_id() {
+  std::uint64_t a, b;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    a = rng_();
+    b = rng_();
+  }
+  char buf[33];
+  std::snprintf(buf, sizeof buf, "%016llx%016llx", static_cast<unsigned long long>(a),
+                static_cast<unsigned long long>(b));
+  return buf;
+}
+
+OwnerRecord ClientCore::owner(std::string thread) const {
+  OwnerRecord o;
+  o.host = host_;
+  o.pid = pid_;
+  o.thread = std::move(thread);
+  o.label = options_.label;
+  o.acquired_unix_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                           std::chrono::system_clock::now().time_since_epoch())
+                           .count();
+  return o;
+}
+
+void ClientCore::report(const Status& status) noexcept {
+  if (!options_.on_background_error) return;
+  try {
+    options_.on_background_error(status);
+  } catch (...) {
+  }
+}
+
+}  // namespace internal
+
+// ------------------------------------------------------------------- Client
+
+Client Client::connect(std::string_view url, ClientOptions options) {
+  auto client = open(url, std::move(options));
+  if (!client.ok()) throw Error(client.status());
+  return std::move(client).value();
+}
+
+Result<Client> Client::open(std::string_view url, ClientOptions options) {
+  StoreOptions store_options{options.clock ? options.clock : Clock::system(), options.connect_timeout};
+  auto store = OpenStore(url, store_options);
+  if (!store.ok()) return store.status();
+  return with_store(std::move(store).value(), std::move(options));
+}
+
+Client Client::with_store(std::shared_ptr<Store> store, ClientOptions options) {
+  return Client(std::make_shared<internal::ClientCore>(std::move(store), std::move(options)));
+}
+
+std::string Client::url() const { return core_->store().url(); }
+
+SessionState Client::session_state() const { return core_->session_state(); }
+
+Result<std::shared_ptr<Session>> Client::session() const {
+  return core_->session(DeadlineAfter(core_->now(), internal::ClientCore::kRequestTimeout));
+}
+
+Result<std::vector<Entry>> Client::list_entries(std::string_view queue, bool with_owners) const {
+  auto session = this->session();
+  if (!session.ok()) return session.status();
+  ListOptions options;
+  options.with_owners = with_owners;
+  return (*session)->list(queue, options, DeadlineAfter(core_->now(), internal::ClientCore::kRequestTimeout));
+}
+
+Status Client::remove_entry(std::string_view queue, std::string_view id) const {
+  auto session = this->session();
+  if (!session.ok()) return session.status();
+  return (*session)->remove(queue, id, DeadlineAfter(core_->now(), internal::ClientCore::kRequestTimeout));
+}
+
+void Client::close_session() noexcept { core_->close_session(); }
+
+}  // namespace dlock

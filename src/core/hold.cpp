@@ -1,0 +1,151 @@
+#include "core/hold_core.hpp"
+
+namespace dlock {
+namespace internal {
+
+std::shared_ptr<HoldCore> HoldCore::Make(std::shared_ptr<ClientCore> client, std::shared_ptr<Session> session,
+                                         std::string name, std::vector<HeldEntry> entries,
+                                         std::uint64_t token, std::uint32_t permits) {
+  std::shared_ptr<HoldCore> core(
+      new HoldCore(std::move(client), std::move(session), std::move(name), std::move(entries), token, permits));
+  std::weak_ptr<HoldCore> weak = core;
+  auto sub = core->session_->subscribe([weak](SessionState s) {
+    if (auto self = weak.lock()) self->on_session_state(s);
+  });
+  {
+    std::lock_guard<std::mutex> g(core->mu_);
+    core->subscription_ = std::move(sub);
+  }
+  // The session may have changed before we subscribed.
+  SessionState now = core->session_->state();
+  if (now != SessionState::kConnected) core->on_session_state(now);
+  return core;
+}
+
+HoldCore::HoldCore(std::shared_ptr<ClientCore> client, std::shared_ptr<Session> session, std::string name,
+                   std::vector<HeldEntry> entries, std::uint64_t token, std::uint32_t permits)
+    : client_(std::move(client)),
+      session_(std::move(session)),
+      name_(std::move(name)),
+      entries_(std::move(entries)),
+      token_(token),
+      permits_(permits) {}
+
+HoldCore::~HoldCore() { release(); }
+
+HoldState HoldCore::state() const noexcept {
+  std::lock_guard<std::mutex> g(mu_);
+  return state_;
+}
+
+void HoldCore::on_session_state(SessionState s) {
+  HoldState next;
+  switch (s) {
+    case SessionState::kConnected: next = HoldState::kHeld; break;
+    case SessionState::kSuspended: next = HoldState::kUncertain; break;
+    default: next = HoldState::kLost; break;
+  }
+  std::vector<std::shared_ptr<std::function<void(HoldState)>>> to_call;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    // Released and lost are final; lost is never un-lost by a reconnect.
+    if (state_ == HoldState::kReleased || state_ == HoldState::kLost || state_ == next) return;
+    state_ = next;
+    for (auto& [id, fn] : listeners_) to_call.push_back(fn);
+  }
+  if (next != HoldState::kHeld) lost_.request_stop();
+  for (auto& fn : to_call) {
+    try {
+      (*fn)(next);
+    } catch (...) {
+      client_->report(InternalError("a hold state listener of " + name_ + " threw"));
+    }
+  }
+}
+
+std::shared_ptr<void> HoldCore::on_state_change(std::function<void(HoldState)> fn) {
+  std::uint64_t id;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    id = next_listener_++;
+    listeners_[id] = std::make_shared<std::function<void(HoldState)>>(std::move(fn));
+  }
+  std::weak_ptr<HoldCore> weak = weak_from_this();
+  return std::shared_ptr<void>(nullptr, [weak, id](void*) {
+    if (auto self = weak.lock()) {
+      std::lock_guard<std::mutex> g(self->mu_);
+      self->listeners_.erase(id);
+    }
+  });
+}
+
+void HoldCore::release() noexcept {
+  std::shared_ptr<void> subscription;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    if (state_ == HoldState::kReleased) return;
+    state_ = HoldState::kReleased;
+    listeners_.clear();
+    subscription = std::move(subscription_);
+  }
+  subscription.reset();
+  // Give back in reverse order of taking.
+  for (auto it = entries_.rbegin(); it != entries_.rend(); ++it) {
+    client_->remove_guaranteed(session_, it->queue, it->id);
+  }
+}
+
+}  // namespace internal
+
+std::string_view HoldStateName(HoldState state) noexcept {
+  switch (state) {
+    case HoldState::kHeld: return "held";
+    case HoldState::kUncertain: return "uncertain";
+    case HoldState::kLost: return "lost";
+    case HoldState::kReleased: return "released";
+  }
+  return "unknown";
+}
+
+Hold& Hold::operator=(Hold&& other) noexcept {
+  if (this != &other) {
+    release();
+    core_ = std::move(other.core_);
+  }
+  return *this;
+}
+
+Hold::~Hold() { release(); }
+
+bool Hold::held() const noexcept {
+  if (!core_) return false;
+  HoldState s = core_->state();
+  return s == HoldState::kHeld || s == HoldState::kUncertain;
+}
+
+HoldState Hold::state() const noexcept { return core_ ? core_->state() : HoldState::kReleased; }
+
+std::uint64_t Hold::fencing_token() const noexcept { return core_ ? core_->token() : 0; }
+
+const std::string& Hold::name() const noexcept {
+  static const std::string kEmpty;
+  return core_ ? core_->name() : kEmpty;
+}
+
+std::uint32_t Hold::permits() const noexcept { return core_ ? core_->permits() : 0; }
+
+std::stop_token Hold::lost_token() const noexcept { return core_ ? core_->lost_token() : std::stop_token(); }
+
+std::shared_ptr<void> Hold::on_state_change(std::function<void(HoldState)> fn) const {
+  if (!core_) return nullptr;
+  return core_->on_state_change(std::move(fn));
+}
+
+void Hold::release() noexcept {
+  if (core_) {
+    core_->release();
+    core_.reset();
+  }
+}
+
+}  // namespace dlock

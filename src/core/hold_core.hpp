@@ -1,0 +1,69 @@
+// Internal: the shared state of one dlock::Hold.
+#ifndef DLOCK_SRC_CORE_HOLD_CORE_HPP_
+#define DLOCK_SRC_CORE_HOLD_CORE_HPP_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <stop_token>
+#include <string>
+#include <vector>
+
+#include "core/client_core.hpp"
+#include "dlock/hold.hpp"
+#include "dlock/store.hpp"
+
+namespace dlock::internal {
+
+struct HeldEntry {
+  std::string queue;
+  std::string id;
+  std::int64_t sequence = 0;
+};
+
+class HoldCore : public std::enable_shared_from_this<HoldCore> {
+ public:
+  // Makes a hold and starts following its session's state. `entries` are
+  // removed on release.
+  static std::shared_ptr<HoldCore> Make(std::shared_ptr<ClientCore> client, std::shared_ptr<Session> session,
+                                        std::string name, std::vector<HeldEntry> entries,
+                                        std::uint64_t token, std::uint32_t permits);
+  ~HoldCore();
+
+  HoldState state() const noexcept;
+  std::uint64_t token() const noexcept { return token_; }
+  const std::string& name() const noexcept { return name_; }
+  std::uint32_t permits() const noexcept { return permits_; }
+  std::stop_token lost_token() const noexcept { return lost_.get_token(); }
+  const std::shared_ptr<Session>& session() const noexcept { return session_; }
+  const std::vector<HeldEntry>& entries() const noexcept { return entries_; }
+
+  std::shared_ptr<void> on_state_change(std::function<void(HoldState)> fn);
+  void release() noexcept;
+
+ private:
+  HoldCore(std::shared_ptr<ClientCore> client, std::shared_ptr<Session> session, std::string name,
+           std::vector<HeldEntry> entries, std::uint64_t token, std::uint32_t permits);
+  void on_session_state(SessionState s);
+
+  // Constant after construction.
+  const std::shared_ptr<ClientCore> client_;
+  const std::shared_ptr<Session> session_;
+  const std::string name_;
+  const std::vector<HeldEntry> entries_;
+  const std::uint64_t token_;
+  const std::uint32_t permits_;
+  std::stop_source lost_;
+
+  mutable std::mutex mu_;
+  HoldState state_ = HoldState::kHeld;  // guarded by mu_
+  std::uint64_t next_listener_ = 0;     // guarded by mu_
+  std::map<std::uint64_t, std::shared_ptr<std::function<void(HoldState)>>> listeners_;  // guarded by mu_
+  std::shared_ptr<void> subscription_;  // guarded by mu_
+};
+
+}  // namespace dlock::internal
+
+#endif  // DLOCK_SRC_CORE_HOLD_CORE_HPP_

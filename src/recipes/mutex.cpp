@@ -1,0 +1,144 @@
+#include "dlock/mutex.hpp"
+
+#include "core/hold_core.hpp"
+#include "recipes/thread_owned_lock.hpp"
+
+namespace dlock {
+namespace internal {
+
+Hold MakeHold(const Client& client, const std::string& name, const std::string& queue, const Acquired& acquired) {
+  std::vector<HeldEntry> entries{{queue, acquired.entry.id, acquired.entry.sequence}};
+  return Hold(HoldCore::Make(client.core(), acquired.session, name, std::move(entries),
+                             acquired.entry.token.value_or(0), 1));
+}
+
+std::optional<Hold> AcquireHold(const Client& client, const std::string& name, const AcquireRequest& request) {
+  auto acquired = AcquireEntry(*client.core(), request);
+  if (!acquired.ok()) throw Error(acquired.status());
+  if (!acquired->has_value()) return std::nullopt;
+  return MakeHold(client, name, request.queue, **acquired);
+}
+
+AcquireRequest MakeRequest(const Client& client, std::string queue, std::string_view kind, GrantRule rule,
+                           Clock::duration timeout, std::stop_token stop, bool try_only) {
+  AcquireRequest r;
+  r.queue = std::move(queue);
+  r.kind = std::string(kind);
+  r.rule = std::move(rule);
+  // try_lock() still needs time for its round trips.
+  r.deadline = DeadlineAfter(client.core()->now(), try_only ? Clock::duration(ClientCore::kRequestTimeout) : timeout);
+  r.stop = std::move(stop);
+  r.try_only = try_only;
+  r.thread = ThisThreadLabel();
+  return r;
+}
+
+ThreadOwnedLock::ThreadOwnedLock(Client client, std::string name)
+    : client_(std::move(client)), name_(std::move(name)) {
+  ThrowIfError(ValidateLockName(name_));
+}
+
+ThreadOwnedLock::~ThreadOwnedLock() {
+  std::lock_guard<std::mutex> g(mu_);
+  for (auto& [thread, owned] : owned_) owned.hold.release();
+}
+
+bool ThreadOwnedLock::lock_for(Clock::duration timeout, std::stop_token stop, bool try_only) {
+  const auto me = std::this_thread::get_id();
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    auto it = owned_.find(me);
+    if (it != owned_.end()) {
+      if (it->second.hold.state() == HoldState::kLost) {
+        throw Error(SessionLostError("this thread's hold on " + name_ + " was lost; unlock it before locking again"));
+      }
+      ++it->second.count;
+      return true;
+    }
+  }
+  auto hold = AcquireHold(client_, name_,
+                          MakeRequest(client_, name_, entry_kind::kLock, ExclusiveRule, timeout, std::move(stop), try_only));
+  if (!hold) return false;
+  std::lock_guard<std::mutex> g(mu_);
+  owned_[me] = Owned{std::move(*hold), 1};
+  return true;
+}
+
+void ThreadOwnedLock::unlock() noexcept {
+  Hold to_release;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    auto it = owned_.find(std::this_thread::get_id());
+    if (it == owned_.end()) {
+      client_.core()->report(FailedPreconditionError("unlock() of " + name_ + " by a thread that does not hold it"));
+      return;
+    }
+    if (--it->second.count > 0) return;
+    to_release = std::move(it->second.hold);
+    owned_.erase(it);
+  }
+  to_release.release();  // outside mu_: one store round trip
+}
+
+const Hold* ThreadOwnedLock::current() const {
+  auto it = owned_.find(std::this_thread::get_id());
+  return it == owned_.end() ? nullptr : &it->second.hold;
+}
+
+std::optional<Hold> ThreadOwnedLock::acquire(Clock::duration timeout, std::stop_token stop) {
+  auto request = MakeRequest(client_, name_, entry_kind::kLock, ExclusiveRule, timeout, std::move(stop), false);
+  request.thread = "hold";
+  return AcquireHold(client_, name_, request);
+}
+
+bool ThreadOwnedLock::owned_by_current_thread() const {
+  std::lock_guard<std::mutex> g(mu_);
+  return current() != nullptr;
+}
+
+std::optional<std::uint64_t> ThreadOwnedLock::fencing_token() const {
+  std::lock_guard<std::mutex> g(mu_);
+  const Hold* h = current();
+  if (!h) return std::nullopt;
+  return h->fencing_token();
+}
+
+std::stop_token ThreadOwnedLock::lost_token() const {
+  std::lock_guard<std::mutex> g(mu_);
+  const Hold* h = current();
+  return h ? h->lost_token() : std::stop_token();
+}
+
+std::optional<HoldState> ThreadOwnedLock::hold_state() const {
+  std::lock_guard<std::mutex> g(mu_);
+  const Hold* h = current();
+  if (!h) return std::nullopt;
+  return h->state();
+}
+
+}  // namespace internal
+
+Mutex::Mutex(Client client, std::string name)
+    : impl_(std::make_unique<internal::ThreadOwnedLock>(std::move(client), std::move(name))) {}
+Mutex::~Mutex() = default;
+
+void Mutex::lock() {
+  if (!impl_->lock_for(kForever, {}, false)) {
+    throw Error(InternalError("lock() of " + impl_->name() + " returned without the lock"));
+  }
+}
+bool Mutex::try_lock() { return impl_->lock_for(Clock::duration::zero(), {}, true); }
+bool Mutex::lock_for(Clock::duration timeout, std::stop_token stop) {
+  return impl_->lock_for(timeout, std::move(stop), false);
+}
+void Mutex::unlock() noexcept { impl_->unlock(); }
+bool Mutex::owned_by_current_thread() const { return impl_->owned_by_current_thread(); }
+std::optional<std::uint64_t> Mutex::fencing_token() const { return impl_->fencing_token(); }
+std::stop_token Mutex::lost_token() const { return impl_->lost_token(); }
+std::optional<HoldState> Mutex::hold_state() const { return impl_->hold_state(); }
+std::optional<Hold> Mutex::acquire(Clock::duration timeout, std::stop_token stop) {
+  return impl_->acquire(timeout, std::move(stop));
+}
+const std::string& Mutex::name() const noexcept { return impl_->name(); }
+
+}  // namespace dlock

@@ -1,0 +1,196 @@
+#include "dlock/read_write_lock.hpp"
+
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "core/hold_core.hpp"
+#include "recipes/thread_owned_lock.hpp"
+
+namespace dlock {
+namespace internal {
+
+// Per-thread read and write holds of one ReadWriteLock object.
+class ReadWriteCore {
+ public:
+  ReadWriteCore(Client client, std::string name) : client_(std::move(client)), name_(std::move(name)) {
+    ThrowIfError(ValidateLockName(name_));
+  }
+  ~ReadWriteCore() {
+    std::lock_guard<std::mutex> g(mu_);
+    for (auto& [thread, t] : threads_) {
+      t.read.release();
+      t.write.release();
+    }
+  }
+
+  bool lock_read(Clock::duration timeout, std::stop_token stop, bool try_only) {
+    const auto me = std::this_thread::get_id();
+    std::optional<std::int64_t> downgrade_from;
+    std::shared_ptr<Session> write_session;
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      auto it = threads_.find(me);
+      if (it != threads_.end() && it->second.reads > 0) {
+        ThrowIfLost(it->second.read);
+        ++it->second.reads;
+        return true;
+      }
+      if (it != threads_.end() && it->second.writes > 0) {
+        ThrowIfLost(it->second.write);
+        const auto& held = it->second.write.core()->entries().front();
+        downgrade_from = held.sequence;
+        write_session = it->second.write.core()->session();
+      }
+    }
+    auto request = MakeRequest(client_, name_, entry_kind::kRead, SharedRule, timeout, std::move(stop), try_only);
+    if (downgrade_from) {
+      // Downgrade: the read entry takes the write entry's place in the queue,
+      // on the same session, so no writer can get in between.
+      request.sequence = downgrade_from;
+      request.session = write_session;
+      request.use_gate = false;
+    }
+    auto hold = AcquireHold(client_, name_, request);
+    if (!hold) return false;
+    std::lock_guard<std::mutex> g(mu_);
+    auto& t = threads_[me];
+    t.read = std::move(*hold);
+    t.reads = 1;
+    return true;
+  }
+
+  bool lock_write(Clock::duration timeout, std::stop_token stop, bool try_only) {
+    const auto me = std::this_thread::get_id();
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      auto it = threads_.find(me);
+      if (it != threads_.end() && it->second.writes > 0) {
+        ThrowIfLost(it->second.write);
+        ++it->second.writes;
+        return true;
+      }
+      if (it != threads_.end() && it->second.reads > 0) {
+        throw Error(FailedPreconditionError("this thread holds the read lock of " + name_ +
+                                            "; upgrading to the write lock would deadlock"));
+      }
+    }
+    auto hold = AcquireHold(client_, name_,
+                            MakeRequest(client_, name_, entry_kind::kWrite, ExclusiveRule, timeout, std::move(stop), try_only));
+    if (!hold) return false;
+    std::lock_guard<std::mutex> g(mu_);
+    auto& t = threads_[me];
+    t.write = std::move(*hold);
+    t.writes = 1;
+    return true;
+  }
+
+  void unlock_read() noexcept { unlock(&PerThread::reads, &PerThread::read, "read"); }
+  void unlock_write() noexcept { unlock(&PerThread::writes, &PerThread::write, "write"); }
+
+  std::optional<std::uint64_t> token(bool write) const {
+    std::lock_guard<std::mutex> g(mu_);
+    const Hold* h = find(write);
+    if (!h) return std::nullopt;
+    return h->fencing_token();
+  }
+  std::stop_token lost_token(bool write) const {
+    std::lock_guard<std::mutex> g(mu_);
+    const Hold* h = find(write);
+    return h ? h->lost_token() : std::stop_token();
+  }
+
+  std::optional<Hold> acquire(std::string_view kind, Clock::duration timeout, std::stop_token stop) {
+    bool write = kind == entry_kind::kWrite;
+    auto request = MakeRequest(client_, name_, kind, write ? GrantRule(ExclusiveRule) : GrantRule(SharedRule), timeout,
+                               std::move(stop), false);
+    request.thread = "hold";
+    return AcquireHold(client_, name_, request);
+  }
+
+  const std::string& name() const noexcept { return name_; }
+
+ private:
+  struct PerThread {
+    Hold read;
+    int reads = 0;
+    Hold write;
+    int writes = 0;
+  };
+
+  void ThrowIfLost(const Hold& h) const {
+    if (h.state() == HoldState::kLost) {
+      throw Error(SessionLostError("this thread's hold on " + name_ + " was lost; unlock it before locking again"));
+    }
+  }
+
+  const Hold* find(bool write) const {
+    auto it = threads_.find(std::this_thread::get_id());
+    if (it == threads_.end()) return nullptr;
+    if (write ? it->second.writes == 0 : it->second.reads == 0) return nullptr;
+    return write ? &it->second.write : &it->second.read;
+  }
+
+  void unlock(int PerThread::*count, Hold PerThread::*hold, const char* side) noexcept {
+    Hold to_release;
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      auto it = threads_.find(std::this_thread::get_id());
+      if (it == threads_.end() || it->second.*count == 0) {
+        client_.core()->report(FailedPreconditionError(std::string("unlock of the ") + side + " lock of " + name_ +
+                                                       " by a thread that does not hold it"));
+        return;
+      }
+      if (--(it->second.*count) > 0) return;
+      to_release = std::move(it->second.*hold);
+      if (it->second.reads == 0 && it->second.writes == 0) threads_.erase(it);
+    }
+    to_release.release();
+  }
+
+  const Client client_;
+  const std::string name_;
+  mutable std::mutex mu_;
+  std::map<std::thread::id, PerThread> threads_;  // guarded by mu_
+};
+
+}  // namespace internal
+
+ReadWriteLock::ReadWriteLock(Client client, std::string name)
+    : core_(std::make_unique<internal::ReadWriteCore>(std::move(client), std::move(name))),
+      reader_(core_.get()),
+      writer_(core_.get()) {}
+ReadWriteLock::~ReadWriteLock() = default;
+
+const std::string& ReadWriteLock::name() const noexcept { return core_->name(); }
+
+std::optional<Hold> ReadWriteLock::acquire_read(Clock::duration timeout, std::stop_token stop) {
+  return core_->acquire(entry_kind::kRead, timeout, std::move(stop));
+}
+std::optional<Hold> ReadWriteLock::acquire_write(Clock::duration timeout, std::stop_token stop) {
+  return core_->acquire(entry_kind::kWrite, timeout, std::move(stop));
+}
+
+void ReadWriteLock::Reader::lock_shared() {
+  if (!core_->lock_read(kForever, {}, false)) throw Error(InternalError("lock_shared() returned without the lock"));
+}
+bool ReadWriteLock::Reader::try_lock_shared() { return core_->lock_read(Clock::duration::zero(), {}, true); }
+bool ReadWriteLock::Reader::lock_shared_for(Clock::duration timeout, std::stop_token stop) {
+  return core_->lock_read(timeout, std::move(stop), false);
+}
+void ReadWriteLock::Reader::unlock_shared() noexcept { core_->unlock_read(); }
+std::optional<std::uint64_t> ReadWriteLock::Reader::fencing_token() const { return core_->token(false); }
+std::stop_token ReadWriteLock::Reader::lost_token() const { return core_->lost_token(false); }
+
+void ReadWriteLock::Writer::lock() {
+  if (!core_->lock_write(kForever, {}, false)) throw Error(InternalError("lock() returned without the lock"));
+}
+bool ReadWriteLock::Writer::try_lock() { return core_->lock_write(Clock::duration::zero(), {}, true); }
+bool ReadWriteLock::Writer::lock_for(Clock::duration timeout, std::stop_token stop) {
+  return core_->lock_write(timeout, std::move(stop), false);
+}
+void ReadWriteLock::Writer::unlock() noexcept { core_->unlock_write(); }
+std::optional<std::uint64_t> ReadWriteLock::Writer::fencing_token() const { return core_->token(true); }
+std::stop_token ReadWriteLock::Writer::lost_token() const { return core_->lost_token(true); }
+
+}  // namespace dlock

@@ -1,0 +1,216 @@
+// Semaphore: Curator's InterProcessSemaphoreV2 algorithm. Acquirers queue on
+// an exclusive lock "<name>/locks"; only its holder appends lease entries to
+// "<name>/leases" and, while there are more leases than permits, waits for
+// any other lease to go. So a returned permit wakes exactly one process, and
+// requests are served in the order they reached the lock queue.
+#include "dlock/semaphore.hpp"
+
+#include <algorithm>
+
+#include "core/hold_core.hpp"
+#include "recipes/thread_owned_lock.hpp"
+
+namespace dlock {
+namespace {
+
+using internal::Acquired;
+using internal::AcquireEntry;
+using internal::AcquireRequest;
+using internal::ClientCore;
+using internal::HeldEntry;
+using internal::Verdict;
+
+Verdict AlwaysGranted(const std::vector<Entry>&, std::size_t) { return {true, {}}; }
+
+// What one round on one session came to.
+enum class Round { kGranted, kGaveUp, kRetry };
+
+}  // namespace
+
+Semaphore::Semaphore(Client client, std::string name, std::uint32_t permits)
+    : client_(std::move(client)), name_(std::move(name)), permits_(permits) {
+  ThrowIfError(ValidateLockName(name_));
+  if (permits_ == 0) throw Error(InvalidArgumentError("semaphore " + name_ + " needs at least one permit"));
+}
+
+std::optional<Lease> Semaphore::try_acquire(std::uint32_t count) {
+  return acquire_impl(count, Clock::duration::zero(), {}, true);
+}
+
+std::optional<Lease> Semaphore::acquire(std::uint32_t count, Clock::duration timeout, std::stop_token stop) {
+  return acquire_impl(count, timeout, std::move(stop), false);
+}
+
+std::optional<Lease> Semaphore::acquire_impl(std::uint32_t count, Clock::duration timeout, std::stop_token stop,
+                                             bool try_only) {
+  if (count == 0 || count > permits_) {
+    throw Error(InvalidArgumentError("cannot take " + std::to_string(count) + " of the " + std::to_string(permits_) +
+                                     " permits of " + name_));
+  }
+  ClientCore& core = *client_.core();
+  const std::string locks = name_ + "/locks";
+  const std::string leases = name_ + "/leases";
+  auto request = internal::MakeRequest(client_, locks, entry_kind::kLock, internal::ExclusiveRule, timeout, stop,
+                                       try_only);
+  request.thread = "semaphore";
+  const Clock::time_point deadline = request.deadline;
+  auto expired = [&] { return stop.stop_requested() || core.now() >= deadline; };
+
+  for (int round = 0; round < 1000; ++round) {
+    // 1. The acquirers' lock.
+    auto gate = AcquireEntry(core, request);
+    if (!gate.ok()) throw Error(gate.status());
+    if (!gate->has_value()) return std::nullopt;
+    const std::shared_ptr<Session> session = (*gate)->session;
+    struct ReleaseGate {
+      ClientCore& core;
+      const std::shared_ptr<Session>& session;
+      const std::string& queue;
+      std::string id;
+      ~ReleaseGate() { core.remove_guaranteed(session, queue, id); }
+    } release_gate{core, session, locks, (*gate)->entry.id};
+
+    // 2. Our leases, on the same session.
+    std::vector<HeldEntry> mine;
+    std::uint64_t token = 0;
+    auto give_back = [&] {
+      for (auto& e : mine) core.remove_guaranteed(session, leases, e.id);
+      mine.clear();
+    };
+    Round outcome = Round::kRetry;
+    for (std::uint32_t i = 0; i < count; ++i) {
+      AcquireRequest lease = request;
+      lease.queue = leases;
+      lease.kind = std::string(entry_kind::kLease);
+      lease.rule = AlwaysGranted;
+      lease.session = session;
+      lease.use_gate = false;
+      lease.try_only = false;
+      auto got = AcquireEntry(core, lease);
+      if (!got.ok() && got.status().code() != ErrorCode::kSessionLost) {
+        give_back();
+        throw Error(got.status());
+      }
+      if (!got.ok() || !got->has_value()) {
+        give_back();
+        outcome = got.ok() ? Round::kGaveUp : Round::kRetry;
+        break;
+      }
+      mine.push_back({leases, (*got)->entry.id, (*got)->entry.sequence});
+      token = std::max(token, (*got)->entry.token.value_or(0));
+    }
+
+    // 3. Wait until the leases fit the permits.
+    while (mine.size() == count) {
+      auto listed = session->list(leases, {}, deadline);
+      if (!listed.ok()) {
+        ErrorCode code = listed.status().code();
+        if (code == ErrorCode::kUnavailable && !expired() &&
+            core.await_not_suspended(*session, deadline, stop) == SessionState::kConnected) {
+          continue;
+        }
+        give_back();
+        if (code == ErrorCode::kSessionLost || code == ErrorCode::kUnavailable) {
+          outcome = expired() ? Round::kGaveUp : Round::kRetry;
+          break;
+        }
+        throw Error(listed.status());
+      }
+      std::vector<std::string> others;
+      std::size_t present = 0;
+      for (const Entry& e : *listed) {
+        bool ours = std::any_of(mine.begin(), mine.end(), [&](const HeldEntry& m) { return m.id == e.id; });
+        if (ours) {
+          ++present;
+        } else {
+          others.push_back(e.id);
+        }
+      }
+      if (present != mine.size()) {  // our leases vanished: the session ended
+        give_back();
+        outcome = Round::kRetry;
+        break;
+      }
+      if (listed->size() <= permits_) {
+        return Lease(internal::HoldCore::Make(client_.core(), session, name_, std::move(mine), token, count));
+      }
+      if (try_only || expired()) {
+        give_back();
+        outcome = Round::kGaveUp;
+        break;
+      }
+      Status waited = session->wait_any_gone(leases, others, deadline, stop);
+      if (waited.ok()) continue;
+      if (waited.code() == ErrorCode::kUnavailable &&
+          core.await_not_suspended(*session, deadline, stop) == SessionState::kConnected) {
+        continue;
+      }
+      give_back();
+      if (waited.code() == ErrorCode::kSessionLost) {
+        outcome = Round::kRetry;
+        break;
+      }
+      if (waited.code() == ErrorCode::kDeadlineExceeded || waited.code() == ErrorCode::kCancelled ||
+          waited.code() == ErrorCode::kUnavailable) {
+        outcome = Round::kGaveUp;
+        break;
+      }
+      throw Error(waited);
+    }
+    if (outcome == Round::kGaveUp || expired()) return std::nullopt;
+    // kRetry: the session ended under us; start over on a new one.
+  }
+  throw Error(AbortedError("semaphore " + name_ + ": too many sessions lost while acquiring"));
+}
+
+// ------------------------------------------------------------ SemaphoreMutex
+
+SemaphoreMutex::SemaphoreMutex(Client client, std::string name) : semaphore_(std::move(client), std::move(name), 1) {}
+
+SemaphoreMutex::~SemaphoreMutex() { unlock(); }
+
+void SemaphoreMutex::lock() {
+  if (!lock_for(kForever, {})) throw Error(InternalError("lock() returned without the lock"));
+}
+
+bool SemaphoreMutex::try_lock() {
+  auto lease = semaphore_.try_acquire(1);
+  if (!lease) return false;
+  std::lock_guard<std::mutex> g(mu_);
+  hold_ = std::move(*lease);
+  return true;
+}
+
+bool SemaphoreMutex::lock_for(Clock::duration timeout, std::stop_token stop) {
+  auto lease = semaphore_.acquire(1, timeout, std::move(stop));
+  if (!lease) return false;
+  std::lock_guard<std::mutex> g(mu_);
+  hold_ = std::move(*lease);
+  return true;
+}
+
+void SemaphoreMutex::unlock() noexcept {
+  Hold released;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    released = std::move(hold_);
+  }
+  released.release();
+}
+
+std::optional<std::uint64_t> SemaphoreMutex::fencing_token() const {
+  std::lock_guard<std::mutex> g(mu_);
+  if (!hold_.core()) return std::nullopt;
+  return hold_.fencing_token();
+}
+
+std::stop_token SemaphoreMutex::lost_token() const {
+  std::lock_guard<std::mutex> g(mu_);
+  return hold_.lost_token();
+}
+
+std::optional<Hold> SemaphoreMutex::acquire(Clock::duration timeout, std::stop_token stop) {
+  return semaphore_.acquire(1, timeout, std::move(stop));
+}
+
+}  // namespace dlock

@@ -1,0 +1,355 @@
+// The in-process store. One mutex guards everything; every change that a
+// waiter could be waiting for notifies one condition variable. Session
+// listeners are called without the mutex held, in order, before the change
+// they announce becomes visible to other sessions (expiry: listeners first,
+// then the entries go).
+#include "dlock/mem_store.hpp"
+
+#include <algorithm>
+#include <condition_variable>
+#include <cstdio>
+#include <deque>
+#include <map>
+#include <mutex>
+
+namespace dlock {
+
+struct MemStore::State {
+  std::shared_ptr<Clock> clock;
+  mutable std::mutex mu;
+  std::condition_variable_any changed;
+
+  struct StoredEntry {
+    Entry entry;  // with token and attempt id
+    std::string session;
+    std::string owner_json;
+  };
+  struct SessionRec {
+    SessionState state = SessionState::kConnected;
+    std::uint64_t next_listener = 0;
+    std::map<std::uint64_t, std::shared_ptr<std::function<void(SessionState)>>> listeners;
+    // Serializes listener calls so they arrive in order.
+    std::shared_ptr<std::mutex> notify_mu = std::make_shared<std::mutex>();
+  };
+
+  std::uint64_t next_token = 1;  // sequences and tokens share it: both only grow
+  std::uint64_t next_session = 1;
+  std::map<std::string, std::vector<StoredEntry>, std::less<>> queues;
+  std::map<std::string, SessionRec, std::less<>> sessions;
+  std::map<std::string, std::deque<Status>, std::less<>> failures;
+  std::map<std::string, int, std::less<>> lost_replies;
+  std::map<std::string, std::deque<Clock::duration>, std::less<>> delays;
+  std::map<std::string, std::uint64_t, std::less<>> ops;
+
+  // Counts `op` and returns an injected failure for it, if any. Requires mu.
+  Status Inject(std::string_view op) {
+    ++ops[std::string(op)];
+    for (std::string_view key : {op, std::string_view("*")}) {
+      auto it = failures.find(key);
+      if (it != failures.end() && !it->second.empty()) {
+        Status s = it->second.front();
+        it->second.pop_front();
+        return s;
+      }
+    }
+    return OkStatus();
+  }
+  // Waits out an injected delay for `op`, releasing mu meanwhile.
+  void Delay(std::unique_lock<std::mutex>& lock, std::string_view op) {
+    Clock::duration by{};
+    for (std::string_view key : {op, std::string_view("*")}) {
+      auto it = delays.find(key);
+      if (it != delays.end() && !it->second.empty()) {
+        by = it->second.front();
+        it->second.pop_front();
+        break;
+      }
+    }
+    if (by <= Clock::duration::zero()) return;
+    ++ops["delayed"];
+    const Clock::time_point until = clock->now() + by;
+    clock->wait_until(changed, lock, {}, until, [&] { return clock->now() >= until; });
+  }
+  // True if the reply of this `op` is to be lost. Requires mu.
+  bool LoseReply(std::string_view op) {
+    for (std::string_view key : {op, std::string_view("*")}) {
+      auto it = lost_replies.find(key);
+      if (it != lost_replies.end() && it->second > 0) {
+        --it->second;
+        return true;
+      }
+    }
+    return false;
+  }
+  // The session's usability for a request. Requires mu.
+  Status Usable(const std::string& session) const {
+    auto it = sessions.find(session);
+    if (it == sessions.end()) return SessionLostError("session " + session + " is gone");
+    switch (it->second.state) {
+      case SessionState::kConnected: return OkStatus();
+      case SessionState::kSuspended: return UnavailableError("session " + session + " is suspended");
+      case SessionState::kLost: return SessionLostError("session " + session + " expired");
+      case SessionState::kClosed: return SessionLostError("session " + session + " is closed");
+    }
+    return InternalError("bad session state");
+  }
+  std::vector<Entry> Snapshot(std::string_view queue, bool with_owners) const {
+    std::vector<Entry> out;
+    auto it = queues.find(queue);
+    if (it == queues.end()) return out;
+    for (const auto& stored : it->second) {
+      out.push_back(stored.entry);
+      if (with_owners) {
+        auto owner = DecodeOwnerRecord(stored.owner_json);
+        if (owner.ok()) out.back().owner = *owner;
+      }
+    }
+    std::sort(out.begin(), out.end(), QueueOrder);
+    return out;
+  }
+  bool Present(std::string_view queue, std::string_view id) const {
+    auto it = queues.find(queue);
+    if (it == queues.end()) return false;
+    return std::any_of(it->second.begin(), it->second.end(),
+                       [&](const StoredEntry& e) { return e.entry.id == id; });
+  }
+  // Removes every entry of `session`. Requires mu.
+  void DropEntriesOf(const std::string& session) {
+    for (auto it = queues.begin(); it != queues.end();) {
+      std::erase_if(it->second, [&](const StoredEntry& e) { return e.session == session; });
+      it = it->second.empty() ? queues.erase(it) : std::next(it);
+    }
+  }
+};
+
+// Moves a session to `next` and tells its listeners, in order, outside mu.
+// `then` runs under mu after the listeners returned.
+void MemStore::Transition(const std::shared_ptr<State>& state, std::string_view id, SessionState next,
+                       const std::function<void()>& then) {
+  std::shared_ptr<std::mutex> notify_mu;
+  std::vector<std::shared_ptr<std::function<void(SessionState)>>> listeners;
+  {
+    std::lock_guard<std::mutex> g(state->mu);
+    auto it = state->sessions.find(id);
+    if (it == state->sessions.end()) return;
+    SessionState cur = it->second.state;
+    if (cur == next || cur == SessionState::kLost || cur == SessionState::kClosed) return;
+    it->second.state = next;
+    notify_mu = it->second.notify_mu;
+    for (auto& [k, fn] : it->second.listeners) listeners.push_back(fn);
+    state->changed.notify_all();
+  }
+  {
+    std::lock_guard<std::mutex> order(*notify_mu);
+    for (auto& fn : listeners) (*fn)(next);
+  }
+  if (then) {
+    std::lock_guard<std::mutex> g(state->mu);
+    then();
+    state->changed.notify_all();
+  }
+}
+
+class MemStore::MemSession final : public Session {
+ public:
+  MemSession(std::shared_ptr<State> state, std::string id) : state_(std::move(state)), id_(std::move(id)) {}
+  ~MemSession() override { close(); }
+
+  std::string id() const override { return id_; }
+
+  SessionState state() const noexcept override {
+    std::lock_guard<std::mutex> g(state_->mu);
+    auto it = state_->sessions.find(id_);
+    return it == state_->sessions.end() ? SessionState::kClosed : it->second.state;
+  }
+
+  std::shared_ptr<void> subscribe(std::function<void(SessionState)> fn) override {
+    std::uint64_t key;
+    {
+      std::lock_guard<std::mutex> g(state_->mu);
+      auto& rec = state_->sessions[id_];
+      key = rec.next_listener++;
+      rec.listeners[key] = std::make_shared<std::function<void(SessionState)>>(std::move(fn));
+    }
+    std::weak_ptr<State> weak = state_;
+    std::string id = id_;
+    return std::shared_ptr<void>(nullptr, [weak, id, key](void*) {
+      if (auto s = weak.lock()) {
+        std::lock_guard<std::mutex> g(s->mu);
+        auto it = s->sessions.find(id);
+        if (it != s->sessions.end()) it->second.listeners.erase(key);
+      }
+    });
+  }
+
+  Result<Appended> append(std::string_view queue, const EntrySpec& spec, Clock::time_point) override {
+    std::unique_lock<std::mutex> lock(state_->mu);
+    state_->Delay(lock, "append");
+    if (Status s = state_->Inject("append"); !s.ok()) return s;
+    if (Status s = state_->Usable(id_); !s.ok()) return s;
+    if (spec.kind.empty() || spec.attempt_id.empty()) {
+      return InvalidArgumentError("entry needs a kind and an attempt id");
+    }
+    std::uint64_t token = state_->next_token++;
+    State::StoredEntry stored;
+    char id[48];
+    std::snprintf(id, sizeof id, "%010llu-%s", static_cast<unsigned long long>(token), spec.kind.c_str());
+    stored.entry.id = id;
+    stored.entry.kind = spec.kind;
+    stored.entry.sequence = spec.sequence.value_or(static_cast<std::int64_t>(token));
+    stored.entry.token = token;
+    stored.entry.attempt_id = spec.attempt_id;
+    stored.session = id_;
+    stored.owner_json = EncodeOwnerRecord(spec.owner);
+    Appended out;
+    out.entry = stored.entry;
+    state_->queues[std::string(queue)].push_back(std::move(stored));
+    out.queue = state_->Snapshot(queue, false);
+    if (state_->LoseReply("append")) return UnavailableError("reply to append lost (injected)");
+    return out;
+  }
+
+  Result<std::vector<Entry>> list(std::string_view queue, const ListOptions& options, Clock::time_point) override {
+    std::unique_lock<std::mutex> lock(state_->mu);
+    state_->Delay(lock, "list");
+    if (Status s = state_->Inject("list"); !s.ok()) return s;
+    if (Status s = state_->Usable(id_); !s.ok()) return s;
+    auto out = state_->Snapshot(queue, options.with_owners);
+    if (state_->LoseReply("list")) return UnavailableError("reply to list lost (injected)");
+    return out;
+  }
+
+  Status wait_any_gone(std::string_view queue, std::span<const std::string> ids, Clock::time_point deadline,
+                       std::stop_token stop) override {
+    std::unique_lock<std::mutex> lock(state_->mu);
+    state_->Delay(lock, "wait");
+    if (Status s = state_->Inject("wait"); !s.ok()) return s;
+    auto gone = [&] {
+      return std::any_of(ids.begin(), ids.end(), [&](const std::string& id) { return !state_->Present(queue, id); });
+    };
+    auto ended = [&] {
+      auto it = state_->sessions.find(id_);
+      return it == state_->sessions.end() || it->second.state == SessionState::kLost ||
+             it->second.state == SessionState::kClosed;
+    };
+    if (ended()) return state_->Usable(id_);
+    // A suspended session keeps waiting: a real store's watch survives a
+    // reconnect within the session.
+    state_->clock->wait_until(state_->changed, lock, stop, deadline, [&] { return gone() || ended(); });
+    if (ended()) return SessionLostError("session " + id_ + " ended while waiting");
+    if (gone()) {
+      ++state_->ops["wake"];
+      return OkStatus();
+    }
+    if (stop.stop_requested()) return CancelledError("wait cancelled");
+    return DeadlineExceededError("deadline passed waiting in " + std::string(queue));
+  }
+
+  Status remove(std::string_view queue, std::string_view id, Clock::time_point) override {
+    std::unique_lock<std::mutex> lock(state_->mu);
+    state_->Delay(lock, "remove");
+    if (Status s = state_->Inject("remove"); !s.ok()) return s;
+    if (Status s = state_->Usable(id_); !s.ok()) return s;
+    auto it = state_->queues.find(queue);
+    if (it != state_->queues.end()) {
+      std::erase_if(it->second, [&](const State::StoredEntry& e) { return e.entry.id == id; });
+      if (it->second.empty()) state_->queues.erase(it);
+      state_->changed.notify_all();
+    }
+    if (state_->LoseReply("remove")) return UnavailableError("reply to remove lost (injected)");
+    return OkStatus();
+  }
+
+  Result<std::optional<Entry>> find_own(std::string_view queue, std::string_view attempt_id,
+                                        Clock::time_point) override {
+    std::unique_lock<std::mutex> lock(state_->mu);
+    state_->Delay(lock, "find_own");
+    if (Status s = state_->Inject("find_own"); !s.ok()) return s;
+    if (Status s = state_->Usable(id_); !s.ok()) return s;
+    auto it = state_->queues.find(queue);
+    if (it != state_->queues.end()) {
+      for (const auto& e : it->second) {
+        if (e.session == id_ && e.entry.attempt_id == attempt_id) return std::optional<Entry>(e.entry);
+      }
+    }
+    return std::optional<Entry>();
+  }
+
+  void close() noexcept override {
+    Transition(state_, id_, SessionState::kClosed, [this] { state_->DropEntriesOf(id_); });
+  }
+
+ private:
+  const std::shared_ptr<State> state_;
+  const std::string id_;
+};
+
+std::shared_ptr<MemStore> MemStore::create(MemStoreOptions options) {
+  std::shared_ptr<MemStore> store(new MemStore());
+  store->state_ = std::make_shared<State>();
+  store->state_->clock = options.clock ? options.clock : Clock::system();
+  std::weak_ptr<State> weak = store->state_;
+  store->clock_subscription_ = store->state_->clock->on_advance([weak] {
+    if (auto s = weak.lock()) {
+      std::lock_guard<std::mutex> g(s->mu);
+      s->changed.notify_all();
+    }
+  });
+  return store;
+}
+
+MemStore::~MemStore() = default;
+
+std::string MemStore::url() const { return "mem://"; }
+
+Result<std::shared_ptr<Session>> MemStore::open_session(Clock::time_point) {
+  std::lock_guard<std::mutex> g(state_->mu);
+  if (Status s = state_->Inject("open_session"); !s.ok()) return s;
+  std::string id = "mem-" + std::to_string(state_->next_session++);
+  state_->sessions[id];
+  return std::shared_ptr<Session>(std::make_shared<MemSession>(state_, id));
+}
+
+void MemStore::suspend(std::string_view session_id) { Transition(state_, session_id, SessionState::kSuspended); }
+
+void MemStore::resume(std::string_view session_id) {
+  // Only a suspended session can come back; Transition ignores ended ones.
+  Transition(state_, session_id, SessionState::kConnected);
+}
+
+void MemStore::expire(std::string_view session_id) {
+  std::string id(session_id);
+  Transition(state_, session_id, SessionState::kLost, [this, id] { state_->DropEntriesOf(id); });
+}
+
+void MemStore::fail_next(std::string_view op, Status status, int count) {
+  std::lock_guard<std::mutex> g(state_->mu);
+  auto& q = state_->failures[std::string(op)];
+  for (int i = 0; i < count; ++i) q.push_back(status);
+}
+
+void MemStore::lose_next_reply(std::string_view op, int count) {
+  std::lock_guard<std::mutex> g(state_->mu);
+  state_->lost_replies[std::string(op)] += count;
+}
+
+void MemStore::delay_next(std::string_view op, Clock::duration by, int count) {
+  std::lock_guard<std::mutex> g(state_->mu);
+  auto& q = state_->delays[std::string(op)];
+  for (int i = 0; i < count; ++i) q.push_back(by);
+}
+
+std::size_t MemStore::entry_count() const {
+  std::lock_guard<std::mutex> g(state_->mu);
+  std::size_t n = 0;
+  for (const auto& [name, entries] : state_->queues) n += entries.size();
+  return n;
+}
+
+std::uint64_t MemStore::op_count(std::string_view op) const {
+  std::lock_guard<std::mutex> g(state_->mu);
+  auto it = state_->ops.find(op);
+  return it == state_->ops.end() ? 0 : it->second;
+}
+
+}  // namespace dlock

@@ -1,0 +1,71 @@
+// Test support: a way to make several clients (each its own session) of one
+// store, for the recipe suites that run on every store.
+#ifndef DLOCK_TESTS_SUPPORT_STORES_HPP_
+#define DLOCK_TESTS_SUPPORT_STORES_HPP_
+
+#include <chrono>
+#include <cstdlib>
+#include <functional>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "dlock/dlock.hpp"
+
+namespace dlock::testing {
+
+// Something that makes clients of one shared store.
+struct StoreFixture {
+  std::string label;  // for test names
+  std::function<Client()> new_client;
+  // Live entries in a queue, seen by a fresh client.
+  std::size_t entries(const std::string& queue) const {
+    auto c = new_client();
+    auto listed = c.list_entries(queue, false);
+    return listed.ok() ? listed->size() : 0;
+  }
+};
+
+// "mem" gives a fresh MemStore shared by the fixture's clients; anything else
+// is a URL (each client connects on its own).
+inline StoreFixture MakeFixture(const std::string& spec) {
+  StoreFixture f;
+  f.label = spec;
+  if (spec == "mem") {
+    auto store = MemStore::create();
+    f.new_client = [store] { return Client::with_store(store); };
+  } else {
+    f.new_client = [spec] { return Client::connect(spec); };
+  }
+  return f;
+}
+
+// The stores the generic suites run on: "mem" always, plus the URLs in
+// $DLOCK_TEST_URLS (space-separated), which the test scripts set after
+// starting servers.
+inline std::vector<std::string> StoreSpecs() {
+  std::vector<std::string> out{"mem"};
+  if (const char* env = std::getenv("DLOCK_TEST_URLS")) {
+    std::istringstream in(env);
+    for (std::string url; in >> url;) out.push_back(url);
+  }
+  return out;
+}
+
+// Waits, bounded, until `cond()` holds. For conditions no event announces
+// (such as "a thread is now blocked in the store").
+inline bool Eventually(const std::function<bool()>& cond,
+                       std::chrono::milliseconds limit = std::chrono::seconds(20)) {
+  auto end = std::chrono::steady_clock::now() + limit;
+  while (std::chrono::steady_clock::now() < end) {
+    if (cond()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return cond();
+}
+
+}  // namespace dlock::testing
+
+#endif  // DLOCK_TESTS_SUPPORT_STORES_HPP_

@@ -1,0 +1,407 @@
+// The recipes on every store the run has: mem always, the others when the
+// test scripts pass their URLs in DLOCK_TEST_URLS. Each test asserts on what
+// a broken lock would get wrong: overlaps, order, tokens, leftover entries.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <mutex>
+#include <shared_mutex>
+#include <thread>
+#include <vector>
+
+#include "dlock/dlock.hpp"
+#include "support/stores.hpp"
+
+namespace dlock {
+namespace {
+
+using namespace std::chrono_literals;
+using testing::Eventually;
+using testing::StoreFixture;
+
+std::string UniqueName(const std::string& base) {
+  static std::atomic<int> counter{0};
+  return "test/" + base + "-" + std::to_string(::getpid()) + "-" + std::to_string(counter++);
+}
+
+class RecipeTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override { fixture_ = testing::MakeFixture(GetParam()); }
+  Client NewClient() { return fixture_.new_client(); }
+  StoreFixture fixture_;
+};
+
+// Records who is inside a critical section and fails on any overlap.
+class OverlapChecker {
+ public:
+  void enter() {
+    int inside = ++inside_;
+    if (inside != 1) overlaps_++;
+  }
+  void leave() { --inside_; }
+  int overlaps() const { return overlaps_; }
+
+ private:
+  std::atomic<int> inside_{0};
+  std::atomic<int> overlaps_{0};
+};
+
+TEST_P(RecipeTest, AcceptanceProgram) {
+  auto client = NewClient();
+  const std::string base = UniqueName("demo");
+  dlock::Mutex m(client, base + "/mutex");
+  std::uint64_t first = 0;
+  {
+    std::unique_lock lock(m);
+    first = m.fencing_token().value();
+    std::unique_lock again(m);  // reentrant in the same thread
+  }
+  ASSERT_TRUE(m.try_lock_for(2s));
+  EXPECT_GT(m.fencing_token().value(), first);
+  m.unlock();
+
+  dlock::Semaphore sem(client, base + "/sem", 3);
+  auto two = sem.acquire(2, 5s);
+  ASSERT_TRUE(two);
+  EXPECT_FALSE(sem.acquire(2, 50ms));
+  two.reset();
+
+  dlock::ReadWriteLock rw(client, base + "/rw");
+  {
+    std::shared_lock r1(rw.reader());
+    std::shared_lock r2(rw.reader());
+  }
+  { std::unique_lock w(rw.writer()); }
+  EXPECT_EQ(fixture_.entries(base + "/mutex"), 0u);
+}
+
+TEST_P(RecipeTest, MutexExcludesAcrossSessionsAndTokensGrow) {
+  const std::string name = UniqueName("exclusive");
+  constexpr int kThreads = 4;
+  constexpr int kRounds = 15;
+  OverlapChecker checker;
+  std::mutex tokens_mu;
+  std::vector<std::uint64_t> tokens;
+  std::vector<std::jthread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&] {
+      auto client = NewClient();  // own session: contends like another process
+      Mutex m(client, name);
+      for (int i = 0; i < kRounds; ++i) {
+        std::unique_lock lock(m);
+        checker.enter();
+        {
+          std::lock_guard<std::mutex> g(tokens_mu);
+          tokens.push_back(*m.fencing_token());
+        }
+        checker.leave();
+      }
+    });
+  }
+  threads.clear();
+  EXPECT_EQ(checker.overlaps(), 0);
+  ASSERT_EQ(tokens.size(), static_cast<std::size_t>(kThreads * kRounds));
+  // Holds are serialized, so tokens in the order holds happened must grow.
+  for (std::size_t i = 1; i < tokens.size(); ++i) EXPECT_LT(tokens[i - 1], tokens[i]) << "at hold " << i;
+  EXPECT_EQ(fixture_.entries(name), 0u);
+}
+
+TEST_P(RecipeTest, MutexIsFifoAcrossSessions) {
+  const std::string name = UniqueName("fifo");
+  auto holder_client = NewClient();
+  Mutex holder(holder_client, name);
+  holder.lock();
+  constexpr int kWaiters = 5;
+  std::mutex order_mu;
+  std::vector<int> order;
+  std::vector<std::jthread> threads;
+  for (int i = 0; i < kWaiters; ++i) {
+    threads.emplace_back([&, i] {
+      auto client = NewClient();
+      Mutex m(client, name);
+      std::unique_lock lock(m);
+      std::lock_guard<std::mutex> g(order_mu);
+      order.push_back(i);
+    });
+    // Next waiter only after this one is queued in the store.
+    ASSERT_TRUE(Eventually([&] { return fixture_.entries(name) == static_cast<std::size_t>(i + 2); }));
+  }
+  holder.unlock();
+  threads.clear();
+  ASSERT_EQ(order.size(), static_cast<std::size_t>(kWaiters));
+  for (int i = 0; i < kWaiters; ++i) EXPECT_EQ(order[i], i);
+}
+
+TEST_P(RecipeTest, TryLockAndTimeoutLeaveNoEntry) {
+  const std::string name = UniqueName("timeout");
+  auto a = NewClient();
+  auto b = NewClient();
+  Mutex ma(a, name);
+  Mutex mb(b, name);
+  ma.lock();
+  EXPECT_FALSE(mb.try_lock());
+  auto start = std::chrono::steady_clock::now();
+  EXPECT_FALSE(mb.try_lock_for(150ms));
+  EXPECT_GE(std::chrono::steady_clock::now() - start, 150ms);
+  EXPECT_TRUE(Eventually([&] { return fixture_.entries(name) == 1u; }));
+  ma.unlock();
+  EXPECT_TRUE(mb.try_lock());
+  mb.unlock();
+  EXPECT_TRUE(Eventually([&] { return fixture_.entries(name) == 0u; }));
+}
+
+TEST_P(RecipeTest, StopTokenCancelsWaitAndLeavesNoEntry) {
+  const std::string name = UniqueName("cancel");
+  auto a = NewClient();
+  auto b = NewClient();
+  Mutex ma(a, name);
+  Mutex mb(b, name);
+  ma.lock();
+  std::stop_source stop;
+  std::atomic<int> result{-1};
+  std::jthread waiter([&] { result = mb.lock_for(kForever, stop.get_token()) ? 1 : 0; });
+  ASSERT_TRUE(Eventually([&] { return fixture_.entries(name) == 2u; }));
+  stop.request_stop();
+  waiter.join();
+  EXPECT_EQ(result, 0);
+  EXPECT_TRUE(Eventually([&] { return fixture_.entries(name) == 1u; }));
+  ma.unlock();
+}
+
+TEST_P(RecipeTest, HoldIsReleasableFromAnotherThread) {
+  const std::string name = UniqueName("hold");
+  auto client = NewClient();
+  Mutex m(client, name);
+  auto hold = m.acquire(5s);
+  ASSERT_TRUE(hold);
+  EXPECT_TRUE(hold->held());
+  EXPECT_GT(hold->fencing_token(), 0u);
+  EXPECT_FALSE(hold->lost_token().stop_requested());
+  std::jthread other([h = std::move(*hold)]() mutable { h.release(); });
+  other.join();
+  auto next = m.acquire(5s);
+  ASSERT_TRUE(next);
+  EXPECT_EQ(next->state(), HoldState::kHeld);
+}
+
+TEST_P(RecipeTest, LocalThreadsKeepOneWaitingEntryPerProcess) {
+  const std::string name = UniqueName("gate");
+  auto client = NewClient();  // one "process": all threads share its session
+  Mutex m(client, name);
+  OverlapChecker checker;
+  std::atomic<bool> done{false};
+  std::atomic<std::size_t> max_entries{0};
+  std::jthread sampler([&] {
+    while (!done) {
+      std::size_t n = fixture_.entries(name);
+      std::size_t prev = max_entries;
+      while (n > prev && !max_entries.compare_exchange_weak(prev, n)) {
+      }
+    }
+  });
+  {
+    std::vector<std::jthread> threads;
+    for (int t = 0; t < 6; ++t) {
+      threads.emplace_back([&] {
+        for (int i = 0; i < 8; ++i) {
+          std::unique_lock lock(m);
+          checker.enter();
+          std::this_thread::sleep_for(1ms);  // a critical section that takes time
+          checker.leave();
+        }
+      });
+    }
+  }
+  done = true;
+  sampler.join();
+  EXPECT_EQ(checker.overlaps(), 0);
+  EXPECT_LE(max_entries.load(), 2u) << "more than one waiting entry from one process";
+  EXPECT_GE(max_entries.load(), 1u);
+}
+
+TEST_P(RecipeTest, SemaphoreNeverExceedsPermits) {
+  const std::string name = UniqueName("sem");
+  constexpr std::uint32_t kPermits = 3;
+  std::atomic<int> in_use{0};
+  std::atomic<int> max_in_use{0};
+  std::vector<std::jthread> threads;
+  for (int t = 0; t < 6; ++t) {
+    threads.emplace_back([&, t] {
+      auto client = NewClient();
+      Semaphore sem(client, name, kPermits);
+      for (int i = 0; i < 6; ++i) {
+        std::uint32_t want = 1 + (t + i) % 2;
+        auto lease = sem.acquire(want, 30s);
+        ASSERT_TRUE(lease);
+        EXPECT_EQ(lease->permits(), want);
+        int now = (in_use += static_cast<int>(want));
+        int prev = max_in_use;
+        while (now > prev && !max_in_use.compare_exchange_weak(prev, now)) {
+        }
+        std::this_thread::sleep_for(1ms);
+        in_use -= static_cast<int>(want);
+      }
+    });
+  }
+  threads.clear();
+  EXPECT_LE(max_in_use.load(), static_cast<int>(kPermits));
+  EXPECT_GE(max_in_use.load(), 2);
+  EXPECT_EQ(fixture_.entries(name + "/leases"), 0u);
+  EXPECT_EQ(fixture_.entries(name + "/locks"), 0u);
+}
+
+TEST_P(RecipeTest, SemaphoreServesABigRequestBeforeLaterSmallOnes) {
+  const std::string name = UniqueName("sem-fifo");
+  auto a = NewClient();
+  Semaphore sa(a, name, 3);
+  auto two = sa.acquire(2, 5s);
+  ASSERT_TRUE(two);
+  std::mutex mu;
+  std::vector<std::string> order;
+  auto b = NewClient();
+  std::jthread big([&] {
+    Semaphore sb(b, name, 3);
+    auto three = sb.acquire(3, 30s);
+    ASSERT_TRUE(three);
+    {
+      std::lock_guard<std::mutex> g(mu);
+      order.push_back("big");
+    }
+  });
+  // The big request is at the head: it holds the acquirers' lock.
+  ASSERT_TRUE(Eventually([&] { return fixture_.entries(name + "/locks") == 1u; }));
+  auto c = NewClient();
+  std::jthread small([&] {
+    Semaphore sc(c, name, 3);
+    auto one = sc.acquire(1, 30s);  // one permit is free, but big came first
+    ASSERT_TRUE(one);
+    std::lock_guard<std::mutex> g(mu);
+    order.push_back("small");
+  });
+  ASSERT_TRUE(Eventually([&] { return fixture_.entries(name + "/locks") == 2u; }));
+  two.reset();
+  big.join();
+  small.join();
+  ASSERT_EQ(order.size(), 2u);
+  EXPECT_EQ(order[0], "big");
+}
+
+TEST_P(RecipeTest, SemaphoreMutexUnlocksFromAnyThread) {
+  const std::string name = UniqueName("semmutex");
+  auto client = NewClient();
+  SemaphoreMutex m(client, name);
+  m.lock();
+  EXPECT_TRUE(m.fencing_token().has_value());
+  EXPECT_FALSE(m.try_lock());  // not reentrant
+  std::jthread([&] { m.unlock(); }).join();
+  EXPECT_TRUE(m.try_lock());
+  m.unlock();
+}
+
+TEST_P(RecipeTest, ReadersShareWritersExclude) {
+  const std::string name = UniqueName("rw");
+  auto a = NewClient();
+  auto b = NewClient();
+  auto c = NewClient();
+  ReadWriteLock ra(a, name);
+  ReadWriteLock rb(b, name);
+  ReadWriteLock rc(c, name);
+  std::shared_lock r1(ra.reader());
+  ASSERT_TRUE(rb.reader().try_lock_shared_for(5s));  // two readers at once
+  EXPECT_FALSE(rc.writer().try_lock_for(50ms)) << "a writer got in beside readers";
+  rb.reader().unlock_shared();
+  r1.unlock();
+  ASSERT_TRUE(rb.writer().try_lock_for(5s));
+  EXPECT_FALSE(ra.reader().try_lock_shared_for(50ms)) << "a reader got in beside a writer";
+  rb.writer().unlock();
+}
+
+TEST_P(RecipeTest, WaitingWriterIsNotStarvedByLaterReaders) {
+  const std::string name = UniqueName("rw-fair");
+  auto a = NewClient();
+  ReadWriteLock ra(a, name);
+  ra.reader().lock_shared();
+  std::mutex mu;
+  std::vector<std::string> order;
+  auto b = NewClient();
+  ReadWriteLock rb(b, name);
+  std::jthread writer([&] {
+    std::unique_lock w(rb.writer());
+    std::lock_guard<std::mutex> g(mu);
+    order.push_back("writer");
+  });
+  ASSERT_TRUE(Eventually([&] { return fixture_.entries(name) == 2u; }));
+  auto c = NewClient();
+  ReadWriteLock rc(c, name);
+  std::jthread late_reader([&] {
+    std::shared_lock r(rc.reader());
+    std::lock_guard<std::mutex> g(mu);
+    order.push_back("reader");
+  });
+  ASSERT_TRUE(Eventually([&] { return fixture_.entries(name) == 3u; }));
+  ra.reader().unlock_shared();
+  writer.join();
+  late_reader.join();
+  ASSERT_EQ(order.size(), 2u);
+  EXPECT_EQ(order[0], "writer");
+}
+
+TEST_P(RecipeTest, DowngradeKeepsQueuedWriterOut) {
+  const std::string name = UniqueName("rw-down");
+  auto a = NewClient();
+  ReadWriteLock ra(a, name);
+  ra.writer().lock();
+  std::atomic<bool> writer_in{false};
+  auto b = NewClient();
+  ReadWriteLock rb(b, name);
+  std::jthread writer([&] {
+    std::unique_lock w(rb.writer());
+    writer_in = true;
+  });
+  ASSERT_TRUE(Eventually([&] { return fixture_.entries(name) == 2u; }));
+  ra.reader().lock_shared();  // downgrade: granted at once
+  auto write_token = ra.writer().fencing_token();
+  ra.writer().unlock();
+  // The queued writer must still be kept out by our read hold.
+  EXPECT_FALSE(Eventually([&] { return writer_in.load(); }, 300ms));
+  EXPECT_TRUE(ra.reader().fencing_token().has_value());
+  EXPECT_NE(ra.reader().fencing_token(), write_token);
+  ra.reader().unlock_shared();
+  writer.join();
+  EXPECT_TRUE(writer_in);
+}
+
+TEST_P(RecipeTest, UpgradeIsRefused) {
+  auto client = NewClient();
+  ReadWriteLock rw(client, UniqueName("rw-up"));
+  std::shared_lock r(rw.reader());
+  try {
+    rw.writer().lock();
+    FAIL() << "upgrade did not throw";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kFailedPrecondition);
+  }
+}
+
+TEST_P(RecipeTest, MutexCountsAsWriterForReaders) {
+  const std::string name = UniqueName("mixed");
+  auto a = NewClient();
+  auto b = NewClient();
+  Mutex m(a, name);
+  ReadWriteLock rw(b, name);
+  m.lock();
+  EXPECT_FALSE(rw.reader().try_lock_shared_for(50ms));
+  m.unlock();
+  std::shared_lock r(rw.reader());
+  EXPECT_FALSE(m.try_lock_for(50ms));
+}
+
+INSTANTIATE_TEST_SUITE_P(Stores, RecipeTest, ::testing::ValuesIn(testing::StoreSpecs()),
+                         [](const ::testing::TestParamInfo<std::string>& p) {
+                           std::string s;
+                           for (char c : p.param) s += std::isalnum(static_cast<unsigned char>(c)) ? c : '_';
+                           return s.substr(0, 40) + "_" + std::to_string(p.index);
+                         });
+
+}  // namespace
+}  // namespace dlock
