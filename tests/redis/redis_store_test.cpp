@@ -562,6 +562,65 @@ TEST_F(RedisSessionTest, WaitIsWokenWhenACrashedHoldersLeaseRunsOut) {
   EXPECT_TRUE(now_listed->empty());
 }
 
+TEST_F(RedisSessionTest, FallbackRecheckRunsAboutOncePerLeaseForAllWaiters) {
+  // A live holder with a 1s lease, 4 waiters: pub/sub cannot announce a
+  // crash, so the queue is re-checked when the holder's lease could run out
+  // -- once for all 4 waiters, about once per lease period, not per waiter.
+  auto holder_store = MustOpen(url("?ttl=1s"));
+  auto holder = MustSession(*holder_store);
+  auto held = holder->append(queue_, Spec(), In(5s));
+  ASSERT_TRUE(held.ok());
+  auto store = MustOpen(url("?ttl=60s"));
+  auto b = MustSession(*store);
+  std::vector<std::string> ids = {held->entry.id};
+  auto before = server_->CommandCalls();
+  std::vector<std::future<Status>> waiters;
+  for (int i = 0; i < 4; ++i) {
+    waiters.push_back(std::async(std::launch::async, [&] { return b->wait_any_gone(queue_, ids, In(60s), {}); }));
+  }
+  // Checks, counted by the one ZRANGE each check script runs (commandstats
+  // counts the commands scripts call; the holder's renewals run none).
+  auto scripts_since = [&](std::map<std::string, long long>& from) {
+    return server_->CommandCalls()["zrange"] - from["zrange"];
+  };
+  ASSERT_TRUE(Eventually([&] { return scripts_since(before) >= 4; }));
+  auto settled = server_->CommandCalls();
+  std::this_thread::sleep_for(3s);  // measuring how often the queue is re-checked
+  long long checks = scripts_since(settled);
+  auto idle = server_->CommandCalls();
+  EXPECT_GE(checks, 2);
+  EXPECT_LE(checks, 6);
+  EXPECT_EQ(idle["subscribe"] - before["subscribe"], 1);
+  for (auto& w : waiters) EXPECT_EQ(w.wait_for(0s), std::future_status::timeout);
+  std::printf("[ measure ] 4 waiters, holder lease 1s: %lld shared re-checks in 3s\n", checks);
+  ASSERT_TRUE(holder->remove(queue_, held->entry.id, In(5s)).ok());
+  for (auto& w : waiters) {
+    ASSERT_EQ(w.wait_for(5s), std::future_status::ready);
+    EXPECT_TRUE(w.get().ok());
+  }
+}
+
+TEST_F(RedisSessionTest, KilledCommandConnectionsAreReplacedWithoutErrors) {
+  auto store = MustOpen(url("?ttl=1500ms"));
+  auto s = MustSession(*store);
+  StateLog log(*s);
+  auto e = s->append(queue_, Spec(), In(5s));
+  ASSERT_TRUE(e.ok());
+  // Once the keep-alive has its connection, kill it and the pool's (not the
+  // one asking).
+  long long before = server_->CommandCalls()["pexpire"];
+  ASSERT_TRUE(Eventually([&] { return server_->CommandCalls()["pexpire"] > before; }));
+  EXPECT_GE(server_->CmdInt({"CLIENT", "KILL", "TYPE", "normal"}), 2);
+  auto listed = s->list(queue_, {}, In(5s));
+  ASSERT_TRUE(listed.ok()) << listed.status().ToString();
+  EXPECT_EQ(Ids(*listed), std::vector<std::string>{e->entry.id});
+  // Two renewals later, the session never noticed.
+  long long renewals = server_->CommandCalls()["pexpire"];
+  ASSERT_TRUE(Eventually([&] { return server_->CommandCalls()["pexpire"] >= renewals + 2; }));
+  EXPECT_EQ(s->state(), SessionState::kConnected);
+  EXPECT_TRUE(log.states().empty());
+}
+
 TEST_F(RedisSessionTest, SubscriberRecoversFromAKilledConnection) {
   auto store = MustOpen(url("?ttl=60s"));
   auto a = MustSession(*store), b = MustSession(*store);
@@ -697,6 +756,41 @@ TEST(RedisFaults, LostIsDeclaredBeforeTheServerLeaseEndsWhenTheServerFreezes) {
   ASSERT_FALSE(states.empty());
   EXPECT_EQ(states.back(), SessionState::kLost) << "a lost session never reports connected again";
   EXPECT_EQ(std::count(states.begin(), states.end(), SessionState::kLost), 1);
+}
+
+TEST(RedisFaults, AShortOutageSuspendsAndRecovers) {
+  auto server = RedisServer::Start();
+  ASSERT_TRUE(server);
+  auto store = MustOpen(server->url("?ttl=3s&connect_timeout=500ms"));
+  auto a = MustSession(*store), b = MustSession(*store);
+  ASSERT_TRUE(a && b);
+  StateLog log(*a), log_b(*b);
+  auto e = a->append("outage/q", Spec(), In(5s));
+  ASSERT_TRUE(e.ok());
+  server->Freeze();
+  auto suspended = log.WaitFor(SessionState::kSuspended, 3s);
+  server->Thaw();
+  ASSERT_TRUE(suspended.has_value());
+  auto connected = log.WaitFor(SessionState::kConnected, 3s);
+  ASSERT_TRUE(connected.has_value()) << "the session must come back when the server does";
+  EXPECT_EQ(log.states(), (std::vector<SessionState>{SessionState::kSuspended, SessionState::kConnected}));
+  EXPECT_EQ(a->state(), SessionState::kConnected);
+  // b went through the same (or renewed on either side of the freeze).
+  if (log_b.WaitFor(SessionState::kSuspended, 0ms)) {
+    ASSERT_TRUE(log_b.WaitFor(SessionState::kConnected, 3s).has_value());
+  }
+  EXPECT_EQ(b->state(), SessionState::kConnected);
+  // Its entry survived, and waits on it still work.
+  auto listed = b->list("outage/q", {}, In(5s));
+  ASSERT_TRUE(listed.ok()) << listed.status().ToString();
+  ASSERT_EQ(Ids(*listed), std::vector<std::string>{e->entry.id});
+  EXPECT_EQ((*listed)[0].token, e->entry.token);
+  std::vector<std::string> ids = {e->entry.id};
+  auto waiter = std::async(std::launch::async, [&] { return b->wait_any_gone("outage/q", ids, In(30s), {}); });
+  ASSERT_TRUE(Eventually([&] { return server->NumSub(Channel("outage/q")) == 1; }));
+  ASSERT_TRUE(a->remove("outage/q", e->entry.id, In(5s)).ok());
+  ASSERT_EQ(waiter.wait_for(5s), std::future_status::ready);
+  EXPECT_TRUE(waiter.get().ok());
 }
 
 TEST(RedisFaults, ServerRestartWithoutDataLosesSessionsAndThenWorks) {

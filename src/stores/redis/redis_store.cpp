@@ -295,16 +295,17 @@ class StoreCore {
     return std::move(first);
   }
 
-  // ScriptOn a pooled connection. Every script is idempotent, so a request
-  // that failed on a reused connection the server had closed (a restart, an
-  // idle timeout) is sent once more on a new one; a timeout is not retried.
-  Result<Reply> Script(ScriptId id, const std::vector<std::string>& keys, const std::vector<std::string>& args,
-                       IoClock::time_point deadline, bool durable = false) {
+  // Runs `fn(conn)` on a pooled connection. A request that failed on a
+  // reused connection the server had closed (a restart, an idle timeout, a
+  // CLIENT KILL) is sent once more on a new one, since every request dlock
+  // makes is idempotent (see the scripts); a timeout is not retried.
+  template <typename Fn>
+  Result<Reply> Pooled(IoClock::time_point deadline, Fn fn) {
     for (int attempt = 0;; ++attempt) {
       auto c = pool_.Acquire(deadline);
       if (!c.ok()) return c.status();
       auto& [conn, fresh] = *c;
-      auto r = ScriptOn(*conn, id, keys, args, deadline, durable);
+      Result<Reply> r = fn(*conn);
       bool retry = !r.ok() && conn->broken() && !conn->timed_out() && !fresh && attempt == 0 &&
                    IoClock::now() < deadline;
       pool_.Release(std::move(conn));
@@ -312,12 +313,13 @@ class StoreCore {
     }
   }
 
+  Result<Reply> Script(ScriptId id, const std::vector<std::string>& keys, const std::vector<std::string>& args,
+                       IoClock::time_point deadline, bool durable = false) {
+    return Pooled(deadline, [&](Conn& c) { return ScriptOn(c, id, keys, args, deadline, durable); });
+  }
+
   Result<Reply> Command1(const Command& cmd, IoClock::time_point deadline) {
-    auto c = pool_.Acquire(deadline);
-    if (!c.ok()) return c.status();
-    auto r = c->first->Run(cmd, deadline);
-    pool_.Release(std::move(c->first));
-    return r;
+    return Pooled(deadline, [&](Conn& c) { return c.Run(cmd, deadline); });
   }
 
   Subscriber& subscriber() {
@@ -728,6 +730,43 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
     store_->pool().Release(std::move(c->first));
   }
 
+  // One renewal round trip: PEXPIRE of the session key, and the renewal of
+  // each mirror, pipelined.
+  struct RenewItem {
+    std::string queue;
+    bool must_exist;  // a confirmed entry counts on the mirror
+  };
+  Result<std::vector<Reply>> Renew(Conn& conn, const std::vector<RenewItem>& items, IoClock::time_point deadline) {
+    std::vector<Command> cmds;
+    cmds.push_back({"PEXPIRE", SessionKey(sid_), std::to_string(cfg_.ttl.count())});
+    for (const auto& item : items) {
+      const QueueKeys k = KeysFor(item.queue, cfg_.endpoint.db);
+      cmds.push_back({"EVALSHA", store_->sha(ScriptId::kRenewMirror), "1", k.mirror(sid_),
+                      std::to_string(cfg_.ttl.count()), sid_});
+    }
+    auto r = conn.Pipeline(cmds, deadline);
+    if (!r.ok()) return r.status();
+    // The server forgot the scripts (restart, SCRIPT FLUSH): send the source.
+    // Renewing a mirror twice is harmless.
+    std::vector<std::size_t> again;
+    for (std::size_t i = 1; i < r->size(); ++i) {
+      if ((*r)[i].is_error() && (*r)[i].str().substr(0, 8) == "NOSCRIPT") again.push_back(i);
+    }
+    if (!again.empty()) {
+      std::vector<Command> retry;
+      for (std::size_t i : again) {
+        Command c = cmds[i];
+        c[0] = "EVAL";
+        c[1] = ScriptSource(ScriptId::kRenewMirror);
+        retry.push_back(std::move(c));
+      }
+      auto r2 = conn.Pipeline(retry, deadline);
+      if (!r2.ok()) return r2.status();
+      for (std::size_t j = 0; j < again.size(); ++j) (*r)[again[j]] = std::move((*r2)[j]);
+    }
+    return r;
+  }
+
   void KeepAlive() {
     std::unique_ptr<Conn> conn;
     std::stop_token st = stop_.get_token();
@@ -749,11 +788,7 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
       if (!poke_ && now < next) continue;
       poke_ = false;
 
-      struct Item {
-        std::string queue;
-        bool must_exist;  // a confirmed entry counts on the mirror
-      };
-      std::vector<Item> items;
+      std::vector<RenewItem> items;
       for (const auto& [name, t] : queues_) {
         bool confirmed = std::any_of(t.ids.begin(), t.ids.end(), [](const auto& p) { return p.second.confirmed; });
         items.push_back({name, confirmed});
@@ -765,53 +800,29 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
       auto io_deadline = IoClock::now() + budget;
       Status err;
       std::vector<Reply> replies;
-      if (!conn) {
-        auto c = Conn::Open(cfg_.endpoint, io_deadline, stop_fd_);
-        if (c.ok()) {
+      for (int attempt = 0; attempt < 2; ++attempt) {
+        bool fresh = !conn;
+        if (!conn) {
+          auto c = Conn::Open(cfg_.endpoint, io_deadline, stop_fd_);
+          if (!c.ok()) {
+            err = c.status();
+            break;
+          }
           conn = std::move(*c);
-        } else {
-          err = c.status();
         }
-      }
-      if (conn) {
-        sent = clock.now();
-        std::vector<Command> cmds;
-        cmds.push_back({"PEXPIRE", SessionKey(sid_), std::to_string(cfg_.ttl.count())});
-        for (const auto& item : items) {
-          const QueueKeys k = KeysFor(item.queue, cfg_.endpoint.db);
-          cmds.push_back({"EVALSHA", store_->sha(ScriptId::kRenewMirror), "1", k.mirror(sid_),
-                          std::to_string(cfg_.ttl.count()), sid_});
-        }
-        auto r = conn->Pipeline(cmds, io_deadline);
+        sent = clock.now();  // the lease counts from here, not from the reply
+        auto r = Renew(*conn, items, io_deadline);
         if (r.ok()) {
-          // The server forgot the scripts (restart, SCRIPT FLUSH): send the
-          // source. Renewing twice is harmless.
-          std::vector<std::size_t> again;
-          for (std::size_t i = 1; i < r->size(); ++i) {
-            if ((*r)[i].is_error() && (*r)[i].str().substr(0, 8) == "NOSCRIPT") again.push_back(i);
-          }
-          if (!again.empty()) {
-            std::vector<Command> retry;
-            for (std::size_t i : again) {
-              Command c = cmds[i];
-              c[0] = "EVAL";
-              c[1] = ScriptSource(ScriptId::kRenewMirror);
-              retry.push_back(std::move(c));
-            }
-            auto r2 = conn->Pipeline(retry, io_deadline);
-            if (r2.ok()) {
-              for (std::size_t j = 0; j < again.size(); ++j) (*r)[again[j]] = std::move((*r2)[j]);
-            } else {
-              r = r2.status();
-            }
-          }
-        }
-        if (r.ok()) {
+          err = OkStatus();
           replies = std::move(*r);
-        } else {
-          err = r.status();
-          conn.reset();
+          break;
         }
+        err = r.status();
+        // A connection the server closed since the last renewal (a restart,
+        // CLIENT KILL) gets one retry on a new one; a timeout does not.
+        bool retry = !fresh && !conn->timed_out() && err.code() == ErrorCode::kUnavailable;
+        conn.reset();
+        if (!retry) break;
       }
       if (err.ok()) {
         for (const auto& reply : replies) {
