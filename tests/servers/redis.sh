@@ -7,8 +7,9 @@
 # Starts redis-server on 127.0.0.1 and a free port the script picks, with no
 # persistence, in a scratch directory; waits until PING answers; runs COMMAND
 # with DLOCK_TEST_URLS="redis://127.0.0.1:PORT[?PARAM]" (appended to any URLs
-# already there); stops the server and removes the directory on every exit
-# path; and exits with COMMAND's status.
+# already there), in its own process group; then stops the server, kills what
+# is left of that group and removes the directory, on every exit path; and
+# exits with COMMAND's status.
 set -euo pipefail
 
 param=""
@@ -24,7 +25,11 @@ cli=$(command -v redis-cli || true)
 
 dir=$(mktemp -d "${TMPDIR:-/tmp}/dlock-redis-XXXXXX")
 pid=""
+cmd_pid=""
 cleanup() {
+  # Whatever the command left running in its process group (e.g. a child
+  # of a process a test killed) goes too.
+  if [ -n "$cmd_pid" ]; then kill -KILL -- "-$cmd_pid" 2>/dev/null || true; fi
   if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then
     kill -CONT "$pid" 2>/dev/null || true
     kill "$pid" 2>/dev/null || true
@@ -74,8 +79,11 @@ fi
 url="redis://127.0.0.1:${port}${param}"
 export DLOCK_TEST_URLS="${DLOCK_TEST_URLS:+$DLOCK_TEST_URLS }$url"
 echo "redis.sh: $url (pid $pid)" >&2
+# In its own session and process group (see cleanup).
+setsid "$@" &
+cmd_pid=$!
 set +e
-"$@"
+wait "$cmd_pid"
 status=$?
 set -e
 exit $status
