@@ -33,6 +33,7 @@
 #include <map>
 #include <mutex>
 #include <random>
+#include <system_error>
 #include <thread>
 
 #include <nlohmann/json.hpp>
@@ -570,12 +571,13 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
       if (prev == SessionState::kClosed) return;
     } while (!state_.compare_exchange_weak(prev, SessionState::kClosed));
     StopKeepAlive();
-    Emit(SessionState::kClosed);
-    store_->PokeWaiters();
     try {
+      Emit(SessionState::kClosed);
+      store_->PokeWaiters();
       Cleanup();
     } catch (...) {
-      // Best effort: the leases run out on their own.
+      // Out of memory, at worst. Cleanup is best effort: the leases run out
+      // on their own.
     }
   }
 
@@ -695,10 +697,14 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
       cv_.notify_all();
     }
     if (thread_.joinable()) {
-      if (thread_.get_id() == std::this_thread::get_id()) {
-        thread_.detach();  // close() from a listener: the thread ends on its own
-      } else {
-        thread_.join();
+      try {
+        if (thread_.get_id() == std::this_thread::get_id()) {
+          thread_.detach();  // close() from a listener: the thread ends on its own
+        } else {
+          thread_.join();
+        }
+      } catch (const std::system_error&) {
+        // Cannot happen for a joinable thread other than this one.
       }
     }
     clock_subscription_.reset();
