@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <exception>
 
 namespace dlock::internal::redis {
 
@@ -51,6 +52,17 @@ void SplitIds(std::string_view payload, std::vector<std::string>& out) {
     if (!one.empty()) out.emplace_back(one);
     if (sp == std::string_view::npos) break;
     payload.remove_prefix(sp + 1);
+  }
+}
+
+// Runs a check; an exception (out of memory) becomes an error, so that the
+// wait's bookkeeping under the mutex stays consistent.
+Result<CheckResult> SafeCheck(const Subscriber::CheckFn& check, const std::string& queue,
+                              const std::vector<std::string>& ids) {
+  try {
+    return check(queue, ids);
+  } catch (const std::exception& e) {
+    return InternalError(std::string("checking queue ") + queue + ": " + e.what());
   }
 }
 
@@ -180,7 +192,7 @@ Status Subscriber::Wait(const std::string& queue, const std::string& channel, co
       // First check, after the subscription is confirmed: a release from now
       // on is published to us; one before is seen by the check.
       lk.unlock();
-      auto r = check(queue, ids);
+      auto r = SafeCheck(check, queue, ids);
       lk.lock();
       ++stats_.checks;
       if (r.ok()) {
@@ -212,7 +224,7 @@ Status Subscriber::Wait(const std::string& queue, const std::string& channel, co
         }
       }
       lk.unlock();
-      auto r = check(queue, all);
+      auto r = SafeCheck(check, queue, all);
       lk.lock();
       ++stats_.checks;
       ++stats_.fallback_checks;
@@ -296,6 +308,16 @@ void Subscriber::Run(std::stop_token st) {
           continue;  // subscribe to everything wanted
         }
         if (c.status().code() == ErrorCode::kCancelled) break;
+        if (c.status().code() == ErrorCode::kUnauthenticated || c.status().code() == ErrorCode::kPermissionDenied) {
+          // Retrying will not help the waits: tell them.
+          std::lock_guard<std::mutex> g(mu_);
+          for (auto& [name, ch] : channels_) {
+            for (Waiter* w : ch->waiters) {
+              w->error = c.status();
+              w->cv.notify_all();
+            }
+          }
+        }
         next_connect = IoClock::now() + opt_.retry_interval;
       }
       wake_at = std::min(wake_at, next_connect);
