@@ -41,9 +41,10 @@ class CliTest : public ::testing::TestWithParam<std::string> {
     name_ = "cli/" + std::to_string(::getpid()) + "-" + std::to_string(counter++);
   }
   void TearDown() override {
+    // Each dlock leads its own process group: kill its command too, or an
+    // orphaned `sleep` keeps CTest's output pipe open.
     for (pid_t pid : children_) {
-      ::kill(pid, SIGKILL);
-      ::kill(pid, SIGCONT);
+      ::kill(-pid, SIGKILL);
       ::waitpid(pid, nullptr, 0);
     }
     std::filesystem::remove_all(dir_);
@@ -60,8 +61,13 @@ class CliTest : public ::testing::TestWithParam<std::string> {
     if (!out_file.empty()) {
       posix_spawn_file_actions_addopen(&actions, 1, out_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
     }
+    posix_spawnattr_t attr;
+    posix_spawnattr_init(&attr);
+    posix_spawnattr_setpgroup(&attr, 0);
+    posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP);
     pid_t pid = 0;
-    EXPECT_EQ(posix_spawn(&pid, DLOCK_CLI, &actions, nullptr, argv.data(), environ), 0);
+    EXPECT_EQ(posix_spawn(&pid, DLOCK_CLI, &actions, &attr, argv.data(), environ), 0);
+    posix_spawnattr_destroy(&attr);
     posix_spawn_file_actions_destroy(&actions);
     children_.push_back(pid);
     return pid;
@@ -73,7 +79,7 @@ class CliTest : public ::testing::TestWithParam<std::string> {
     int status = 0;
     while (::waitpid(pid, &status, WNOHANG) == 0) {
       if (std::chrono::steady_clock::now() > end) {
-        ::kill(pid, SIGKILL);
+        ::kill(-pid, SIGKILL);
         ::waitpid(pid, &status, 0);
         std::erase(children_, pid);
         ADD_FAILURE() << "dlock process " << pid << " hung";
@@ -239,20 +245,8 @@ TEST_P(CliTest, BreakFreesALockHeldByAStoppedProcess) {
   EXPECT_EQ(RunToEnd({"break", "--url", url_, name_}), 1) << "nothing left to break";
 }
 
-std::vector<std::string> CliStores() {
-  std::vector<std::string> out{"file"};
-  for (const auto& s : testing::StoreSpecs()) {
-    if (s != "mem") out.push_back(s);
-  }
-  return out;
-}
-
-INSTANTIATE_TEST_SUITE_P(Stores, CliTest, ::testing::ValuesIn(CliStores()),
-                         [](const ::testing::TestParamInfo<std::string>& p) {
-                           std::string s;
-                           for (char c : p.param) s += std::isalnum(static_cast<unsigned char>(c)) ? c : '_';
-                           return s.substr(0, 40) + "_" + std::to_string(p.index);
-                         });
+INSTANTIATE_TEST_SUITE_P(Stores, CliTest, ::testing::ValuesIn(testing::MultiProcessSpecs()),
+                         [](const auto& p) { return testing::SpecName(p.param, p.index); });
 
 }  // namespace
 }  // namespace dlock

@@ -186,20 +186,8 @@ TEST_P(ProcessTest, KilledHolderFreesTheLockForTheNextWaiter) {
       << "entries left behind";
 }
 
-std::vector<std::string> MultiProcessStores() {
-  std::vector<std::string> out{"file"};
-  for (const auto& s : testing::StoreSpecs()) {
-    if (s != "mem") out.push_back(s);
-  }
-  return out;
-}
-
-INSTANTIATE_TEST_SUITE_P(Stores, ProcessTest, ::testing::ValuesIn(MultiProcessStores()),
-                         [](const ::testing::TestParamInfo<std::string>& p) {
-                           std::string s;
-                           for (char c : p.param) s += std::isalnum(static_cast<unsigned char>(c)) ? c : '_';
-                           return s.substr(0, 40) + "_" + std::to_string(p.index);
-                         });
+INSTANTIATE_TEST_SUITE_P(Stores, ProcessTest, ::testing::ValuesIn(testing::MultiProcessSpecs()),
+                         [](const auto& p) { return testing::SpecName(p.param, p.index); });
 
 }  // namespace
 }  // namespace dlock
