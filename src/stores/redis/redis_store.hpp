@@ -28,6 +28,9 @@
 //    forward ends leases early; dlock cannot detect that.
 //  - Use `maxmemory-policy noeviction` (the default): an evicted lease key
 //    ends its session early.
+//  - The client times leases with the injected clock (StoreOptions::clock),
+//    while the server times them in real time: that clock must not run slower
+//    than real time. Clock::system() is right; a ManualClock is not.
 //  - Sessions are single-node: the store speaks to one server and follows no
 //    cluster redirection. The key layout is ready for a cluster (every key of
 //    a queue shares its hash tag); see redis_scripts.hpp.
