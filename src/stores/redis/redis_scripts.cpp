@@ -1,0 +1,218 @@
+#include "stores/redis/redis_scripts.hpp"
+
+#include <array>
+
+namespace dlock::internal::redis {
+namespace {
+
+// Shared by the queue scripts. ARGV[1] is the queue's key prefix
+// "dlock:{Q}:", ARGV[2] its pub/sub channel, KEYS[1] its sorted set.
+//
+// prune() drops the entries whose session mirror is gone (that session's
+// lease ran out), publishes their ids, and returns the smallest PTTL of the
+// mirrors of the sessions still present (-1 if none): when the next one can
+// run out, for the waiters' fallback re-check.
+//
+// An entry is emitted as 5 strings: id, seq, token, kind, attempt (+ owner).
+constexpr const char* kPrelude = R"lua(
+local base, chan, zkey = ARGV[1], ARGV[2], KEYS[1]
+local function ekey(id) return base .. 'e:' .. id end
+local function mkey(sid) return base .. 's:' .. sid end
+local function prune()
+  local ids = redis.call('ZRANGE', zkey, 0, -1)
+  local seen, dead, soonest = {}, {}, -1
+  for i = 1, #ids do
+    local id = ids[i]
+    local sid = redis.call('HGET', ekey(id), 'session')
+    local live = false
+    if sid then
+      live = seen[sid]
+      if live == nil then
+        local pttl = redis.call('PTTL', mkey(sid))
+        live = pttl ~= -2
+        seen[sid] = live
+        if pttl >= 0 and (soonest < 0 or pttl < soonest) then soonest = pttl end
+      end
+    end
+    if not live then
+      redis.call('ZREM', zkey, id)
+      redis.call('DEL', ekey(id))
+      dead[#dead + 1] = id
+    end
+  end
+  if #dead > 0 then redis.call('PUBLISH', chan, table.concat(dead, ' ')) end
+  return soonest
+end
+local function emit(out, id, owners)
+  local f = redis.call('HMGET', ekey(id), 'seq', 'token', 'kind', 'attempt', 'owner')
+  out[#out + 1] = id
+  out[#out + 1] = f[1] or '0'
+  out[#out + 1] = f[2] or '0'
+  out[#out + 1] = f[3] or ''
+  out[#out + 1] = f[4] or ''
+  if owners then out[#out + 1] = f[5] or '' end
+end
+local function emit_all(out, owners)
+  local ids = redis.call('ZRANGE', zkey, 0, -1)
+  for i = 1, #ids do emit(out, ids[i], owners) end
+end
+)lua";
+
+// KEYS: zset, counter, entry hash, own mirror.
+// ARGV: prefix, channel, id, kind, attempt, session, owner, mirror ttl (ms),
+//       sequence ('' for a new one).
+// Returns {seq, token, queue...}. Idempotent: running it again with the same
+// id changes nothing and returns the same entry.
+//
+// The counter starts, the first time a queue is used (or after a restart or
+// failover lost it), at the server's clock in microseconds, and only counts
+// up from there: tokens keep growing across such a data loss unless the
+// server clock steps back or the queue took over a million appends a second.
+// Doubles hold integers exactly up to 2^53: good until the year 2255.
+constexpr const char* kAppend = R"lua(
+prune()
+local want = tonumber(ARGV[8])
+local pttl = redis.call('PTTL', KEYS[4])
+if pttl == -2 then
+  redis.call('SET', KEYS[4], ARGV[6], 'PX', want)
+elseif pttl < want then
+  redis.call('PEXPIRE', KEYS[4], want)
+end
+if redis.call('EXISTS', KEYS[3]) == 1 then
+  -- A retry of an append that already happened (the id is random and new
+  -- per append): answer as the first time, without a second token.
+  local f = redis.call('HMGET', KEYS[3], 'seq', 'token')
+  local again = {f[1], f[2]}
+  emit_all(again, false)
+  return again
+end
+local token
+if redis.call('EXISTS', KEYS[2]) == 1 then
+  token = redis.call('INCR', KEYS[2])
+else
+  local t = redis.call('TIME')
+  token = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  redis.call('SET', KEYS[2], string.format('%.0f', token))
+end
+local tok = string.format('%.0f', token)
+local seq = ARGV[9]
+if seq == '' then seq = tok end
+redis.call('ZADD', zkey, 'NX', seq, ARGV[3])
+redis.call('HSET', KEYS[3], 'seq', seq, 'token', tok, 'kind', ARGV[4], 'attempt', ARGV[5],
+           'session', ARGV[6], 'owner', ARGV[7])
+local out = {seq, tok}
+emit_all(out, false)
+return out
+)lua";
+
+// ARGV: prefix, channel, id. Removes the entry whoever owns it; 1 if it was
+// there. Publishes the id so waiters wake.
+constexpr const char* kRemove = R"lua(
+local n = redis.call('ZREM', zkey, ARGV[3])
+redis.call('DEL', ekey(ARGV[3]))
+if n == 1 then redis.call('PUBLISH', chan, ARGV[3]) end
+return n
+)lua";
+
+// ARGV: prefix, channel, '1' to include owners.
+constexpr const char* kList = R"lua(
+prune()
+local out = {}
+emit_all(out, ARGV[3] == '1')
+return out
+)lua";
+
+// KEYS: zset, own mirror. ARGV: prefix, channel, attempt id, session,
+// mirror ttl (ms). The entry or {}. A found entry's mirror is extended like
+// append does, since the session now counts on it again.
+constexpr const char* kFindOwn = R"lua(
+prune()
+local ids = redis.call('ZRANGE', zkey, 0, -1)
+for i = 1, #ids do
+  local f = redis.call('HMGET', ekey(ids[i]), 'attempt', 'session')
+  if f[1] == ARGV[3] and f[2] == ARGV[4] then
+    local want = tonumber(ARGV[5])
+    if redis.call('PTTL', KEYS[2]) < want then redis.call('PEXPIRE', KEYS[2], want) end
+    local out = {}
+    emit(out, ids[i], false)
+    return out
+  end
+end
+return {}
+)lua";
+
+// ARGV: prefix, channel, own session ('' for none), ids...
+// Returns {soonest mirror PTTL, own mirror exists (1/0), gone ids...}: the
+// waiter's own lease in the queue is checked on the way, so that a session
+// whose lease the server lost (a restart without data) hears it here first.
+constexpr const char* kCheckGone = R"lua(
+local soonest = prune()
+local own = 1
+if ARGV[3] ~= '' then own = redis.call('EXISTS', mkey(ARGV[3])) end
+local out = {soonest, own}
+for i = 4, #ARGV do
+  if not redis.call('ZSCORE', zkey, ARGV[i]) then out[#out + 1] = ARGV[i] end
+end
+return out
+)lua";
+
+// KEYS: zset, own mirror. ARGV: prefix, channel. Ends the session in this
+// queue: without its mirror, prune() removes (and announces) its entries.
+constexpr const char* kCloseQueue = R"lua(
+redis.call('DEL', KEYS[2])
+prune()
+return 1
+)lua";
+
+// KEYS: mirror. ARGV: ttl (ms), session. Extends the mirror to at least ttl
+// (never shortens it) or creates it; 1 if it existed.
+constexpr const char* kRenewMirror = R"lua(
+local want = tonumber(ARGV[1])
+local pttl = redis.call('PTTL', KEYS[1])
+if pttl == -2 then
+  redis.call('SET', KEYS[1], ARGV[2], 'PX', want)
+  return 0
+end
+if pttl < want then redis.call('PEXPIRE', KEYS[1], want) end
+return 1
+)lua";
+
+constexpr const char* kProbe = "return 1";
+
+std::array<std::string, kScriptCount> Build() {
+  std::array<std::string, kScriptCount> out;
+  auto queue = [](const char* body) { return std::string(kPrelude) + body; };
+  out[static_cast<int>(ScriptId::kAppend)] = queue(kAppend);
+  out[static_cast<int>(ScriptId::kRemove)] = queue(kRemove);
+  out[static_cast<int>(ScriptId::kList)] = queue(kList);
+  out[static_cast<int>(ScriptId::kFindOwn)] = queue(kFindOwn);
+  out[static_cast<int>(ScriptId::kCheckGone)] = queue(kCheckGone);
+  out[static_cast<int>(ScriptId::kCloseQueue)] = queue(kCloseQueue);
+  out[static_cast<int>(ScriptId::kRenewMirror)] = kRenewMirror;
+  out[static_cast<int>(ScriptId::kProbe)] = kProbe;
+  return out;
+}
+
+}  // namespace
+
+const std::string& ScriptSource(ScriptId id) {
+  static const std::array<std::string, kScriptCount> sources = Build();  // immutable after init
+  return sources[static_cast<int>(id)];
+}
+
+std::string_view ScriptName(ScriptId id) {
+  switch (id) {
+    case ScriptId::kAppend: return "append";
+    case ScriptId::kRemove: return "remove";
+    case ScriptId::kList: return "list";
+    case ScriptId::kFindOwn: return "find_own";
+    case ScriptId::kCheckGone: return "check_gone";
+    case ScriptId::kCloseQueue: return "close_queue";
+    case ScriptId::kRenewMirror: return "renew_mirror";
+    case ScriptId::kProbe: return "probe";
+    case ScriptId::kCount_: break;
+  }
+  return "?";
+}
+
+}  // namespace dlock::internal::redis

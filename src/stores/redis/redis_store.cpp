@@ -1,0 +1,1064 @@
+// The redis:// store. See redis_store.hpp for what it guarantees,
+// redis_scripts.hpp for the key layout, redis_subscriber.hpp for waiting.
+//
+// Connections of one Store:
+//  - a small pool of command connections (appends, lists, removes, checks);
+//  - one subscriber connection, owned by the Subscriber's thread;
+//  - one keep-alive connection per session, owned by its keep-alive thread,
+//    so that a slow request (or a WAIT for replicas) never delays a renewal.
+//
+// Session lease accounting. A session's entries live while its *mirror* in
+// their queue exists (redis_scripts.hpp). Each mirror, like the session key,
+// is (re)set to expire `ttl` after a request that the client *sent* at some
+// time B (its "basis"): the server receives it later, so it expires no
+// earlier than B + ttl on the server. The client keeps the basis of the
+// session key and of every mirror it relies on, and declares the session lost
+// at min(basis) + ttl - margin, by its own monotonic clock: before any lease
+// can run out on the server (clock rates being equal to within the margin),
+// so a holder always hears kLost before anyone else can take its place.
+// Mirrors are only ever extended (PTTL is checked before PEXPIRE), so a late
+// request can never shorten a lease the client counts on.
+#include "stores/redis/redis_store.hpp"
+
+#include <sys/eventfd.h>
+#include <sys/random.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cerrno>
+#include <charconv>
+#include <condition_variable>
+#include <map>
+#include <mutex>
+#include <random>
+#include <system_error>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "stores/redis/redis_conn.hpp"
+#include "stores/redis/redis_scripts.hpp"
+#include "stores/redis/redis_subscriber.hpp"
+
+namespace dlock::internal {
+namespace redis {
+namespace {
+
+using std::chrono::milliseconds;
+
+constexpr std::int64_t kMaxSequence = std::int64_t{1} << 53;  // exact in a ZSET score
+constexpr std::size_t kMaxQueueName = 1024;
+constexpr std::size_t kPoolSize = 4;
+
+std::string RandomHex(std::size_t bytes) {
+  std::string raw(bytes, '\0');
+  std::size_t got = 0;
+  while (got < bytes) {
+    ssize_t n = ::getrandom(raw.data() + got, bytes - got, 0);
+    if (n > 0) {
+      got += static_cast<std::size_t>(n);
+    } else if (n < 0 && errno != EINTR) {
+      // No kernel randomness (never on Linux >= 3.17): fall back to
+      // random_device, which reads the same source another way.
+      std::random_device rd;
+      for (; got < bytes; ++got) raw[got] = static_cast<char>(rd());
+    }
+  }
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out;
+  out.reserve(bytes * 2);
+  for (unsigned char c : raw) {
+    out.push_back(kHex[c >> 4]);
+    out.push_back(kHex[c & 15]);
+  }
+  return out;
+}
+
+template <typename T>
+bool ParseNumber(std::string_view s, T& out) {
+  auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), out);
+  return ec == std::errc() && end == s.data() + s.size();
+}
+
+std::string KnownKind(std::string_view kind) {
+  for (auto k : {entry_kind::kLock, entry_kind::kRead, entry_kind::kWrite, entry_kind::kLease}) {
+    if (kind == k) return std::string(k);
+  }
+  return "foreign";
+}
+
+Status ValidateQueue(std::string_view queue) {
+  if (queue.empty()) return InvalidArgumentError("queue name is empty");
+  if (queue.size() > kMaxQueueName) return InvalidArgumentError("queue name longer than 1024 bytes");
+  if (queue.find('\0') != std::string_view::npos) return InvalidArgumentError("NUL byte in queue name");
+  return OkStatus();
+}
+
+// The names of one queue's keys (see redis_scripts.hpp).
+struct QueueKeys {
+  std::string base;     // dlock:{Q}:
+  std::string zset;     // dlock:{Q}:q
+  std::string counter;  // dlock:{Q}:n
+  std::string channel;  // dlock:{Q}:c[:DB]
+  std::string entry(std::string_view id) const { return base + "e:" + std::string(id); }
+  std::string mirror(std::string_view sid) const { return base + "s:" + std::string(sid); }
+};
+
+QueueKeys KeysFor(std::string_view queue, int db) {
+  QueueKeys k;
+  k.base = "dlock:{" + std::string(queue) + "}:";
+  k.zset = k.base + "q";
+  k.counter = k.base + "n";
+  // Pub/sub ignores SELECT: name the database so stores on different
+  // databases of one server do not hear each other.
+  k.channel = k.base + "c" + (db != 0 ? ":" + std::to_string(db) : std::string());
+  return k;
+}
+
+std::string SessionKey(std::string_view sid) { return "dlock:session:" + std::string(sid); }
+
+// Entries as the scripts emit them: id, seq, token, kind, attempt (+ owner).
+Result<std::vector<Entry>> ParseEntries(const Reply& r, std::size_t from, bool owners) {
+  const std::size_t width = owners ? 6 : 5;
+  if (!r.is_array() || r.size() < from || (r.size() - from) % width != 0) {
+    return InternalError("redis store: malformed entry list from a script");
+  }
+  std::vector<Entry> out;
+  out.reserve((r.size() - from) / width);
+  for (std::size_t i = from; i < r.size(); i += width) {
+    Entry e;
+    e.id = std::string(ElementStr(r.element(i)));
+    std::uint64_t token = 0;
+    if (!ParseNumber(ElementStr(r.element(i + 1)), e.sequence) ||
+        !ParseNumber(ElementStr(r.element(i + 2)), token)) {
+      return InternalError("redis store: malformed sequence or token of entry " + e.id);
+    }
+    e.token = token;
+    e.kind = KnownKind(ElementStr(r.element(i + 3)));
+    e.attempt_id = std::string(ElementStr(r.element(i + 4)));
+    if (owners) {
+      auto owner = DecodeOwnerRecord(ElementStr(r.element(i + 5)));
+      if (owner.ok()) e.owner = std::move(*owner);
+    }
+    out.push_back(std::move(e));
+  }
+  std::sort(out.begin(), out.end(), QueueOrder);
+  return out;
+}
+
+void SignalFd(int fd) noexcept {
+  std::uint64_t one = 1;
+  ssize_t n = ::write(fd, &one, sizeof one);
+  (void)n;
+}
+
+// --- Configuration
+
+struct Config {
+  Endpoint endpoint;
+  std::string url;  // redacted
+  std::shared_ptr<Clock> clock;
+  milliseconds ttl{30'000};
+  milliseconds op_timeout{10'000};
+  int wait_replicas = 0;
+  milliseconds wait_timeout{1'000};
+
+  milliseconds renew_every() const { return ttl / 3; }
+  // How long before the server could let the lease run out the client gives
+  // up: covers clock rate differences and its own scheduling delay.
+  milliseconds margin() const { return std::max(ttl / 10, milliseconds(20)); }
+  milliseconds retry_interval() const { return std::clamp(ttl / 10, milliseconds(50), milliseconds(1'000)); }
+};
+
+// --- Connection pool
+
+class Pool {
+ public:
+  Pool(Endpoint ep, std::size_t max) : ep_(std::move(ep)), max_(max) {}
+
+  // A connection, and whether it was opened just now.
+  Result<std::pair<std::unique_ptr<Conn>, bool>> Acquire(IoClock::time_point deadline) {
+    std::unique_lock<std::mutex> lk(mu_);
+    for (;;) {
+      if (!idle_.empty()) {
+        auto c = std::move(idle_.back());
+        idle_.pop_back();
+        return std::make_pair(std::move(c), false);
+      }
+      if (open_ < max_) {
+        ++open_;
+        lk.unlock();
+        auto c = Conn::Open(ep_, deadline);
+        if (!c.ok()) {
+          lk.lock();
+          --open_;
+          cv_.notify_one();
+          return c.status();
+        }
+        return std::make_pair(std::move(*c), true);
+      }
+      if (cv_.wait_until(lk, deadline) == std::cv_status::timeout && idle_.empty() && open_ >= max_) {
+        return UnavailableError("redis store: all " + std::to_string(max_) + " connections stayed busy");
+      }
+    }
+  }
+
+  void Release(std::unique_ptr<Conn> c) {
+    std::lock_guard<std::mutex> g(mu_);
+    if (c && !c->broken()) {
+      idle_.push_back(std::move(c));
+    } else {
+      --open_;
+    }
+    cv_.notify_one();
+  }
+
+  void Adopt(std::unique_ptr<Conn> c) {
+    std::lock_guard<std::mutex> g(mu_);
+    ++open_;
+    idle_.push_back(std::move(c));
+    cv_.notify_one();
+  }
+
+ private:
+  const Endpoint ep_;
+  const std::size_t max_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<std::unique_ptr<Conn>> idle_;
+  std::size_t open_ = 0;
+};
+
+// --- The shared part of a store
+
+class StoreCore {
+ public:
+  StoreCore(Config cfg, std::array<std::string, kScriptCount> shas)
+      : cfg_(std::move(cfg)), shas_(std::move(shas)), pool_(cfg_.endpoint, kPoolSize) {}
+
+  const Config& cfg() const { return cfg_; }
+  Pool& pool() { return pool_; }
+  const std::string& sha(ScriptId id) const { return shas_[static_cast<int>(id)]; }
+
+  // The socket deadline for a request made with the caller's `deadline`:
+  // "at most about the deadline plus one round trip", and never more than
+  // the request timeout.
+  IoClock::time_point IoDeadline(Clock::time_point deadline) const {
+    auto floor = std::min<Clock::duration>(cfg_.op_timeout, milliseconds(1'000));
+    Clock::duration left = cfg_.op_timeout;
+    if (deadline != kNoDeadline) left = deadline - cfg_.clock->now();
+    left = std::clamp<Clock::duration>(left, floor, cfg_.op_timeout);
+    return IoClock::now() + left;
+  }
+
+  // Runs a script on one connection: EVALSHA, EVAL if the server forgot it
+  // (NOSCRIPT, after a restart or SCRIPT FLUSH); then, for `durable` writes
+  // with wait_replicas set, WAIT in the same round trip.
+  Result<Reply> ScriptOn(Conn& c, ScriptId id, const std::vector<std::string>& keys,
+                         const std::vector<std::string>& args, IoClock::time_point deadline, bool durable) {
+    Command cmd;
+    cmd.reserve(3 + keys.size() + args.size());
+    cmd.push_back("EVALSHA");
+    cmd.push_back(sha(id));
+    cmd.push_back(std::to_string(keys.size()));
+    cmd.insert(cmd.end(), keys.begin(), keys.end());
+    cmd.insert(cmd.end(), args.begin(), args.end());
+    std::vector<Command> cmds{cmd};
+    bool wait = durable && cfg_.wait_replicas > 0;
+    if (wait) {
+      cmds.push_back({"WAIT", std::to_string(cfg_.wait_replicas), std::to_string(cfg_.wait_timeout.count())});
+      deadline += cfg_.wait_timeout;
+    }
+    auto r = c.Pipeline(cmds, deadline);
+    if (!r.ok()) return r.status();
+    if ((*r)[0].is_error() && (*r)[0].str().substr(0, 8) == "NOSCRIPT") {
+      cmds[0][0] = "EVAL";
+      cmds[0][1] = ScriptSource(id);
+      r = c.Pipeline(cmds, deadline);
+      if (!r.ok()) return r.status();
+    }
+    Reply& first = (*r)[0];
+    if (first.is_error()) {
+      return ErrorReplyStatus(first.str(), "redis store: script " + std::string(ScriptName(id)));
+    }
+    if (wait) {
+      const Reply& w = (*r)[1];
+      if (w.is_error()) return ErrorReplyStatus(w.str(), "redis store: WAIT");
+      if (w.integer() < cfg_.wait_replicas) {
+        return UnavailableError("redis store: only " + std::to_string(w.integer()) + " of " +
+                                std::to_string(cfg_.wait_replicas) + " replicas acknowledged the " +
+                                std::string(ScriptName(id)) + " within " +
+                                std::to_string(cfg_.wait_timeout.count()) + "ms (it may or may not survive a failover)");
+      }
+    }
+    return std::move(first);
+  }
+
+  // Runs `fn(conn)` on a pooled connection. A request that failed on a
+  // reused connection the server had closed (a restart, an idle timeout, a
+  // CLIENT KILL) is sent once more on a new one, since every request dlock
+  // makes is idempotent (see the scripts); a timeout is not retried.
+  template <typename Fn>
+  Result<Reply> Pooled(IoClock::time_point deadline, Fn fn) {
+    for (int attempt = 0;; ++attempt) {
+      auto c = pool_.Acquire(deadline);
+      if (!c.ok()) return c.status();
+      auto& [conn, fresh] = *c;
+      Result<Reply> r = fn(*conn);
+      bool retry = !r.ok() && conn->broken() && !conn->timed_out() && !fresh && attempt == 0 &&
+                   IoClock::now() < deadline;
+      pool_.Release(std::move(conn));
+      if (!retry) return r;
+    }
+  }
+
+  Result<Reply> Script(ScriptId id, const std::vector<std::string>& keys, const std::vector<std::string>& args,
+                       IoClock::time_point deadline, bool durable = false) {
+    return Pooled(deadline, [&](Conn& c) { return ScriptOn(c, id, keys, args, deadline, durable); });
+  }
+
+  Result<Reply> Command1(const Command& cmd, IoClock::time_point deadline) {
+    return Pooled(deadline, [&](Conn& c) { return c.Run(cmd, deadline); });
+  }
+
+  Subscriber& subscriber() {
+    std::lock_guard<std::mutex> g(sub_mu_);
+    if (!sub_) {
+      SubscriberOptions o;
+      o.endpoint = cfg_.endpoint;
+      o.endpoint.db = 0;  // pub/sub is server-wide
+      o.clock = cfg_.clock;
+      o.ttl = cfg_.ttl;
+      o.io_timeout = cfg_.op_timeout;
+      o.retry_interval = cfg_.retry_interval();
+      o.linger = milliseconds(5'000);
+      sub_ = std::make_unique<Subscriber>(o);
+    }
+    return *sub_;
+  }
+
+  void PokeWaiters() {
+    std::lock_guard<std::mutex> g(sub_mu_);
+    if (sub_) sub_->Poke();
+  }
+
+ private:
+  const Config cfg_;
+  const std::array<std::string, kScriptCount> shas_;
+  Pool pool_;
+  std::mutex sub_mu_;
+  std::unique_ptr<Subscriber> sub_;
+};
+
+// --- Sessions
+
+class SessionCore : public std::enable_shared_from_this<SessionCore> {
+ public:
+  SessionCore(std::shared_ptr<StoreCore> store, std::string sid, Clock::time_point basis)
+      : store_(std::move(store)), cfg_(store_->cfg()), sid_(std::move(sid)), master_basis_(basis) {
+    stop_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    listeners_ = std::make_shared<Listeners>();
+    UpdateLostAtLocked();
+  }
+
+  ~SessionCore() {
+    if (stop_fd_ >= 0) ::close(stop_fd_);
+  }
+
+  void Start() {
+    auto self = shared_from_this();
+    clock_subscription_ = cfg_.clock->on_advance([weak = weak_from_this()] {
+      if (auto s = weak.lock()) {
+        std::lock_guard<std::mutex> g(s->mu_);
+        s->cv_.notify_all();
+      }
+    });
+    thread_ = std::thread([self] { self->KeepAlive(); });
+  }
+
+  const std::string& id() const { return sid_; }
+
+  SessionState state() const noexcept {
+    SessionState s = state_.load();
+    if ((s == SessionState::kConnected || s == SessionState::kSuspended) &&
+        cfg_.clock->now().time_since_epoch().count() >= lost_at_.load()) {
+      return SessionState::kLost;  // the keep-alive is about to say so
+    }
+    return s;
+  }
+
+  std::shared_ptr<void> subscribe(std::function<void(SessionState)> fn) {
+    auto shared_fn = std::make_shared<std::function<void(SessionState)>>(std::move(fn));
+    std::uint64_t id;
+    {
+      std::lock_guard<std::mutex> g(listeners_->mu);
+      id = listeners_->next++;
+      listeners_->fns.emplace_back(id, shared_fn);
+    }
+    std::weak_ptr<Listeners> weak = listeners_;
+    return std::shared_ptr<void>(nullptr, [weak, id](void*) {
+      if (auto l = weak.lock()) {
+        std::lock_guard<std::mutex> g(l->mu);
+        std::erase_if(l->fns, [id](const auto& p) { return p.first == id; });
+      }
+    });
+  }
+
+  // kSessionLost once lost or closed; kUnavailable while suspended (when
+  // `fail_if_suspended`).
+  Status Usable(bool fail_if_suspended) const {
+    switch (state()) {
+      case SessionState::kLost: return SessionLostError("redis session " + sid_ + " is lost" + LostReason());
+      case SessionState::kClosed: return SessionLostError("redis session " + sid_ + " is closed");
+      case SessionState::kSuspended:
+        if (fail_if_suspended) {
+          return UnavailableError("redis session " + sid_ + " is suspended: cannot reach " + cfg_.url);
+        }
+        return OkStatus();
+      case SessionState::kConnected: return OkStatus();
+    }
+    return OkStatus();
+  }
+
+  Result<Appended> Append(std::string_view queue, const EntrySpec& spec, Clock::time_point deadline) {
+    if (auto s = ValidateQueue(queue); !s.ok()) return s;
+    if (spec.kind.empty()) return InvalidArgumentError("entry kind is empty");
+    if (spec.sequence && (*spec.sequence <= 0 || *spec.sequence >= kMaxSequence)) {
+      return InvalidArgumentError("entry sequence " + std::to_string(*spec.sequence) + " is out of range");
+    }
+    if (auto s = Usable(true); !s.ok()) return s;
+    const std::string q(queue);
+    const QueueKeys k = KeysFor(q, cfg_.endpoint.db);
+    const std::string id = RandomHex(16);
+    auto mirror_ms = Track(q, id, spec.attempt_id);
+    if (!mirror_ms.ok()) return mirror_ms.status();
+    std::vector<std::string> args = {k.base,
+                                     k.channel,
+                                     id,
+                                     spec.kind,
+                                     spec.attempt_id,
+                                     sid_,
+                                     EncodeOwnerRecord(spec.owner),
+                                     std::to_string(*mirror_ms),
+                                     spec.sequence ? std::to_string(*spec.sequence) : std::string()};
+    auto r = store_->Script(ScriptId::kAppend, {k.zset, k.counter, k.entry(id), k.mirror(sid_)}, args,
+                            store_->IoDeadline(deadline), /*durable=*/true);
+    if (!r.ok()) {
+      OnRequestFailed(r.status());
+      return r.status();  // the entry may exist: it stays tracked until find_own says
+    }
+    Appended out;
+    std::int64_t seq = 0;
+    std::uint64_t token = 0;
+    if (!r->is_array() || r->size() < 2 || !ParseNumber(ElementStr(r->element(0)), seq) ||
+        !ParseNumber(ElementStr(r->element(1)), token)) {
+      return InternalError("redis store: malformed reply to append");
+    }
+    auto queue_now = ParseEntries(*r, 2, false);
+    if (!queue_now.ok()) return queue_now.status();
+    Confirm(q, id);
+    out.entry.id = id;
+    out.entry.kind = KnownKind(spec.kind);
+    out.entry.sequence = seq;
+    out.entry.token = token;
+    out.entry.attempt_id = spec.attempt_id;
+    out.entry.owner = spec.owner;
+    out.queue = std::move(*queue_now);
+    return out;
+  }
+
+  Result<std::vector<Entry>> List(std::string_view queue, const ListOptions& options, Clock::time_point deadline) {
+    if (auto s = ValidateQueue(queue); !s.ok()) return s;
+    if (auto s = Usable(true); !s.ok()) return s;
+    const QueueKeys k = KeysFor(queue, cfg_.endpoint.db);
+    auto r = store_->Script(ScriptId::kList, {k.zset}, {k.base, k.channel, options.with_owners ? "1" : "0"},
+                            store_->IoDeadline(deadline));
+    if (!r.ok()) {
+      OnRequestFailed(r.status());
+      return r.status();
+    }
+    return ParseEntries(*r, 0, options.with_owners);
+  }
+
+  Status Remove(std::string_view queue, std::string_view id, Clock::time_point deadline) {
+    if (auto s = ValidateQueue(queue); !s.ok()) return s;
+    if (id.empty()) return InvalidArgumentError("entry id is empty");
+    if (auto s = Usable(true); !s.ok()) return s;
+    const std::string q(queue);
+    const QueueKeys k = KeysFor(q, cfg_.endpoint.db);
+    auto r = store_->Script(ScriptId::kRemove, {k.zset}, {k.base, k.channel, std::string(id)},
+                            store_->IoDeadline(deadline), /*durable=*/true);
+    if (!r.ok()) {
+      OnRequestFailed(r.status());
+      return r.status();
+    }
+    Untrack(q, [&](const std::string& tracked_id, const Tracked&) { return tracked_id == id; });
+    return OkStatus();
+  }
+
+  Result<std::optional<Entry>> FindOwn(std::string_view queue, std::string_view attempt_id,
+                                       Clock::time_point deadline) {
+    if (auto s = ValidateQueue(queue); !s.ok()) return s;
+    if (attempt_id.empty()) return InvalidArgumentError("attempt id is empty");
+    if (auto s = Usable(true); !s.ok()) return s;
+    const std::string q(queue);
+    const QueueKeys k = KeysFor(q, cfg_.endpoint.db);
+    auto mirror_ms = Track(q, std::string(), std::string());  // the queue's basis, no id yet
+    if (!mirror_ms.ok()) return mirror_ms.status();
+    auto r = store_->Script(ScriptId::kFindOwn, {k.zset, k.mirror(sid_)},
+                            {k.base, k.channel, std::string(attempt_id), sid_, std::to_string(*mirror_ms)},
+                            store_->IoDeadline(deadline));
+    if (!r.ok()) {
+      Untrack(q, [](const std::string&, const Tracked&) { return false; });  // drop an empty track
+      OnRequestFailed(r.status());
+      return r.status();
+    }
+    auto entries = ParseEntries(*r, 0, false);
+    if (!entries.ok()) return entries.status();
+    if (entries->empty()) {
+      // Not there: an earlier append with this attempt whose reply was lost
+      // did not happen (or its entry already went). Stop renewing for it.
+      Untrack(q, [&](const std::string&, const Tracked& t) { return !t.confirmed && t.attempt == attempt_id; });
+      return std::optional<Entry>();
+    }
+    Entry e = std::move(entries->front());
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      auto& track = queues_[q];
+      track.ids[e.id] = Tracked{std::string(attempt_id), true};
+    }
+    return std::optional<Entry>(std::move(e));
+  }
+
+  Status WaitAnyGone(std::string_view queue, std::span<const std::string> ids, Clock::time_point deadline,
+                     std::stop_token stop) {
+    if (auto s = ValidateQueue(queue); !s.ok()) return s;
+    if (ids.empty()) return InvalidArgumentError("wait_any_gone needs at least one entry id");
+    if (auto s = Usable(false); !s.ok()) return s;
+    const std::string q(queue);
+    const QueueKeys k = KeysFor(q, cfg_.endpoint.db);
+    std::vector<std::string> watch(ids.begin(), ids.end());
+    auto session = [this] { return Usable(false); };
+    auto check = [this, q, k, deadline](const std::string&, const std::vector<std::string>& which)
+        -> Result<CheckResult> {
+      // If this session has confirmed entries in the queue, its lease there
+      // must exist: ask on the way.
+      bool relies = HasConfirmed(q);
+      std::vector<std::string> args = {k.base, k.channel, relies ? sid_ : std::string()};
+      args.insert(args.end(), which.begin(), which.end());
+      auto r = store_->Script(ScriptId::kCheckGone, {k.zset}, args, store_->IoDeadline(deadline));
+      if (!r.ok()) {
+        OnRequestFailed(r.status());
+        return r.status();
+      }
+      if (!r->is_array() || r->size() < 2) return InternalError("redis store: malformed reply to check");
+      if (relies && ElementInt(r->element(1)) == 0 && HasConfirmed(q)) {
+        Lose("the session's lease in queue " + q + " is gone from the server");
+      }
+      CheckResult out;
+      out.soonest_ttl_ms = ElementInt(r->element(0));
+      for (std::size_t i = 2; i < r->size(); ++i) out.gone.emplace_back(ElementStr(r->element(i)));
+      return out;
+    };
+    return store_->subscriber().Wait(q, k.channel, watch, deadline, std::move(stop), session, check);
+  }
+
+  void Close() noexcept {
+    SessionState prev = state_.load();
+    do {
+      if (prev == SessionState::kClosed) return;
+    } while (!state_.compare_exchange_weak(prev, SessionState::kClosed));
+    StopKeepAlive();
+    try {
+      Emit(SessionState::kClosed);
+      store_->PokeWaiters();
+      Cleanup();
+    } catch (...) {
+      // Out of memory, at worst. Cleanup is best effort: the leases run out
+      // on their own.
+    }
+  }
+
+ private:
+  struct Tracked {
+    std::string attempt;
+    bool confirmed = false;  // the append's reply (or find_own) confirmed it
+  };
+  struct QueueTrack {
+    std::map<std::string, Tracked> ids;  // entries of this session that may exist
+    Clock::time_point basis;             // see the file comment
+  };
+  struct Listeners {
+    std::mutex mu;
+    std::uint64_t next = 0;
+    std::vector<std::pair<std::uint64_t, std::shared_ptr<std::function<void(SessionState)>>>> fns;
+  };
+
+  std::string LostReason() const {
+    std::lock_guard<std::mutex> g(mu_);
+    return lost_reason_.empty() ? std::string() : " (" + lost_reason_ + ")";
+  }
+
+  Clock::time_point LostAtLocked() const {
+    Clock::time_point basis = master_basis_;
+    for (const auto& [name, t] : queues_) basis = std::min(basis, t.basis);
+    return basis + cfg_.ttl - cfg_.margin();
+  }
+  void UpdateLostAtLocked() { lost_at_.store(LostAtLocked().time_since_epoch().count()); }
+
+  // Registers `id` (if not empty) as maybe existing in `queue`, and returns
+  // the TTL to give the queue's mirror now: what is left of the lease that
+  // the queue's basis promises.
+  Result<std::int64_t> Track(const std::string& queue, const std::string& id, const std::string& attempt) {
+    std::lock_guard<std::mutex> g(mu_);
+    Clock::time_point now = cfg_.clock->now();
+    if (now >= LostAtLocked()) return SessionLostError("redis session " + sid_ + " is lost (lease ran out)");
+    auto [it, inserted] = queues_.try_emplace(queue);
+    if (inserted) it->second.basis = master_basis_;
+    if (!id.empty()) it->second.ids[id] = Tracked{attempt, false};
+    UpdateLostAtLocked();
+    auto left = std::chrono::ceil<milliseconds>(it->second.basis + cfg_.ttl - now).count();
+    return std::max<std::int64_t>(left, 1);
+  }
+
+  bool HasConfirmed(const std::string& queue) const {
+    std::lock_guard<std::mutex> g(mu_);
+    auto it = queues_.find(queue);
+    if (it == queues_.end()) return false;
+    return std::any_of(it->second.ids.begin(), it->second.ids.end(), [](const auto& p) { return p.second.confirmed; });
+  }
+
+  void Confirm(const std::string& queue, const std::string& id) {
+    std::lock_guard<std::mutex> g(mu_);
+    auto it = queues_.find(queue);
+    if (it == queues_.end()) return;
+    auto e = it->second.ids.find(id);
+    if (e != it->second.ids.end()) e->second.confirmed = true;
+  }
+
+  template <typename Pred>
+  void Untrack(const std::string& queue, Pred pred) {
+    std::lock_guard<std::mutex> g(mu_);
+    auto it = queues_.find(queue);
+    if (it == queues_.end()) return;
+    std::erase_if(it->second.ids, [&](const auto& p) { return pred(p.first, p.second); });
+    if (it->second.ids.empty()) queues_.erase(it);
+    UpdateLostAtLocked();
+  }
+
+  // A request failed for lack of contact: renew now, so the state says so.
+  void OnRequestFailed(const Status& s) {
+    if (s.code() != ErrorCode::kUnavailable) return;
+    std::lock_guard<std::mutex> g(mu_);
+    poke_ = true;
+    cv_.notify_all();
+  }
+
+  void Emit(SessionState s) {
+    std::vector<std::shared_ptr<std::function<void(SessionState)>>> fns;
+    {
+      std::lock_guard<std::mutex> g(listeners_->mu);
+      for (auto& [id, fn] : listeners_->fns) fns.push_back(fn);
+    }
+    for (auto& fn : fns) {
+      try {
+        (*fn)(s);
+      } catch (...) {
+        // A listener must not throw; if one does, the others still hear.
+      }
+    }
+  }
+
+  // kConnected <-> kSuspended, or -> kLost. Never leaves kLost or kClosed.
+  void Transition(SessionState to) {
+    SessionState prev = state_.load();
+    do {
+      if (prev == to || prev == SessionState::kLost || prev == SessionState::kClosed) return;
+    } while (!state_.compare_exchange_weak(prev, to));
+    Emit(to);
+    store_->PokeWaiters();
+  }
+
+  void Lose(std::string reason) {
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      if (lost_reason_.empty()) lost_reason_ = std::move(reason);
+    }
+    Transition(SessionState::kLost);
+  }
+
+  void StopKeepAlive() noexcept {
+    stop_.request_stop();
+    if (stop_fd_ >= 0) SignalFd(stop_fd_);
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      cv_.notify_all();
+    }
+    if (thread_.joinable()) {
+      try {
+        if (thread_.get_id() == std::this_thread::get_id()) {
+          thread_.detach();  // close() from a listener: the thread ends on its own
+        } else {
+          thread_.join();
+        }
+      } catch (const std::system_error&) {
+        // Cannot happen for a joinable thread other than this one.
+      }
+    }
+    clock_subscription_.reset();
+  }
+
+  // Removes the session's entries, mirrors and key, in one round trip, with a
+  // short timeout. The leases run out by themselves if this fails.
+  void Cleanup() {
+    std::vector<std::string> queues;
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      for (const auto& [name, t] : queues_) queues.push_back(name);
+      queues_.clear();
+    }
+    auto deadline = IoClock::now() + std::min(cfg_.op_timeout, milliseconds(2'000));
+    auto c = store_->pool().Acquire(deadline);
+    if (!c.ok()) return;
+    Conn& conn = *c->first;
+    for (const auto& q : queues) {
+      const QueueKeys k = KeysFor(q, cfg_.endpoint.db);
+      auto r = store_->ScriptOn(conn, ScriptId::kCloseQueue, {k.zset, k.mirror(sid_)}, {k.base, k.channel},
+                                deadline, false);
+      if (!r.ok() && conn.broken()) break;
+    }
+    if (!conn.broken()) {
+      auto r = conn.Run({"DEL", SessionKey(sid_)}, deadline);
+      (void)r;
+    }
+    store_->pool().Release(std::move(c->first));
+  }
+
+  // One renewal round trip: PEXPIRE of the session key, and the renewal of
+  // each mirror, pipelined.
+  struct RenewItem {
+    std::string queue;
+    bool must_exist;  // a confirmed entry counts on the mirror
+  };
+  Result<std::vector<Reply>> Renew(Conn& conn, const std::vector<RenewItem>& items, IoClock::time_point deadline) {
+    std::vector<Command> cmds;
+    cmds.push_back({"PEXPIRE", SessionKey(sid_), std::to_string(cfg_.ttl.count())});
+    for (const auto& item : items) {
+      const QueueKeys k = KeysFor(item.queue, cfg_.endpoint.db);
+      cmds.push_back({"EVALSHA", store_->sha(ScriptId::kRenewMirror), "1", k.mirror(sid_),
+                      std::to_string(cfg_.ttl.count()), sid_});
+    }
+    auto r = conn.Pipeline(cmds, deadline);
+    if (!r.ok()) return r.status();
+    // The server forgot the scripts (restart, SCRIPT FLUSH): send the source.
+    // Renewing a mirror twice is harmless.
+    std::vector<std::size_t> again;
+    for (std::size_t i = 1; i < r->size(); ++i) {
+      if ((*r)[i].is_error() && (*r)[i].str().substr(0, 8) == "NOSCRIPT") again.push_back(i);
+    }
+    if (!again.empty()) {
+      std::vector<Command> retry;
+      for (std::size_t i : again) {
+        Command c = cmds[i];
+        c[0] = "EVAL";
+        c[1] = ScriptSource(ScriptId::kRenewMirror);
+        retry.push_back(std::move(c));
+      }
+      auto r2 = conn.Pipeline(retry, deadline);
+      if (!r2.ok()) return r2.status();
+      for (std::size_t j = 0; j < again.size(); ++j) (*r)[again[j]] = std::move((*r2)[j]);
+    }
+    return r;
+  }
+
+  void KeepAlive() {
+    std::unique_ptr<Conn> conn;
+    std::stop_token st = stop_.get_token();
+    const Clock& clock = *cfg_.clock;
+    std::unique_lock<std::mutex> lk(mu_);
+    Clock::time_point next = master_basis_ + cfg_.renew_every();
+    while (!st.stop_requested()) {
+      Clock::time_point lost_at = LostAtLocked();
+      clock.wait_until(cv_, lk, st, std::min(next, lost_at), [&] { return poke_; });
+      if (st.stop_requested()) break;
+      Clock::time_point now = clock.now();
+      if (now >= LostAtLocked()) {
+        lk.unlock();
+        Lose("no successful lease renewal for " +
+             std::to_string(std::chrono::duration_cast<milliseconds>(cfg_.ttl - cfg_.margin()).count()) +
+             "ms; the server can end the lease " + std::to_string(cfg_.margin().count()) + "ms later");
+        return;
+      }
+      if (!poke_ && now < next) continue;
+      poke_ = false;
+
+      std::vector<RenewItem> items;
+      for (const auto& [name, t] : queues_) {
+        bool confirmed = std::any_of(t.ids.begin(), t.ids.end(), [](const auto& p) { return p.second.confirmed; });
+        items.push_back({name, confirmed});
+      }
+      Clock::duration budget = std::min<Clock::duration>(cfg_.op_timeout, LostAtLocked() - now);
+      lk.unlock();
+
+      Clock::time_point sent = clock.now();
+      auto io_deadline = IoClock::now() + budget;
+      Status err;
+      std::vector<Reply> replies;
+      for (int attempt = 0; attempt < 2; ++attempt) {
+        bool fresh = !conn;
+        if (!conn) {
+          auto c = Conn::Open(cfg_.endpoint, io_deadline, stop_fd_);
+          if (!c.ok()) {
+            err = c.status();
+            break;
+          }
+          conn = std::move(*c);
+        }
+        sent = clock.now();  // the lease counts from here, not from the reply
+        auto r = Renew(*conn, items, io_deadline);
+        if (r.ok()) {
+          err = OkStatus();
+          replies = std::move(*r);
+          break;
+        }
+        err = r.status();
+        // A connection the server closed since the last renewal (a restart,
+        // CLIENT KILL) gets one retry on a new one; a timeout does not.
+        bool retry = !fresh && !conn->timed_out() && err.code() == ErrorCode::kUnavailable;
+        conn.reset();
+        if (!retry) break;
+      }
+      if (err.ok()) {
+        for (const auto& reply : replies) {
+          if (reply.is_error()) {
+            err = ErrorReplyStatus(reply.str(), "renewing the session lease");
+            conn.reset();
+            break;
+          }
+        }
+      }
+
+      lk.lock();
+      if (st.stop_requested()) break;
+      if (!err.ok()) {
+        if (err.code() == ErrorCode::kCancelled) break;
+        next = clock.now() + cfg_.retry_interval();
+        lk.unlock();
+        Transition(SessionState::kSuspended);
+        lk.lock();
+        continue;
+      }
+      if (replies[0].integer() != 1) {
+        lk.unlock();
+        Lose("the session key is gone from the server (it expired, or the server restarted without its data)");
+        return;
+      }
+      for (std::size_t i = 0; i < items.size(); ++i) {
+        auto it = queues_.find(items[i].queue);
+        if (replies[i + 1].integer() == 0 && items[i].must_exist && it != queues_.end()) {
+          lk.unlock();
+          Lose("the session's lease in queue " + items[i].queue + " is gone from the server");
+          return;
+        }
+        if (it != queues_.end()) it->second.basis = std::max(it->second.basis, sent);
+      }
+      master_basis_ = sent;
+      UpdateLostAtLocked();
+      next = sent + cfg_.renew_every();
+      lk.unlock();
+      Transition(SessionState::kConnected);
+      lk.lock();
+    }
+  }
+
+  const std::shared_ptr<StoreCore> store_;
+  const Config& cfg_;
+  const std::string sid_;
+
+  std::atomic<SessionState> state_{SessionState::kConnected};
+  std::atomic<Clock::duration::rep> lost_at_{0};  // LostAtLocked(), readable without mu_
+
+  mutable std::mutex mu_;
+  std::condition_variable_any cv_;  // keep-alive wake-ups
+  bool poke_ = false;               // renew now
+  Clock::time_point master_basis_;  // of the session key
+  std::map<std::string, QueueTrack> queues_;
+  std::string lost_reason_;
+
+  std::shared_ptr<Listeners> listeners_;
+  std::shared_ptr<void> clock_subscription_;
+  int stop_fd_ = -1;  // interrupts the keep-alive's I/O on close
+  std::stop_source stop_;
+  std::thread thread_;
+};
+
+class RedisSession final : public Session {
+ public:
+  explicit RedisSession(std::shared_ptr<SessionCore> core) : core_(std::move(core)) {}
+  ~RedisSession() override { core_->Close(); }
+
+  std::string id() const override { return core_->id(); }
+  SessionState state() const noexcept override { return core_->state(); }
+  std::shared_ptr<void> subscribe(std::function<void(SessionState)> fn) override {
+    return core_->subscribe(std::move(fn));
+  }
+  Result<Appended> append(std::string_view queue, const EntrySpec& spec, Clock::time_point deadline) override {
+    return core_->Append(queue, spec, deadline);
+  }
+  Result<std::vector<Entry>> list(std::string_view queue, const ListOptions& options,
+                                  Clock::time_point deadline) override {
+    return core_->List(queue, options, deadline);
+  }
+  Status wait_any_gone(std::string_view queue, std::span<const std::string> ids, Clock::time_point deadline,
+                       std::stop_token stop) override {
+    return core_->WaitAnyGone(queue, ids, deadline, std::move(stop));
+  }
+  Status remove(std::string_view queue, std::string_view id, Clock::time_point deadline) override {
+    return core_->Remove(queue, id, deadline);
+  }
+  Result<std::optional<Entry>> find_own(std::string_view queue, std::string_view attempt_id,
+                                        Clock::time_point deadline) override {
+    return core_->FindOwn(queue, attempt_id, deadline);
+  }
+  void close() noexcept override { core_->Close(); }
+
+ private:
+  std::shared_ptr<SessionCore> core_;
+};
+
+// --- The store
+
+std::string SessionNote() {
+  char host[256] = {};
+  if (::gethostname(host, sizeof host - 1) != 0) host[0] = '\0';
+  nlohmann::json j = {{"host", host}, {"pid", static_cast<std::int64_t>(::getpid())}};
+  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+class RedisStore final : public Store {
+ public:
+  explicit RedisStore(std::shared_ptr<StoreCore> core) : core_(std::move(core)) {}
+
+  std::string url() const override { return core_->cfg().url; }
+
+  Result<std::shared_ptr<Session>> open_session(Clock::time_point deadline) override {
+    const Config& cfg = core_->cfg();
+    const std::string note = SessionNote();
+    for (int attempt = 0; attempt < 3; ++attempt) {
+      std::string sid = RandomHex(8);
+      Clock::time_point sent = cfg.clock->now();
+      auto r = core_->Command1({"SET", SessionKey(sid), note, "NX", "PX", std::to_string(cfg.ttl.count())},
+                               core_->IoDeadline(deadline));
+      if (!r.ok()) return r.status();
+      if (r->is_error()) return ErrorReplyStatus(r->str(), "redis store: opening a session");
+      if (r->is_nil()) continue;  // a 64-bit collision: draw again
+      auto core = std::make_shared<SessionCore>(core_, sid, sent);
+      core->Start();
+      return std::shared_ptr<Session>(std::make_shared<RedisSession>(std::move(core)));
+    }
+    return InternalError("redis store: could not draw a free session id");
+  }
+
+ private:
+  std::shared_ptr<StoreCore> core_;
+};
+
+Result<Config> ParseConfig(const ParsedUrl& url, const StoreOptions& options) {
+  Config cfg;
+  cfg.url = url.Redacted();
+  cfg.clock = options.clock ? options.clock : Clock::system();
+  if (url.hosts.empty()) return InvalidArgumentError("redis:// needs a host, e.g. redis://localhost:6379");
+  if (url.hosts.size() > 1) {
+    return InvalidArgumentError("redis:// takes one host; Redis Cluster and Sentinel are not supported");
+  }
+  if (auto s = CheckQueryKeys(url, {"ttl", "connect_timeout", "wait_replicas", "wait_timeout"}); !s.ok()) return s;
+  cfg.endpoint.host = url.hosts[0].host;
+  cfg.endpoint.port = url.hosts[0].port.value_or(6379);
+  if (url.user && !url.user->empty() && !url.password) {
+    return InvalidArgumentError("redis:// user '" + *url.user + "' needs a password (redis://user:password@host)");
+  }
+  if (url.user && !url.user->empty()) cfg.endpoint.user = url.user;
+  cfg.endpoint.password = url.password;
+  if (!url.path.empty() && url.path != "/") {
+    std::string_view db = std::string_view(url.path).substr(1);
+    int n = -1;
+    if (!ParseNumber(db, n) || n < 0 || n > 1'000'000) {
+      return InvalidArgumentError("redis:// path '" + url.path + "' is not a database number (e.g. /0)");
+    }
+    cfg.endpoint.db = n;
+  }
+  auto ttl = QueryDuration(url, "ttl", milliseconds(30'000));
+  if (!ttl.ok()) return ttl.status();
+  if (*ttl < milliseconds(100) || *ttl > std::chrono::hours(24)) {
+    return InvalidArgumentError("URL parameter ttl must be between 100ms and 24h");
+  }
+  cfg.ttl = *ttl;
+  auto ct = QueryDuration(url, "connect_timeout", options.connect_timeout);
+  if (!ct.ok()) return ct.status();
+  if (*ct <= milliseconds(0)) return InvalidArgumentError("URL parameter connect_timeout must be positive");
+  cfg.op_timeout = *ct;
+  auto wr = QueryInt(url, "wait_replicas", 0, 0, 1000);
+  if (!wr.ok()) return wr.status();
+  cfg.wait_replicas = static_cast<int>(*wr);
+  auto wt = QueryDuration(url, "wait_timeout", milliseconds(1'000));
+  if (!wt.ok()) return wt.status();
+  if (*wt <= milliseconds(0)) return InvalidArgumentError("URL parameter wait_timeout must be positive");
+  cfg.wait_timeout = *wt;
+  return cfg;
+}
+
+}  // namespace
+}  // namespace redis
+
+Result<std::shared_ptr<Store>> OpenRedisStore(const ParsedUrl& url, const StoreOptions& options) {
+  using namespace redis;
+  auto cfg = ParseConfig(url, options);
+  if (!cfg.ok()) return cfg.status();
+  auto deadline = IoClock::now() + cfg->op_timeout;
+  auto conn = Conn::Open(cfg->endpoint, deadline);
+  if (!conn.ok()) return conn.status();
+  // Load the scripts (their SHA1s come back), and make sure both EVAL and
+  // EVALSHA run: a server that refuses scripts fails here, not at the first
+  // lock.
+  std::vector<Command> load;
+  for (int i = 0; i < kScriptCount; ++i) load.push_back({"SCRIPT", "LOAD", ScriptSource(static_cast<ScriptId>(i))});
+  load.push_back({"EVAL", ScriptSource(ScriptId::kProbe), "0"});
+  auto replies = (*conn)->Pipeline(load, deadline);
+  const std::string where = (*conn)->where();
+  if (!replies.ok()) {
+    return UnavailableError("redis at " + where + " did not answer within the connect timeout: " +
+                            replies.status().message());
+  }
+  std::array<std::string, kScriptCount> shas;
+  for (std::size_t i = 0; i < replies->size(); ++i) {
+    const Reply& r = (*replies)[i];
+    bool is_eval = i == static_cast<std::size_t>(kScriptCount);
+    if (r.is_error()) {
+      Status s = ErrorReplyStatus(r.str(), "redis at " + where);
+      if (s.code() == ErrorCode::kUnauthenticated || s.code() == ErrorCode::kPermissionDenied ||
+          s.code() == ErrorCode::kUnavailable) {
+        return s;
+      }
+      return FailedPreconditionError("redis at " + where + " refuses Lua scripts (" +
+                                     (is_eval ? "EVAL" : "SCRIPT LOAD") + " failed: " + std::string(r.str()) +
+                                     "); dlock's redis:// store needs EVAL, EVALSHA and SCRIPT");
+    }
+    if (!is_eval) shas[i] = std::string(r.str());
+  }
+  auto probe = (*conn)->Run({"EVALSHA", shas[static_cast<int>(ScriptId::kProbe)], "0"}, deadline);
+  if (!probe.ok()) {
+    return UnavailableError("redis at " + where + " did not answer within the connect timeout: " +
+                            probe.status().message());
+  }
+  if (probe->is_error()) {
+    return FailedPreconditionError("redis at " + where + " refuses Lua scripts (EVALSHA failed: " +
+                                   std::string(probe->str()) + "); dlock's redis:// store needs EVAL and EVALSHA");
+  }
+  auto core = std::make_shared<StoreCore>(std::move(*cfg), std::move(shas));
+  core->pool().Adopt(std::move(*conn));
+  return std::shared_ptr<Store>(std::make_shared<RedisStore>(std::move(core)));
+}
+
+}  // namespace dlock::internal
