@@ -33,6 +33,7 @@ class ZkKazooTest : public ::testing::Test {
     DLOCK_REQUIRE_ZK_SERVER();
     if (std::string(DLOCK_PYTHON_KAZOO).empty()) GTEST_SKIP() << "needs python3-kazoo";
     hosts_ = SharedServer();
+    zktest::EnsureTestRoot(hosts_);
     chroot_ = zktest::UniqueChroot(::testing::UnitTest::GetInstance()->current_test_info()->name());
     url_ = "zk://" + hosts_ + chroot_;
     auto store = OpenStore(url_);

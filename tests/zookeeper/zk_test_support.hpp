@@ -54,6 +54,7 @@ inline std::string SharedServer() {
   } while (0)
 
 // A chroot of its own for each test, so tests never see each other's nodes.
+// (EnsureTestRoot, below, makes their common parent open and persistent.)
 inline std::string UniqueChroot(const std::string& test) {
   static std::atomic<int> counter{0};
   return "/dlock-test/" + test + "-" + std::to_string(::getpid()) + "-" + std::to_string(counter++);
@@ -156,6 +157,13 @@ class RawZk {
   static void Watch(zhandle_t*, int, int, const char*, void*) {}
   zhandle_t* zh_ = nullptr;
 };
+
+// Makes /dlock-test an open, persistent node, so that a test creating its
+// chroot with a restrictive ACL (acl=creator) cannot lock the others out.
+inline void EnsureTestRoot(const std::string& hosts) {
+  RawZk raw(hosts);
+  if (raw.connected() && !raw.exists("/dlock-test")) raw.create("/dlock-test");
+}
 
 // ------------------------------------------------------------- PrivateServer
 // A server of the test's own, for tests that stop, freeze or kill it.

@@ -62,6 +62,12 @@ bool ConnectionTrouble(int rc) {
          rc == ZNOTREADONLY || rc == ZSYSTEMERROR;
 }
 
+// How long before the earliest possible server-side expiry the session
+// thread declares kLost: a tenth of the session timeout, at most a second.
+Clock::duration LostMargin(Clock::duration timeout) {
+  return std::min<Clock::duration>(timeout / 10, std::chrono::seconds(1));
+}
+
 // The C client's log lines go to a per-handle callback (zookeeper_init2), so
 // dlock never touches the library-wide log stream or level that the
 // application may have set. They are dropped unless DLOCK_ZK_LOG is set.
@@ -320,12 +326,15 @@ void Core::Run(std::stop_token stop) {
       }
       next = connect_deadline_;
     } else if (phase_ == Phase::kOpen) {
-      // 3. The lost-timer: the server may expire us `timeout_` after it last
-      // heard from us, which is no earlier than last_contact_.
-      Clock::time_point lost_at = last_contact_ + timeout_;
+      // 3. The lost-timer. The server expires the session no earlier than
+      // `timeout_` after it last heard from us, and it heard from us no
+      // earlier than last_contact_ (the send time of the newest answered
+      // request). We declare the loss a margin before that point, so that a
+      // holder has time to stop before the server can hand its locks on.
+      Clock::time_point lost_at = last_contact_ + timeout_ - LostMargin(timeout_);
       if (now >= lost_at) {
-        LoseLocked("no answer from ZooKeeper for the whole session timeout (" + Millis(timeout_) +
-                   "); the server may already have expired the session");
+        LoseLocked("no answer from ZooKeeper for " + Millis(now - last_contact_) + " of the " +
+                   Millis(timeout_) + " session timeout; the server may expire the session");
         continue;
       }
       next = lost_at;
@@ -443,7 +452,9 @@ void Core::OnBatchDoneLocked(Batch& b) {
     } else if (ConnectionTrouble(rc)) {
       probe_needed_ = true;  // sent again on the next connection
     } else {
-      FailLocked(Error(rc, "probe of", cfg_->chroot.empty() ? "/" : cfg_->chroot));
+      // Not Error(): it may take mu_, which we hold.
+      FailLocked(UnavailableError("the first request of a new session to " + cfg_->redacted_url +
+                                  " failed: " + zerror(rc)));
     }
     wake_ = true;
     cv_.notify_all();

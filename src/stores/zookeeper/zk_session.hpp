@@ -12,11 +12,15 @@
 //    (ZOO_CONNECTING_STATE and friends).
 //  - kLost when the server says the session expired, or when this process
 //    decides so on its own: no request has been answered for the negotiated
-//    session timeout, counted on the injected clock from the moment the last
-//    answered request was *sent*. The server cannot have expired the session
-//    before that point, so a holder hears kLost before the server can give
-//    its lock to someone else. A lost handle is closed at once and is never
-//    reported connected again; the store opens a new session.
+//    session timeout (less a margin of a tenth, at most 1 s), counted on the
+//    injected clock from the moment the last answered request was *sent*.
+//    The server cannot expire the session before a full timeout after that
+//    point, so a holder hears kLost before the server can give its lock to
+//    someone else. The session thread sends a cheap exists("/") whenever no
+//    request was answered for a third of the timeout, so that point stays
+//    fresh (the C client's own pings are invisible to us). A lost handle is
+//    closed at once and is never reported connected again; the store opens a
+//    new session.
 //  - kClosed after close().
 //
 // Threads: the C client runs an I/O thread and a completion thread per
