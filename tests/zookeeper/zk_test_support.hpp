@@ -288,6 +288,7 @@ class TcpProxy {
         }
       }
       ::poll(fds.data(), fds.size(), 10);
+      const std::size_t polled = silent ? 0 : pairs_.size();  // fds has entries for these only
       if (fds[0].revents & POLLIN) {
         int c = ::accept4(listen_, nullptr, nullptr, SOCK_CLOEXEC);
         // Connections made during a partition are held but never connected
@@ -296,7 +297,7 @@ class TcpProxy {
       }
       if (silent) continue;
       std::vector<std::size_t> dead;
-      for (std::size_t i = 0; i < pairs_.size(); ++i) {
+      for (std::size_t i = 0; i < polled; ++i) {
         auto [a, b] = pairs_[i];
         if (b < 0) {
           dead.push_back(i);
