@@ -14,6 +14,7 @@
 #include "dlock/client.hpp"
 #include "dlock/clock.hpp"
 #include "dlock/hold.hpp"
+#include "dlock/inspect.hpp"
 #include "dlock/mem_store.hpp"
 #include "dlock/mutex.hpp"
 #include "dlock/read_write_lock.hpp"

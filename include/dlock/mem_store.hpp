@@ -60,13 +60,17 @@ class MemStore final : public Store, public std::enable_shared_from_this<MemStor
   // The next `count` calls of `op` take effect but report kUnavailable, as
   // when a reply is lost on the way back.
   void lose_next_reply(std::string_view op, int count = 1);
+  // The next `count` calls of `op` wait until the store's clock has moved
+  // `by` past their start (a slow network), then proceed.
+  void delay_next(std::string_view op, Clock::duration by, int count = 1);
 
   // --- Observation, for tests.
 
   // Live entries in all queues.
   std::size_t entry_count() const;
   // How many calls of `op` were made ("append", ...); "wake" counts the
-  // wait_any_gone calls that returned because an entry went.
+  // wait_any_gone calls that returned because an entry went; "delayed" the
+  // calls held back by delay_next.
   std::uint64_t op_count(std::string_view op) const;
 
  private:

@@ -8,7 +8,10 @@
 
 #include <chrono>
 
+#include <string_view>
+
 #include "dlock/clock.hpp"
+#include "dlock/status.hpp"
 
 namespace dlock {
 
@@ -28,6 +31,10 @@ Clock::duration ToTimeout(const std::chrono::time_point<C, D>& tp) {
   if (tp == std::chrono::time_point<C, D>::max()) return kForever;
   return ToTimeout(tp - C::now());
 }
+
+// Parses "500ms", "10s", "2m", "1h", "250us"; a bare number is milliseconds.
+// kInvalidArgument names what is wrong.
+Result<std::chrono::milliseconds> ParseDuration(std::string_view text);
 
 }  // namespace dlock
 

@@ -36,6 +36,11 @@ void LocalGate::leave() noexcept {
   if (!line_.empty()) line_.front()->cv.notify_one();
 }
 
+bool LocalGate::idle() noexcept {
+  std::lock_guard<std::mutex> g(mu_);
+  return !busy_ && line_.empty();
+}
+
 void LocalGate::poke() noexcept {
   std::lock_guard<std::mutex> g(mu_);
   for (Waiter* w : line_) w->cv.notify_all();
@@ -199,11 +204,18 @@ void ClientCore::retry_loop(std::stop_token stop) {
   }
 }
 
-LocalGate& ClientCore::gate(const std::string& queue) {
+std::shared_ptr<LocalGate> ClientCore::gate(const std::string& queue) {
   std::lock_guard<std::mutex> g(mu_);
   auto& slot = gates_[queue];
-  if (!slot) slot = std::make_unique<LocalGate>();
-  return *slot;
+  if (!slot) slot = std::make_shared<LocalGate>();
+  return slot;
+}
+
+void ClientCore::drop_gate(const std::string& queue, std::shared_ptr<LocalGate> gate) noexcept {
+  std::lock_guard<std::mutex> g(mu_);
+  auto it = gates_.find(queue);
+  // Handed out only under mu_: the map's reference and ours mean nobody else has it.
+  if (it != gates_.end() && it->second == gate && gate.use_count() == 2 && gate->idle()) gates_.erase(it);
 }
 
 std::string ClientCore::new_attempt_id() {

@@ -30,6 +30,8 @@ class LocalGate {
   void leave() noexcept;
   // Wakes waiters so they re-read a clock that was moved by hand.
   void poke() noexcept;
+  // Nobody inside and nobody waiting.
+  bool idle() noexcept;
 
  private:
   struct Waiter {
@@ -69,7 +71,10 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
   void forget_attempt(const std::shared_ptr<Session>& session, const std::string& queue,
                       const std::string& attempt_id) noexcept;
 
-  LocalGate& gate(const std::string& queue);
+  // The gate of `queue`, shared while anyone uses it; hand it back with
+  // drop_gate() so idle gates do not pile up.
+  std::shared_ptr<LocalGate> gate(const std::string& queue);
+  void drop_gate(const std::string& queue, std::shared_ptr<LocalGate> gate) noexcept;
 
   std::string new_attempt_id();
   OwnerRecord owner(std::string thread) const;
@@ -99,7 +104,7 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
 
   mutable std::mutex mu_;
   std::shared_ptr<Session> session_;                       // guarded by mu_
-  std::map<std::string, std::unique_ptr<LocalGate>> gates_;  // guarded by mu_
+  std::map<std::string, std::shared_ptr<LocalGate>> gates_;  // guarded by mu_
   std::mt19937_64 rng_;                                    // guarded by mu_
   std::deque<Pending> pending_;                            // guarded by mu_
   std::condition_variable_any pending_cv_;

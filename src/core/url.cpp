@@ -191,28 +191,6 @@ Result<ParsedUrl> ParseUrl(std::string_view url) {
   return out;
 }
 
-Result<std::chrono::milliseconds> ParseDuration(std::string_view text) {
-  if (text.empty()) return InvalidArgumentError("empty duration");
-  std::size_t digits = 0;
-  while (digits < text.size() && std::isdigit(static_cast<unsigned char>(text[digits]))) ++digits;
-  if (digits == 0) return InvalidArgumentError("duration '" + std::string(text) + "' does not start with a number");
-  std::uint64_t value = 0;
-  auto [end, ec] = std::from_chars(text.data(), text.data() + digits, value);
-  if (ec != std::errc() || value > (1ULL << 40)) {
-    return InvalidArgumentError("duration '" + std::string(text) + "' is too large");
-  }
-  std::string_view unit = text.substr(digits);
-  using namespace std::chrono;
-  std::int64_t v = static_cast<std::int64_t>(value);
-  if (unit.empty() || unit == "ms") return milliseconds(v);
-  if (unit == "us") return duration_cast<milliseconds>(microseconds(v));
-  if (unit == "s") return milliseconds(v * 1000);
-  if (unit == "m") return milliseconds(v * 60'000);
-  if (unit == "h") return milliseconds(v * 3'600'000);
-  return InvalidArgumentError("duration '" + std::string(text) + "' has unknown unit '" + std::string(unit) +
-                              "' (use ms, s, m or h)");
-}
-
 Result<std::chrono::milliseconds> QueryDuration(const ParsedUrl& url, const std::string& key,
                                                 std::chrono::milliseconds fallback) {
   auto it = url.query.find(key);
@@ -252,3 +230,29 @@ Status CheckQueryKeys(const ParsedUrl& url, std::initializer_list<std::string_vi
 }
 
 }  // namespace dlock::internal
+
+namespace dlock {
+
+Result<std::chrono::milliseconds> ParseDuration(std::string_view text) {
+  if (text.empty()) return InvalidArgumentError("empty duration");
+  std::size_t digits = 0;
+  while (digits < text.size() && std::isdigit(static_cast<unsigned char>(text[digits]))) ++digits;
+  if (digits == 0) return InvalidArgumentError("duration '" + std::string(text) + "' does not start with a number");
+  std::uint64_t value = 0;
+  auto [end, ec] = std::from_chars(text.data(), text.data() + digits, value);
+  if (ec != std::errc() || value > (1ULL << 40)) {
+    return InvalidArgumentError("duration '" + std::string(text) + "' is too large");
+  }
+  std::string_view unit = text.substr(digits);
+  using namespace std::chrono;
+  std::int64_t v = static_cast<std::int64_t>(value);
+  if (unit.empty() || unit == "ms") return milliseconds(v);
+  if (unit == "us") return duration_cast<milliseconds>(microseconds(v));
+  if (unit == "s") return milliseconds(v * 1000);
+  if (unit == "m") return milliseconds(v * 60'000);
+  if (unit == "h") return milliseconds(v * 3'600'000);
+  return InvalidArgumentError("duration '" + std::string(text) + "' has unknown unit '" + std::string(unit) +
+                              "' (use ms, s, m or h)");
+}
+
+}  // namespace dlock

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "dlock/status.hpp"
+#include "dlock/timeout.hpp"
 
 namespace dlock::internal {
 
@@ -38,8 +39,7 @@ struct ParsedUrl {
 
 Result<ParsedUrl> ParseUrl(std::string_view url);
 
-// "500ms", "10s", "2m", "1h", "250us"; a bare number is milliseconds.
-Result<std::chrono::milliseconds> ParseDuration(std::string_view text);
+using dlock::ParseDuration;  // public, in dlock/timeout.hpp
 
 // Reads query[key] as a duration / integer, or returns `fallback` if absent.
 Result<std::chrono::milliseconds> QueryDuration(const ParsedUrl& url, const std::string& key,

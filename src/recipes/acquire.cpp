@@ -188,17 +188,21 @@ class Attempt {
 }  // namespace
 
 Result<std::optional<Acquired>> AcquireEntry(ClientCore& client, const AcquireRequest& request) {
-  LocalGate* gate = nullptr;
-  if (request.use_gate) {
-    gate = &client.gate(request.queue);
-    if (!gate->enter(client.clock(), request.deadline, request.stop)) return std::optional<Acquired>();
+  if (!request.use_gate) return Attempt(client, request).Run();
+  std::shared_ptr<LocalGate> gate = client.gate(request.queue);
+  if (!gate->enter(client.clock(), request.deadline, request.stop)) {
+    client.drop_gate(request.queue, std::move(gate));
+    return std::optional<Acquired>();
   }
-  struct Leave {
-    LocalGate* gate;
+  struct Leave {  // also on an exception, or the next thread waits forever
+    ClientCore& client;
+    const std::string& queue;
+    std::shared_ptr<LocalGate> gate;
     ~Leave() {
-      if (gate) gate->leave();
+      gate->leave();
+      client.drop_gate(queue, std::move(gate));
     }
-  } leave{gate};
+  } leave{client, request.queue, std::move(gate)};
   return Attempt(client, request).Run();
 }
 

@@ -3,6 +3,7 @@
 #ifndef DLOCK_TESTS_SUPPORT_STORES_HPP_
 #define DLOCK_TESTS_SUPPORT_STORES_HPP_
 
+#include <cctype>
 #include <chrono>
 #include <cstdlib>
 #include <functional>
@@ -52,6 +53,24 @@ inline std::vector<std::string> StoreSpecs() {
     for (std::string url; in >> url;) out.push_back(url);
   }
   return out;
+}
+
+// The stores whose clients can live in separate processes: a file:// store
+// (spelled "file"; each suite makes its own scratch directory) and every URL
+// in $DLOCK_TEST_URLS.
+inline std::vector<std::string> MultiProcessSpecs() {
+  std::vector<std::string> out{"file"};
+  for (const auto& s : StoreSpecs()) {
+    if (s != "mem") out.push_back(s);
+  }
+  return out;
+}
+
+// A GoogleTest parameter name for a store spec: "zk___127_0_0_1_2181_1".
+inline std::string SpecName(const std::string& spec, std::size_t index) {
+  std::string s;
+  for (char c : spec) s += std::isalnum(static_cast<unsigned char>(c)) ? c : '_';
+  return s.substr(0, 40) + "_" + std::to_string(index);
 }
 
 // Waits, bounded, until `cond()` holds. For conditions no event announces

@@ -18,6 +18,24 @@ using testing::Eventually;
 
 std::string SessionOf(const Client& c) { return c.session().value()->id(); }
 
+// A MemStore and two clients (two sessions) on one hand-moved clock.
+struct ManualWorld {
+  std::shared_ptr<ManualClock> clock = std::make_shared<ManualClock>();
+  std::shared_ptr<MemStore> store;
+  Client a, b;
+  ManualWorld() : store(MakeStore(clock)), a(MakeClient(store, clock)), b(MakeClient(store, clock)) {}
+  static std::shared_ptr<MemStore> MakeStore(const std::shared_ptr<ManualClock>& clock) {
+    MemStoreOptions options;
+    options.clock = clock;
+    return MemStore::create(options);
+  }
+  static Client MakeClient(const std::shared_ptr<MemStore>& store, const std::shared_ptr<ManualClock>& clock) {
+    ClientOptions options;
+    options.clock = clock;
+    return Client::with_store(store, options);
+  }
+};
+
 TEST(Faults, ExpiryTellsTheHolderBeforeTheNextHolderGetsIn) {
   auto store = MemStore::create();
   auto a = Client::with_store(store);
@@ -175,14 +193,8 @@ TEST(Faults, EachReleaseWakesExactlyOneWaiter) {
 }
 
 TEST(Faults, ManualClockDrivesTimeouts) {
-  auto clock = std::make_shared<ManualClock>();
-  MemStoreOptions store_options;
-  store_options.clock = clock;
-  auto store = MemStore::create(store_options);
-  ClientOptions options;
-  options.clock = clock;
-  auto a = Client::with_store(store, options);
-  auto b = Client::with_store(store, options);
+  ManualWorld w;
+  auto& [clock, store, a, b] = w;
   Mutex ma(a, "clock");
   Mutex mb(b, "clock");
   ma.lock();
@@ -195,6 +207,23 @@ TEST(Faults, ManualClockDrivesTimeouts) {
   waiter.join();
   EXPECT_EQ(result, 0);
   EXPECT_TRUE(Eventually([&] { return store->entry_count() == 1u; }));
+  ma.unlock();
+}
+
+TEST(Faults, SlowStoreCountsAgainstTheDeadline) {
+  ManualWorld w;
+  auto& [clock, store, a, b] = w;
+  Mutex ma(a, "slow");
+  Mutex mb(b, "slow");
+  ma.lock();
+  store->delay_next("append", 3s);
+  std::atomic<int> result{-1};
+  std::jthread waiter([&] { result = mb.try_lock_for(2s) ? 1 : 0; });
+  ASSERT_TRUE(Eventually([&] { return store->op_count("delayed") == 1u; }));
+  clock->advance(3s);  // the append completes after the deadline has passed
+  waiter.join();
+  EXPECT_EQ(result, 0);
+  EXPECT_TRUE(Eventually([&] { return store->entry_count() == 1u; })) << "the late entry was not removed";
   ma.unlock();
 }
 

@@ -397,11 +397,7 @@ TEST_P(RecipeTest, MutexCountsAsWriterForReaders) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Stores, RecipeTest, ::testing::ValuesIn(testing::StoreSpecs()),
-                         [](const ::testing::TestParamInfo<std::string>& p) {
-                           std::string s;
-                           for (char c : p.param) s += std::isalnum(static_cast<unsigned char>(c)) ? c : '_';
-                           return s.substr(0, 40) + "_" + std::to_string(p.index);
-                         });
+                         [](const auto& p) { return testing::SpecName(p.param, p.index); });
 
 }  // namespace
 }  // namespace dlock

@@ -1,10 +1,855 @@
-// Placeholder until the file store lands from its branch.
+// The file:// store: host-local, multi-process, no daemon. See layout.hpp
+// for what lives where in the store directory.
+//
+// Liveness: an entry file is flock(LOCK_EX)ed by its owner (flock, not POSIX
+// fcntl locks, which a process loses when it closes any fd of the file). It is
+// created under a temporary name, locked, and only then renamed into place,
+// so an entry whose lock can be taken by someone else has a dead owner: it
+// counts as gone, and whoever sees that may delete it.
+//
+// Waking: a kernel lock release raises no event, so each entry has a FIFO
+// that its owner holds open read-write (see layout.hpp). A waiter opens it
+// read-only and polls: POLLHUP when the owner's fds close (release, or death
+// of the process), POLLIN when a remover wrote a byte after unlinking the
+// entry. Waiters arm the FIFOs first and test the entries second, so no
+// release is missed; a FIFO opened after its owner died shows no POLLHUP (a
+// Linux rule), which the test after arming catches. FIFOs were chosen over
+// abstract unix sockets because every connect() to a listener that never
+// accepts leaves a connection in its backlog until the listener closes, so a
+// long-held entry would refuse waiters once its backlog filled. inotify is not
+// needed (and its per-user instance limit, 128 by default, is low).
+//
+// Ordering: the counter file's exclusive flock is held from taking a token
+// until the entry is renamed into place, so entries appear in token order;
+// listings take it shared, so none of them sees a later entry without an
+// earlier one.
 #include "stores/file/file_store.hpp"
 
-namespace dlock::internal {
+#include <dirent.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/file.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <sys/vfs.h>
+#include <unistd.h>
 
-Result<std::shared_ptr<Store>> OpenFileStore(const ParsedUrl&, const StoreOptions&) {
-  return UnimplementedError("the file:// store is not built yet");
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstdlib>
+#include <ctime>
+#include <limits>
+#include <map>
+#include <mutex>
+#include <system_error>
+#include <utility>
+#include <vector>
+
+#include "stores/file/layout.hpp"
+#include "stores/file/unique_fd.hpp"
+
+namespace dlock::internal {
+namespace {
+
+using file_store::EntryName;
+using file_store::FormatEntryName;
+using file_store::IsNonce;
+using file_store::IsValidAttemptId;
+using file_store::IsValidKind;
+using file_store::kCounterFile;
+using file_store::kTempPrefix;
+using file_store::kWakeDir;
+using file_store::ParseEntryName;
+using file_store::QueueDirName;
+using file_store::UniqueFd;
+
+constexpr std::size_t kMaxOwnerRecord = 64 * 1024;
+// How often append starts over when its queue directory vanishes under it (a
+// concurrent rmdir of the emptied queue) before giving up.
+constexpr int kMaxAppendAttempts = 100;
+
+std::string ErrnoText(int err) { return std::error_code(err, std::generic_category()).message(); }
+
+Status ErrnoStatus(int err, std::string_view action, const std::string& path) {
+  std::string message = std::string(action) + " " + path + ": " + ErrnoText(err);
+  switch (err) {
+    case EACCES:
+    case EPERM:
+    case EROFS:
+      return PermissionDeniedError(std::move(message));
+    case ENOTDIR:
+    case ELOOP:
+    case ENAMETOOLONG:
+      return InvalidArgumentError(std::move(message));
+    default:
+      return UnavailableError(std::move(message));
+  }
+}
+
+// Retries `call` while it fails with EINTR.
+template <typename F>
+auto RetryOnEintr(F call) {
+  decltype(call()) result;
+  do {
+    result = call();
+  } while (result == -1 && errno == EINTR);
+  return result;
+}
+
+Result<std::string> NewNonce() {
+  unsigned char bytes[file_store::kNonceLength / 2];
+  std::size_t got = 0;
+  while (got < sizeof bytes) {
+    ssize_t n = getrandom(bytes + got, sizeof bytes - got, 0);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return UnavailableError("getrandom: " + ErrnoText(errno));
+    }
+    got += static_cast<std::size_t>(n);
+  }
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out;
+  for (unsigned char b : bytes) {
+    out += kHex[b >> 4];
+    out += kHex[b & 0xf];
+  }
+  return out;
+}
+
+std::string WakePath(std::string_view nonce) { return std::string(kWakeDir) + "/" + std::string(nonce); }
+
+std::string EscapeUrlPath(const std::string& path) {
+  static constexpr char kHex[] = "0123456789ABCDEF";
+  std::string out;
+  for (unsigned char c : path) {
+    bool plain = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '/' ||
+                 c == '.' || c == '_' || c == '-' || c == '~';
+    if (plain) {
+      out += static_cast<char>(c);
+    } else {
+      out += '%';
+      out += kHex[c >> 4];
+      out += kHex[c & 0xf];
+    }
+  }
+  return out;
+}
+
+// What every session of one store shares.
+struct StoreDir {
+  std::string path;  // absolute, for messages
+  UniqueFd root;
+  std::shared_ptr<Clock> clock;
+  std::atomic<std::uint64_t> sessions_opened{0};
+
+  std::string PathOf(std::string_view relative) const {
+    return path + (path.ends_with('/') ? "" : "/") + std::string(relative);
+  }
+};
+
+// An eventfd another thread signals (a stop request, a clock advance). Shared
+// so that a late signal never writes to a closed, maybe reused, descriptor.
+class Waker {
+ public:
+  explicit Waker(UniqueFd fd) : fd_(std::move(fd)) {}
+  static Result<std::shared_ptr<Waker>> Create() {
+    UniqueFd fd(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+    if (!fd.valid()) return UnavailableError("eventfd: " + ErrnoText(errno));
+    return std::make_shared<Waker>(std::move(fd));
+  }
+  int fd() const noexcept { return fd_.get(); }
+  void Signal() const noexcept {
+    std::uint64_t one = 1;
+    [[maybe_unused]] ssize_t n = write(fd_.get(), &one, sizeof one);
+  }
+  void Drain() const noexcept {
+    std::uint64_t value;
+    [[maybe_unused]] ssize_t n = read(fd_.get(), &value, sizeof value);
+  }
+
+ private:
+  UniqueFd fd_;
+};
+
+// Takes the counter file's flock (LOCK_EX to hand out a token, LOCK_SH to
+// read a queue). A new open file description each time: flock is per
+// description, so threads sharing one fd would share one lock.
+Result<UniqueFd> LockCounter(const StoreDir& dir, int operation) {
+  UniqueFd fd(openat(dir.root.get(), std::string(kCounterFile).c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW));
+  if (!fd.valid()) return ErrnoStatus(errno, "cannot open", dir.PathOf(kCounterFile));
+  if (RetryOnEintr([&] { return flock(fd.get(), operation); }) != 0) {
+    return ErrnoStatus(errno, "cannot lock", dir.PathOf(kCounterFile));
+  }
+  return fd;
+}
+
+// The next fencing token. The caller holds the counter's exclusive lock.
+Result<std::uint64_t> NextToken(const StoreDir& dir, int counter_fd) {
+  unsigned char bytes[8] = {};
+  ssize_t n = RetryOnEintr([&] { return pread(counter_fd, bytes, sizeof bytes, 0); });
+  if (n < 0) return ErrnoStatus(errno, "cannot read", dir.PathOf(kCounterFile));
+  if (n != 0 && n != static_cast<ssize_t>(sizeof bytes)) {
+    // Never written short by us; restarting at 0 would let tokens go back.
+    return InternalError("counter file " + dir.PathOf(kCounterFile) + " is " + std::to_string(n) +
+                         " bytes long, not 8; it was damaged");
+  }
+  std::uint64_t last = 0;
+  for (std::size_t i = 0; i < sizeof bytes; ++i) last |= std::uint64_t{bytes[i]} << (8 * i);
+  if (last >= static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) {
+    return InternalError("fencing tokens of " + dir.path + " are exhausted");
+  }
+  std::uint64_t next = last + 1;
+  for (std::size_t i = 0; i < sizeof bytes; ++i) bytes[i] = static_cast<unsigned char>(next >> (8 * i));
+  n = RetryOnEintr([&] { return pwrite(counter_fd, bytes, sizeof bytes, 0); });
+  if (n != static_cast<ssize_t>(sizeof bytes)) {
+    return ErrnoStatus(n < 0 ? errno : EIO, "cannot write", dir.PathOf(kCounterFile));
+  }
+  return next;
+}
+
+// Unlinks `name` in `dir_fd` if it is still the file `fd` has open.
+void UnlinkIfSame(int dir_fd, const std::string& name, int fd) noexcept {
+  struct stat open_file {};
+  struct stat named {};
+  if (fstat(fd, &open_file) != 0 || fstatat(dir_fd, name.c_str(), &named, AT_SYMLINK_NOFOLLOW) != 0) return;
+  if (open_file.st_dev == named.st_dev && open_file.st_ino == named.st_ino) unlinkat(dir_fd, name.c_str(), 0);
+}
+
+// Writes a byte into an entry's FIFO so that its waiters wake (POLLIN) even
+// though its owner lives on. Nobody reads it; the FIFO goes with its owner.
+void PokeWaiters(const StoreDir& dir, std::string_view nonce) noexcept {
+  UniqueFd fd(openat(dir.root.get(), WakePath(nonce).c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC | O_NOFOLLOW));
+  if (!fd.valid()) return;  // ENXIO: no reader, so nobody to wake; ENOENT: gone
+  struct stat st {};
+  if (fstat(fd.get(), &st) != 0 || !S_ISFIFO(st.st_mode)) return;
+  [[maybe_unused]] ssize_t n = write(fd.get(), "x", 1);
+}
+
+void RemoveQueueDirIfEmpty(const StoreDir& dir, const std::string& qdir) noexcept {
+  unlinkat(dir.root.get(), qdir.c_str(), AT_REMOVEDIR);  // ENOTEMPTY is the common case
+}
+
+enum class Liveness { kAlive, kGone };
+
+struct Probe {
+  Liveness liveness = Liveness::kGone;
+  UniqueFd fd;  // open while kAlive
+};
+
+// Tests the entry (or temporary) file `name` in `qdir_fd`. A file nobody
+// holds locked belongs to a dead process: it is deleted, with its FIFO.
+Result<Probe> ProbeFile(const StoreDir& dir, int qdir_fd, const std::string& name, std::string_view nonce,
+                        const std::string& shown_path) {
+  Probe out;
+  out.fd = UniqueFd(openat(qdir_fd, name.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK));
+  if (!out.fd.valid()) {
+    if (errno == ENOENT) return out;
+    return ErrnoStatus(errno, "cannot open", shown_path);
+  }
+  if (flock(out.fd.get(), LOCK_SH | LOCK_NB) == 0) {
+    UnlinkIfSame(qdir_fd, name, out.fd.get());
+    unlinkat(dir.root.get(), WakePath(nonce).c_str(), 0);
+    out.fd.reset();
+    return out;
+  }
+  if (errno != EWOULDBLOCK) return ErrnoStatus(errno, "cannot test the lock of", shown_path);
+  out.liveness = Liveness::kAlive;
+  return out;
+}
+
+std::optional<OwnerRecord> ReadOwner(int fd) {
+  std::string data(kMaxOwnerRecord + 1, '\0');
+  std::size_t size = 0;
+  while (size < data.size()) {
+    ssize_t n = RetryOnEintr([&] { return pread(fd, data.data() + size, data.size() - size, static_cast<off_t>(size)); });
+    if (n <= 0) break;
+    size += static_cast<std::size_t>(n);
+  }
+  data.resize(size);
+  auto owner = DecodeOwnerRecord(data);
+  if (!owner.ok()) return std::nullopt;
+  return *owner;
+}
+
+Result<UniqueFd> OpenQueueDir(const StoreDir& dir, const std::string& qdir) {
+  UniqueFd fd(openat(dir.root.get(), qdir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW));
+  if (!fd.valid() && errno != ENOENT) return ErrnoStatus(errno, "cannot open", dir.PathOf(qdir));
+  return fd;  // invalid: the queue is empty
+}
+
+// The live entries of a queue, sorted; deletes what dead processes left.
+Result<std::vector<Entry>> ReadQueue(const StoreDir& dir, const std::string& qdir, bool with_owners) {
+  std::vector<Entry> out;
+  auto qdir_fd = OpenQueueDir(dir, qdir);
+  if (!qdir_fd.ok()) return qdir_fd.status();
+  if (!qdir_fd->valid()) return out;
+  std::vector<std::string> names;
+  {
+    // fdopendir owns the descriptor it is given: give it a duplicate.
+    int dup_fd = fcntl(qdir_fd->get(), F_DUPFD_CLOEXEC, 0);
+    if (dup_fd < 0) return ErrnoStatus(errno, "cannot read", dir.PathOf(qdir));
+    std::unique_ptr<DIR, int (*)(DIR*)> stream(fdopendir(dup_fd), &closedir);
+    if (!stream) {
+      int err = errno;
+      close(dup_fd);
+      return ErrnoStatus(err, "cannot read", dir.PathOf(qdir));
+    }
+    errno = 0;
+    while (dirent* d = readdir(stream.get())) names.emplace_back(d->d_name);
+    if (errno != 0) return ErrnoStatus(errno, "cannot read", dir.PathOf(qdir));
+  }
+  for (const std::string& name : names) {
+    std::string shown = dir.PathOf(qdir + "/" + name);
+    if (std::string_view(name).starts_with(kTempPrefix)) {
+      std::string_view nonce = std::string_view(name).substr(kTempPrefix.size());
+      if (!IsNonce(nonce)) continue;
+      auto probe = ProbeFile(dir, qdir_fd->get(), name, nonce, shown);  // deletes a dead append's leftovers
+      if (!probe.ok()) return probe.status();
+      continue;
+    }
+    auto parsed = ParseEntryName(name);
+    if (!parsed) continue;  // not ours ("." and "..", stray files)
+    auto probe = ProbeFile(dir, qdir_fd->get(), name, parsed->nonce, shown);
+    if (!probe.ok()) return probe.status();
+    if (probe->liveness == Liveness::kGone) continue;
+    Entry entry;
+    entry.id = name;
+    entry.kind = parsed->kind;
+    entry.sequence = parsed->sequence;
+    entry.token = parsed->token;
+    entry.attempt_id = parsed->attempt_id;
+    if (with_owners) entry.owner = ReadOwner(probe->fd.get());
+    out.push_back(std::move(entry));
+  }
+  if (out.empty()) RemoveQueueDirIfEmpty(dir, qdir);
+  std::sort(out.begin(), out.end(), QueueOrder);
+  return out;
+}
+
+// An entry this process owns: the open files are what keep it alive.
+struct OwnedEntry {
+  std::string queue;
+  std::string qdir;
+  std::string nonce;
+  Entry entry;     // with token and owner
+  UniqueFd file;   // holds the entry's flock
+  UniqueFd wake;   // its FIFO, open read-write
+};
+
+// Ends an owned entry: delete it, wake its waiters, close its files.
+void ReleaseEntry(const StoreDir& dir, OwnedEntry& owned) noexcept {
+  // By name: an operator may have deleted it already, and names are never reused.
+  unlinkat(dir.root.get(), (owned.qdir + "/" + owned.entry.id).c_str(), 0);
+  // Closing the FIFO raises POLLHUP, but not while a child forked without
+  // exec still holds it; the byte wakes waiters in any case.
+  if (owned.wake.valid()) {
+    [[maybe_unused]] ssize_t n = write(owned.wake.get(), "x", 1);
+  }
+  unlinkat(dir.root.get(), WakePath(owned.nonce).c_str(), 0);
+  owned.file.reset();
+  owned.wake.reset();
+  RemoveQueueDirIfEmpty(dir, owned.qdir);
+}
+
+struct TempEntry {
+  std::string nonce;
+  UniqueFd file;  // locked
+};
+
+// Creates QDIR/.tmp.NONCE and locks it. The file keeps the queue directory
+// from being removed under the append.
+Result<TempEntry> CreateLockedTemp(const StoreDir& dir, const std::string& qdir) {
+  for (int attempt = 0; attempt < kMaxAppendAttempts; ++attempt) {
+    auto nonce = NewNonce();
+    if (!nonce.ok()) return nonce.status();
+    if (mkdirat(dir.root.get(), qdir.c_str(), 0700) != 0 && errno != EEXIST) {
+      return ErrnoStatus(errno, "cannot create queue directory", dir.PathOf(qdir));
+    }
+    std::string temp = qdir + "/" + std::string(kTempPrefix) + *nonce;
+    UniqueFd fd(openat(dir.root.get(), temp.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600));
+    if (!fd.valid()) {
+      if (errno == ENOENT || errno == EEXIST) continue;  // directory just removed as empty
+      return ErrnoStatus(errno, "cannot create", dir.PathOf(temp));
+    }
+    if (RetryOnEintr([&] { return flock(fd.get(), LOCK_EX); }) != 0) {
+      int err = errno;
+      unlinkat(dir.root.get(), temp.c_str(), 0);
+      return ErrnoStatus(err, "cannot lock", dir.PathOf(temp));
+    }
+    // A lister that opened the file before we locked it took it for a dead
+    // append and deleted it: start over.
+    struct stat st {};
+    if (fstat(fd.get(), &st) != 0 || st.st_nlink == 0) continue;
+    return TempEntry{std::move(*nonce), std::move(fd)};
+  }
+  return UnavailableError("cannot create an entry in " + dir.PathOf(qdir) + ": the directory keeps vanishing");
+}
+
+Status WriteAll(int fd, std::string_view data, const std::string& shown_path) {
+  while (!data.empty()) {
+    ssize_t n = RetryOnEintr([&] { return write(fd, data.data(), data.size()); });
+    if (n < 0) return ErrnoStatus(errno, "cannot write", shown_path);
+    data.remove_prefix(static_cast<std::size_t>(n));
+  }
+  return OkStatus();
+}
+
+Status CheckQueueName(std::string_view queue) {
+  if (auto s = ValidateLockName(queue); !s.ok()) return InvalidArgumentError("queue: " + s.message());
+  return OkStatus();
+}
+
+Result<EntryName> ParseId(std::string_view id) {
+  auto parsed = ParseEntryName(id);
+  if (!parsed) return InvalidArgumentError("'" + std::string(id) + "' is not an entry id of the file store");
+  return std::move(*parsed);
+}
+
+class FileSession final : public Session {
+ public:
+  FileSession(std::shared_ptr<StoreDir> dir, std::string id, UniqueFd closed_event)
+      : dir_(std::move(dir)), id_(std::move(id)), closed_event_(std::move(closed_event)) {}
+  ~FileSession() override { close(); }
+
+  std::string id() const override { return id_; }
+  SessionState state() const noexcept override { return state_.load(); }
+
+  std::shared_ptr<void> subscribe(std::function<void(SessionState)> fn) override {
+    auto shared_fn = std::make_shared<std::function<void(SessionState)>>(std::move(fn));
+    std::uint64_t key;
+    {
+      std::lock_guard<std::mutex> lock(subscribers_->mu);
+      key = subscribers_->next_key++;
+      subscribers_->fns.emplace(key, shared_fn);
+    }
+    std::weak_ptr<Subscribers> weak = subscribers_;
+    return std::shared_ptr<void>(nullptr, [weak, key](void*) {
+      if (auto subscribers = weak.lock()) {
+        std::lock_guard<std::mutex> lock(subscribers->mu);
+        subscribers->fns.erase(key);
+      }
+    });
+  }
+
+  Result<Appended> append(std::string_view queue, const EntrySpec& spec, Clock::time_point) override {
+    // The deadline is not checked: every step is local and short (a zero
+    // timeout must still be able to try once).
+    if (auto s = CheckQueueName(queue); !s.ok()) return s;
+    if (!IsValidKind(spec.kind)) {
+      return InvalidArgumentError("entry kind '" + spec.kind + "' must be 1-64 of [A-Za-z0-9_-]");
+    }
+    if (!IsValidAttemptId(spec.attempt_id)) {
+      return InvalidArgumentError("attempt id '" + spec.attempt_id + "' must be 0-64 of [A-Za-z0-9_-]");
+    }
+    if (spec.sequence && *spec.sequence < 0) return InvalidArgumentError("entry sequence must not be negative");
+    if (closed()) return ClosedError();
+
+    const StoreDir& dir = *dir_;
+    std::string qdir = QueueDirName(queue);
+    auto temp = CreateLockedTemp(dir, qdir);
+    if (!temp.ok()) return temp.status();
+    std::string temp_path = qdir + "/" + std::string(kTempPrefix) + temp->nonce;
+    std::string wake_path = WakePath(temp->nonce);
+    // Until the rename, a failure deletes what was made (the temporary last:
+    // it keeps the queue directory in place).
+    auto abandon = [&](Status status) -> Status {
+      unlinkat(dir.root.get(), wake_path.c_str(), 0);
+      unlinkat(dir.root.get(), temp_path.c_str(), 0);
+      RemoveQueueDirIfEmpty(dir, qdir);
+      return status;
+    };
+
+    OwnerRecord owner = spec.owner;
+    if (auto s = WriteAll(temp->file.get(), EncodeOwnerRecord(owner), dir.PathOf(temp_path)); !s.ok()) {
+      return abandon(s);
+    }
+    if (mkfifoat(dir.root.get(), wake_path.c_str(), 0600) != 0) {
+      return abandon(ErrnoStatus(errno, "cannot create", dir.PathOf(wake_path)));
+    }
+    // Read-write: opening never blocks, and the FIFO always has a writer (for
+    // POLLHUP when it goes) and a reader (so that a remover can write).
+    UniqueFd wake(openat(dir.root.get(), wake_path.c_str(), O_RDWR | O_NONBLOCK | O_CLOEXEC | O_NOFOLLOW));
+    if (!wake.valid()) return abandon(ErrnoStatus(errno, "cannot open", dir.PathOf(wake_path)));
+
+    auto counter = LockCounter(dir, LOCK_EX);
+    if (!counter.ok()) return abandon(counter.status());
+    auto token = NextToken(dir, counter->get());
+    if (!token.ok()) return abandon(token.status());
+
+    auto owned = std::make_unique<OwnedEntry>();
+    owned->queue = std::string(queue);
+    owned->qdir = qdir;
+    owned->nonce = temp->nonce;
+    owned->entry.kind = spec.kind;
+    owned->entry.sequence = spec.sequence.value_or(static_cast<std::int64_t>(*token));
+    owned->entry.token = *token;
+    owned->entry.attempt_id = spec.attempt_id;
+    owned->entry.owner = owner;
+    owned->entry.id = FormatEntryName(
+        {owned->entry.sequence, *token, spec.kind, spec.attempt_id, temp->nonce});
+    owned->file = std::move(temp->file);
+    owned->wake = std::move(wake);
+    std::string entry_path = qdir + "/" + owned->entry.id;
+    if (renameat(dir.root.get(), temp_path.c_str(), dir.root.get(), entry_path.c_str()) != 0) {
+      return abandon(ErrnoStatus(errno, "cannot create", dir.PathOf(entry_path)));
+    }
+
+    Appended out;
+    out.entry = owned->entry;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      if (closed_) {
+        lock.unlock();
+        ReleaseEntry(dir, *owned);
+        return ClosedError();
+      }
+      std::string id = owned->entry.id;
+      entries_.emplace(std::move(id), std::move(owned));
+    }
+    // Still under the counter lock: the queue as it is right after the append.
+    // If reading it fails, the append stands; the caller can list again.
+    if (auto queue_now = ReadQueue(dir, qdir, /*with_owners=*/false); queue_now.ok()) {
+      out.queue = std::move(*queue_now);
+    }
+    return out;
+  }
+
+  Result<std::vector<Entry>> list(std::string_view queue, const ListOptions& options,
+                                  Clock::time_point) override {
+    if (auto s = CheckQueueName(queue); !s.ok()) return s;
+    if (closed()) return ClosedError();
+    auto counter = LockCounter(*dir_, LOCK_SH);
+    if (!counter.ok()) return counter.status();
+    return ReadQueue(*dir_, QueueDirName(queue), options.with_owners);
+  }
+
+  Status wait_any_gone(std::string_view queue, std::span<const std::string> ids, Clock::time_point deadline,
+                       std::stop_token stop) override {
+    if (auto s = CheckQueueName(queue); !s.ok()) return s;
+    if (ids.empty()) return InvalidArgumentError("wait_any_gone needs at least one entry id");
+    std::vector<EntryName> names;
+    for (const std::string& id : ids) {
+      auto parsed = ParseId(id);
+      if (!parsed.ok()) return parsed.status();
+      names.push_back(std::move(*parsed));
+    }
+    if (closed()) return ClosedError();
+    const StoreDir& dir = *dir_;
+    std::string qdir = QueueDirName(queue);
+
+    // Arm first: open every entry's FIFO. A missing FIFO means its entry is gone.
+    std::vector<UniqueFd> fifos;
+    for (const EntryName& name : names) {
+      std::string wake_path = WakePath(name.nonce);
+      UniqueFd fd(openat(dir.root.get(), wake_path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOFOLLOW));
+      if (!fd.valid()) {
+        if (errno == ENOENT) return OkStatus();
+        return ErrnoStatus(errno, "cannot open", dir.PathOf(wake_path));
+      }
+      fifos.push_back(std::move(fd));
+    }
+    // Then test: what went before the FIFOs were open shows here.
+    auto qdir_fd = OpenQueueDir(dir, qdir);
+    if (!qdir_fd.ok()) return qdir_fd.status();
+    if (!qdir_fd->valid()) return OkStatus();
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+      auto probe = ProbeFile(dir, qdir_fd->get(), ids[i], names[i].nonce, dir.PathOf(qdir + "/" + ids[i]));
+      if (!probe.ok()) return probe.status();
+      if (probe->liveness == Liveness::kGone) return OkStatus();
+    }
+
+    auto waker = Waker::Create();
+    if (!waker.ok()) return waker.status();
+    std::shared_ptr<Waker> wake_me = *waker;
+    std::stop_callback on_stop(stop, [wake_me] { wake_me->Signal(); });
+    // A hand-moved clock never passes the deadline during ppoll: re-check on advance.
+    std::shared_ptr<void> on_advance = dir.clock->on_advance([wake_me] { wake_me->Signal(); });
+
+    std::vector<pollfd> pollfds;
+    for (const UniqueFd& fd : fifos) pollfds.push_back({fd.get(), POLLIN, 0});
+    pollfds.push_back({wake_me->fd(), POLLIN, 0});
+    pollfds.push_back({closed_event_.get(), POLLIN, 0});
+    for (;;) {
+      if (stop.stop_requested()) return CancelledError("waiting in queue " + std::string(queue) + " was cancelled");
+      if (closed()) return ClosedError();
+      Clock::time_point now = dir.clock->now();
+      if (now >= deadline) {
+        return DeadlineExceededError("deadline passed waiting for an entry of queue " + std::string(queue) +
+                                     " to go");
+      }
+      timespec timeout{};
+      timespec* timeout_ptr = nullptr;
+      if (deadline != kNoDeadline) {
+        // Capped so the conversion cannot overflow; the loop waits again.
+        auto left = std::min<Clock::duration>(deadline - now, std::chrono::hours(24));
+        auto seconds = std::chrono::duration_cast<std::chrono::seconds>(left);
+        timeout.tv_sec = static_cast<time_t>(seconds.count());
+        timeout.tv_nsec = static_cast<long>(std::chrono::duration_cast<std::chrono::nanoseconds>(left - seconds).count());
+        timeout_ptr = &timeout;
+      }
+      int ready = ppoll(pollfds.data(), pollfds.size(), timeout_ptr, nullptr);
+      if (ready < 0) {
+        if (errno == EINTR) continue;
+        return UnavailableError("poll: " + ErrnoText(errno));
+      }
+      for (std::size_t i = 0; i < fifos.size(); ++i) {
+        // POLLHUP: the owner closed it (released, or its process died);
+        // POLLIN: a remover deleted the entry and wrote a byte.
+        if (pollfds[i].revents != 0) return OkStatus();
+      }
+      wake_me->Drain();
+    }
+  }
+
+  Status remove(std::string_view queue, std::string_view id, Clock::time_point) override {
+    if (auto s = CheckQueueName(queue); !s.ok()) return s;
+    auto name = ParseId(id);
+    if (!name.ok()) return name.status();
+    std::unique_ptr<OwnedEntry> mine;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (closed_) return ClosedError();
+      auto it = entries_.find(std::string(id));
+      if (it != entries_.end() && it->second->queue == queue) {
+        mine = std::move(it->second);
+        entries_.erase(it);
+      }
+    }
+    const StoreDir& dir = *dir_;
+    if (mine) {
+      ReleaseEntry(dir, *mine);
+      return OkStatus();
+    }
+    // Someone else's entry (`dlock break`, or a dead process's).
+    std::string qdir = QueueDirName(queue);
+    auto qdir_fd = OpenQueueDir(dir, qdir);
+    if (!qdir_fd.ok()) return qdir_fd.status();
+    if (!qdir_fd->valid()) return OkStatus();
+    std::string entry(id);
+    std::string shown = dir.PathOf(qdir + "/" + entry);
+    UniqueFd fd(openat(qdir_fd->get(), entry.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK));
+    if (!fd.valid()) {
+      if (errno == ENOENT) return OkStatus();
+      return ErrnoStatus(errno, "cannot open", shown);
+    }
+    bool owner_dead = flock(fd.get(), LOCK_SH | LOCK_NB) == 0;
+    if (unlinkat(qdir_fd->get(), entry.c_str(), 0) != 0 && errno != ENOENT) {
+      return ErrnoStatus(errno, "cannot delete", shown);
+    }
+    PokeWaiters(dir, name->nonce);
+    // A live owner deletes its FIFO when it lets go of the entry.
+    if (owner_dead) unlinkat(dir.root.get(), WakePath(name->nonce).c_str(), 0);
+    RemoveQueueDirIfEmpty(dir, qdir);
+    return OkStatus();
+  }
+
+  Result<std::optional<Entry>> find_own(std::string_view queue, std::string_view attempt_id,
+                                        Clock::time_point) override {
+    if (auto s = CheckQueueName(queue); !s.ok()) return s;
+    std::lock_guard<std::mutex> lock(mu_);
+    if (closed_) return ClosedError();
+    for (const auto& [id, owned] : entries_) {
+      if (owned->queue != queue || owned->entry.attempt_id != attempt_id) continue;
+      // An operator may have deleted it: then it is not ours any more.
+      struct stat st {};
+      if (fstat(owned->file.get(), &st) != 0 || st.st_nlink == 0) continue;
+      return std::optional<Entry>(owned->entry);
+    }
+    return std::optional<Entry>();
+  }
+
+  void close() noexcept override {
+    std::map<std::string, std::unique_ptr<OwnedEntry>> doomed;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (closed_) return;
+      closed_ = true;
+      state_ = SessionState::kClosed;
+      doomed.swap(entries_);
+    }
+    for (auto& [id, owned] : doomed) ReleaseEntry(*dir_, *owned);
+    std::uint64_t one = 1;  // wakes this session's waiters
+    [[maybe_unused]] ssize_t n = write(closed_event_.get(), &one, sizeof one);
+    try {
+      std::vector<std::shared_ptr<std::function<void(SessionState)>>> fns;
+      {
+        std::lock_guard<std::mutex> lock(subscribers_->mu);
+        for (const auto& [key, fn] : subscribers_->fns) fns.push_back(fn);
+      }
+      for (const auto& fn : fns) (*fn)(SessionState::kClosed);
+    } catch (...) {
+      // A subscriber that throws must not turn close() into std::terminate.
+    }
+  }
+
+ private:
+  struct Subscribers {
+    std::mutex mu;
+    std::uint64_t next_key = 0;
+    std::map<std::uint64_t, std::shared_ptr<std::function<void(SessionState)>>> fns;
+  };
+
+  bool closed() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return closed_;
+  }
+  Status ClosedError() const { return SessionLostError("session " + id_ + " of " + dir_->path + " is closed"); }
+
+  const std::shared_ptr<StoreDir> dir_;
+  const std::string id_;
+  const UniqueFd closed_event_;  // an eventfd, readable once close() has run
+  std::atomic<SessionState> state_{SessionState::kConnected};
+  std::shared_ptr<Subscribers> subscribers_ = std::make_shared<Subscribers>();
+  mutable std::mutex mu_;
+  bool closed_ = false;                                           // guarded by mu_
+  std::map<std::string, std::unique_ptr<OwnedEntry>> entries_;  // by id; guarded by mu_
+};
+
+class FileStore final : public Store {
+ public:
+  explicit FileStore(std::shared_ptr<StoreDir> dir) : dir_(std::move(dir)) {}
+
+  std::string url() const override { return "file://" + EscapeUrlPath(dir_->path); }
+
+  Result<std::shared_ptr<Session>> open_session(Clock::time_point) override {
+    UniqueFd closed_event(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+    if (!closed_event.valid()) return UnavailableError("eventfd: " + ErrnoText(errno));
+    std::string id = "pid " + std::to_string(getpid()) + " #" + std::to_string(++dir_->sessions_opened);
+    return std::shared_ptr<Session>(std::make_shared<FileSession>(dir_, std::move(id), std::move(closed_event)));
+  }
+
+ private:
+  std::shared_ptr<StoreDir> dir_;
+};
+
+// mkdir -p, new directories with mode 0700.
+Status MakeDirectories(const std::string& path) {
+  for (std::size_t slash = path.find('/', 1);; slash = path.find('/', slash + 1)) {
+    std::string prefix = path.substr(0, slash);
+    if (mkdir(prefix.c_str(), 0700) != 0 && errno != EEXIST) {
+      return ErrnoStatus(errno, "cannot create store directory", prefix);
+    }
+    if (slash == std::string::npos) return OkStatus();
+  }
+}
+
+// $XDG_RUNTIME_DIR/dlock if that variable names an existing directory, else
+// /tmp/dlock-<uid>.
+std::string DefaultDirectory() {
+  // Read once per open; no other thread of dlock writes the environment.
+  const char* runtime = std::getenv("XDG_RUNTIME_DIR");
+  struct stat st {};
+  if (runtime != nullptr && runtime[0] == '/' && stat(runtime, &st) == 0 && S_ISDIR(st.st_mode)) {
+    std::string dir(runtime);
+    while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+    return dir == "/" ? "/dlock" : dir + "/dlock";
+  }
+  return "/tmp/dlock-" + std::to_string(geteuid());
+}
+
+// Opens (creating if need be) the default directory. It is in a shared
+// place, so it must be a real directory of ours: not a symlink someone
+// planted, not another user's.
+Result<UniqueFd> OpenDefaultDirectory(const std::string& path) {
+  if (mkdir(path.c_str(), 0700) != 0 && errno != EEXIST) {
+    return ErrnoStatus(errno, "cannot create store directory", path);
+  }
+  UniqueFd fd(open(path.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  if (!fd.valid()) {
+    if (errno == ELOOP || errno == ENOTDIR) {
+      return PermissionDeniedError("default store directory " + path +
+                                   " is a symlink or not a directory; remove it, or give file:///some/dir");
+    }
+    return ErrnoStatus(errno, "cannot open store directory", path);
+  }
+  struct stat st {};
+  if (fstat(fd.get(), &st) != 0) return ErrnoStatus(errno, "cannot stat store directory", path);
+  if (st.st_uid != geteuid()) {
+    return PermissionDeniedError("default store directory " + path + " belongs to uid " + std::to_string(st.st_uid) +
+                                 ", not to this user (uid " + std::to_string(geteuid()) +
+                                 "); give file:///some/dir");
+  }
+  if ((st.st_mode & 077) != 0 && fchmod(fd.get(), 0700) != 0) {
+    return ErrnoStatus(errno, "cannot make private", path);
+  }
+  return fd;
+}
+
+Result<UniqueFd> OpenGivenDirectory(const std::string& path) {
+  if (auto s = MakeDirectories(path); !s.ok()) return s;
+  UniqueFd fd(open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!fd.valid()) {
+    if (errno == ENOTDIR) return InvalidArgumentError("store path " + path + " is not a directory");
+    return ErrnoStatus(errno, "cannot open store directory", path);
+  }
+  return fd;
+}
+
+// Network file systems emulate flock with POSIX record locks (lost when the
+// owner closes any fd of the file, which listing its own queue does), and
+// their FIFOs reach no other host anyway.
+Status CheckLocalFileSystem(const StoreDir& dir) {
+  struct statfs fs {};
+  if (fstatfs(dir.root.get(), &fs) != 0) return ErrnoStatus(errno, "cannot stat the file system of", dir.path);
+  constexpr std::uint32_t kNfs = 0x6969, kSmb = 0x517b, kCifs = 0xff534d42, kSmb2 = 0xfe534d42, kCeph = 0x00c36400;
+  auto type = static_cast<std::uint32_t>(fs.f_type);  // magic numbers are 32-bit
+  if (type == kNfs || type == kSmb || type == kCifs || type == kSmb2 || type == kCeph) {
+    return InvalidArgumentError("store directory " + dir.path +
+                                " is on a network file system; the file:// store needs a local one (e.g. "
+                                "under /run or /tmp)");
+  }
+  return OkStatus();
+}
+
+// Creates the counter file and the FIFO directory if missing; this is also
+// where an unwritable store directory shows.
+Status InitializeDirectory(const StoreDir& dir) {
+  if (auto s = CheckLocalFileSystem(dir); !s.ok()) return s;
+  UniqueFd counter(openat(dir.root.get(), std::string(kCounterFile).c_str(),
+                          O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600));
+  if (!counter.valid()) {
+    if (errno == EACCES || errno == EROFS || errno == EPERM) {
+      return PermissionDeniedError("store directory " + dir.path + " is not writable: " + ErrnoText(errno));
+    }
+    return ErrnoStatus(errno, "cannot open", dir.PathOf(kCounterFile));
+  }
+  struct stat st {};
+  if (fstat(counter.get(), &st) != 0 || !S_ISREG(st.st_mode)) {
+    return InvalidArgumentError(dir.PathOf(kCounterFile) + " is not a regular file; is " + dir.path +
+                                " a dlock store directory?");
+  }
+  std::string wake_dir(kWakeDir);
+  if (mkdirat(dir.root.get(), wake_dir.c_str(), 0700) != 0 && errno != EEXIST) {
+    return ErrnoStatus(errno, "cannot create", dir.PathOf(kWakeDir));
+  }
+  UniqueFd wake(openat(dir.root.get(), wake_dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  if (!wake.valid()) return ErrnoStatus(errno, "cannot open", dir.PathOf(kWakeDir));
+  return OkStatus();
+}
+
+}  // namespace
+
+Result<std::shared_ptr<Store>> OpenFileStore(const ParsedUrl& url, const StoreOptions& options) {
+  if (!url.hosts.empty()) {
+    return InvalidArgumentError("file:// URL names host '" + url.hosts.front().host +
+                                "', but the file store is host-local: use file:///absolute/dir (three slashes) "
+                                "or file:// for the default directory");
+  }
+  if (url.user) return InvalidArgumentError("file:// URL must not name a user");
+  if (auto s = CheckQueryKeys(url, {}); !s.ok()) return s;
+
+  auto dir = std::make_shared<StoreDir>();
+  dir->clock = options.clock ? options.clock : Clock::system();
+  bool use_default = url.path.empty();
+  dir->path = use_default ? DefaultDirectory() : url.path;
+  while (dir->path.size() > 1 && dir->path.back() == '/') dir->path.pop_back();
+  auto root = use_default ? OpenDefaultDirectory(dir->path) : OpenGivenDirectory(dir->path);
+  if (!root.ok()) return root.status();
+  dir->root = std::move(*root);
+  if (auto s = InitializeDirectory(*dir); !s.ok()) return s;
+  return std::shared_ptr<Store>(std::make_shared<FileStore>(std::move(dir)));
 }
 
 }  // namespace dlock::internal

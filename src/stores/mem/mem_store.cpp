@@ -38,6 +38,7 @@ struct MemStore::State {
   std::map<std::string, SessionRec, std::less<>> sessions;
   std::map<std::string, std::deque<Status>, std::less<>> failures;
   std::map<std::string, int, std::less<>> lost_replies;
+  std::map<std::string, std::deque<Clock::duration>, std::less<>> delays;
   std::map<std::string, std::uint64_t, std::less<>> ops;
 
   // Counts `op` and returns an injected failure for it, if any. Requires mu.
@@ -52,6 +53,22 @@ struct MemStore::State {
       }
     }
     return OkStatus();
+  }
+  // Waits out an injected delay for `op`, releasing mu meanwhile.
+  void Delay(std::unique_lock<std::mutex>& lock, std::string_view op) {
+    Clock::duration by{};
+    for (std::string_view key : {op, std::string_view("*")}) {
+      auto it = delays.find(key);
+      if (it != delays.end() && !it->second.empty()) {
+        by = it->second.front();
+        it->second.pop_front();
+        break;
+      }
+    }
+    if (by <= Clock::duration::zero()) return;
+    ++ops["delayed"];
+    const Clock::time_point until = clock->now() + by;
+    clock->wait_until(changed, lock, {}, until, [&] { return clock->now() >= until; });
   }
   // True if the reply of this `op` is to be lost. Requires mu.
   bool LoseReply(std::string_view op) {
@@ -166,7 +183,8 @@ class MemStore::MemSession final : public Session {
   }
 
   Result<Appended> append(std::string_view queue, const EntrySpec& spec, Clock::time_point) override {
-    std::lock_guard<std::mutex> g(state_->mu);
+    std::unique_lock<std::mutex> lock(state_->mu);
+    state_->Delay(lock, "append");
     if (Status s = state_->Inject("append"); !s.ok()) return s;
     if (Status s = state_->Usable(id_); !s.ok()) return s;
     if (spec.kind.empty() || spec.attempt_id.empty()) {
@@ -192,7 +210,8 @@ class MemStore::MemSession final : public Session {
   }
 
   Result<std::vector<Entry>> list(std::string_view queue, const ListOptions& options, Clock::time_point) override {
-    std::lock_guard<std::mutex> g(state_->mu);
+    std::unique_lock<std::mutex> lock(state_->mu);
+    state_->Delay(lock, "list");
     if (Status s = state_->Inject("list"); !s.ok()) return s;
     if (Status s = state_->Usable(id_); !s.ok()) return s;
     auto out = state_->Snapshot(queue, options.with_owners);
@@ -203,6 +222,7 @@ class MemStore::MemSession final : public Session {
   Status wait_any_gone(std::string_view queue, std::span<const std::string> ids, Clock::time_point deadline,
                        std::stop_token stop) override {
     std::unique_lock<std::mutex> lock(state_->mu);
+    state_->Delay(lock, "wait");
     if (Status s = state_->Inject("wait"); !s.ok()) return s;
     auto gone = [&] {
       return std::any_of(ids.begin(), ids.end(), [&](const std::string& id) { return !state_->Present(queue, id); });
@@ -226,7 +246,8 @@ class MemStore::MemSession final : public Session {
   }
 
   Status remove(std::string_view queue, std::string_view id, Clock::time_point) override {
-    std::lock_guard<std::mutex> g(state_->mu);
+    std::unique_lock<std::mutex> lock(state_->mu);
+    state_->Delay(lock, "remove");
     if (Status s = state_->Inject("remove"); !s.ok()) return s;
     if (Status s = state_->Usable(id_); !s.ok()) return s;
     auto it = state_->queues.find(queue);
@@ -241,7 +262,8 @@ class MemStore::MemSession final : public Session {
 
   Result<std::optional<Entry>> find_own(std::string_view queue, std::string_view attempt_id,
                                         Clock::time_point) override {
-    std::lock_guard<std::mutex> g(state_->mu);
+    std::unique_lock<std::mutex> lock(state_->mu);
+    state_->Delay(lock, "find_own");
     if (Status s = state_->Inject("find_own"); !s.ok()) return s;
     if (Status s = state_->Usable(id_); !s.ok()) return s;
     auto it = state_->queues.find(queue);
@@ -309,6 +331,12 @@ void MemStore::fail_next(std::string_view op, Status status, int count) {
 void MemStore::lose_next_reply(std::string_view op, int count) {
   std::lock_guard<std::mutex> g(state_->mu);
   state_->lost_replies[std::string(op)] += count;
+}
+
+void MemStore::delay_next(std::string_view op, Clock::duration by, int count) {
+  std::lock_guard<std::mutex> g(state_->mu);
+  auto& q = state_->delays[std::string(op)];
+  for (int i = 0; i < count; ++i) q.push_back(by);
 }
 
 std::size_t MemStore::entry_count() const {

@@ -1,0 +1,37 @@
+// Internal: an owned file descriptor, closed on destruction.
+#ifndef DLOCK_SRC_STORES_FILE_UNIQUE_FD_HPP_
+#define DLOCK_SRC_STORES_FILE_UNIQUE_FD_HPP_
+
+#include <unistd.h>
+
+#include <utility>
+
+namespace dlock::internal::file_store {
+
+class UniqueFd {
+ public:
+  UniqueFd() noexcept = default;
+  explicit UniqueFd(int fd) noexcept : fd_(fd) {}
+  UniqueFd(UniqueFd&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
+  UniqueFd& operator=(UniqueFd&& other) noexcept {
+    if (this != &other) reset(std::exchange(other.fd_, -1));
+    return *this;
+  }
+  UniqueFd(const UniqueFd&) = delete;
+  UniqueFd& operator=(const UniqueFd&) = delete;
+  ~UniqueFd() { reset(); }
+
+  int get() const noexcept { return fd_; }
+  bool valid() const noexcept { return fd_ >= 0; }
+  void reset(int fd = -1) noexcept {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = fd;
+  }
+
+ private:
+  int fd_ = -1;
+};
+
+}  // namespace dlock::internal::file_store
+
+#endif  // DLOCK_SRC_STORES_FILE_UNIQUE_FD_HPP_

@@ -1,0 +1,252 @@
+// The dlock command, as a shell user meets it: real processes, real exit
+// statuses, real signals. Runs on a file:// store in a scratch directory and
+// on every URL in DLOCK_TEST_URLS.
+#include <gtest/gtest.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <thread>
+
+#include "dlock/dlock.hpp"
+#include "support/stores.hpp"
+
+extern char** environ;
+
+namespace dlock {
+namespace {
+
+using namespace std::chrono_literals;
+using testing::Eventually;
+
+class CliTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/dlock-cli-XXXXXX";
+    ASSERT_NE(::mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+    if (GetParam() == "file") {
+      std::filesystem::create_directory(dir_ + "/store");
+      url_ = "file://" + dir_ + "/store";
+    } else {
+      url_ = GetParam();
+    }
+    static int counter = 0;
+    name_ = "cli/" + std::to_string(::getpid()) + "-" + std::to_string(counter++);
+  }
+  void TearDown() override {
+    // Each dlock leads its own process group: kill its command too, or an
+    // orphaned `sleep` keeps CTest's output pipe open.
+    for (pid_t pid : children_) {
+      ::kill(-pid, SIGKILL);
+      ::waitpid(pid, nullptr, 0);
+    }
+    std::filesystem::remove_all(dir_);
+  }
+
+  // Starts `dlock ARGS...`; stdout goes to `out_file` if given.
+  pid_t Start(std::vector<std::string> args, const std::string& out_file = "") {
+    args.insert(args.begin(), DLOCK_CLI);
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    if (!out_file.empty()) {
+      posix_spawn_file_actions_addopen(&actions, 1, out_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    }
+    posix_spawnattr_t attr;
+    posix_spawnattr_init(&attr);
+    posix_spawnattr_setpgroup(&attr, 0);
+    posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP);
+    pid_t pid = 0;
+    EXPECT_EQ(posix_spawn(&pid, DLOCK_CLI, &actions, &attr, argv.data(), environ), 0);
+    posix_spawnattr_destroy(&attr);
+    posix_spawn_file_actions_destroy(&actions);
+    children_.push_back(pid);
+    return pid;
+  }
+
+  // Waits for `pid` (bounded) and returns its exit status, 128+signal, or -1.
+  int Wait(pid_t pid, std::chrono::seconds limit = 60s) {
+    auto end = std::chrono::steady_clock::now() + limit;
+    int status = 0;
+    while (::waitpid(pid, &status, WNOHANG) == 0) {
+      if (std::chrono::steady_clock::now() > end) {
+        ::kill(-pid, SIGKILL);
+        ::waitpid(pid, &status, 0);
+        std::erase(children_, pid);
+        ADD_FAILURE() << "dlock process " << pid << " hung";
+        return -1;
+      }
+      std::this_thread::sleep_for(2ms);
+    }
+    std::erase(children_, pid);
+    if (WIFEXITED(status)) return WEXITSTATUS(status);
+    return WIFSIGNALED(status) ? 128 + WTERMSIG(status) : -1;
+  }
+
+  int RunToEnd(std::vector<std::string> args, const std::string& out_file = "") {
+    return Wait(Start(std::move(args), out_file));
+  }
+
+  std::size_t Entries() {
+    auto client = Client::connect(url_);
+    auto entries = Inspect(client, name_);
+    return entries.ok() ? entries->size() : 0;
+  }
+
+  // Starts a holder running `sleep` and waits until it holds.
+  pid_t StartHolder(std::vector<std::string> extra = {}) {
+    std::vector<std::string> args = {"run", "--url", url_};
+    args.insert(args.end(), extra.begin(), extra.end());
+    args.insert(args.end(), {name_, "--", "sleep", "60"});
+    pid_t pid = Start(args);
+    EXPECT_TRUE(Eventually([&] { return Entries() >= 1u; }, 30s));
+    return pid;
+  }
+
+  static std::string Read(const std::string& path) {
+    std::ifstream in(path);
+    std::stringstream s;
+    s << in.rdbuf();
+    return s.str();
+  }
+
+  std::string dir_, url_, name_;
+  std::vector<pid_t> children_;
+};
+
+TEST_P(CliTest, PassesExitStatusAndEnvironment) {
+  const std::string out = dir_ + "/env";
+  int rc = RunToEnd({"run", "--url", url_, name_, "--", "sh", "-c",
+                     "echo \"$DLOCK_NAME $DLOCK_FENCING_TOKEN $DLOCK_URL\"; exit 7"},
+                    out);
+  EXPECT_EQ(rc, 7);
+  std::istringstream fields(Read(out));
+  std::string name, url;
+  std::uint64_t token = 0;
+  fields >> name >> token >> url;
+  EXPECT_EQ(name, name_);
+  EXPECT_GT(token, 0u);
+  EXPECT_FALSE(url.empty());
+  EXPECT_EQ(Entries(), 0u);
+}
+
+TEST_P(CliTest, TimesOutWithStatus3) {
+  StartHolder();
+  EXPECT_EQ(RunToEnd({"run", "--url", url_, "--timeout", "200ms", name_, "--", "true"}), 3);
+  EXPECT_TRUE(Eventually([&] { return Entries() == 1u; })) << "the timed-out waiter left its entry";
+}
+
+TEST_P(CliTest, CommandThatCannotStartGives6) {
+  EXPECT_EQ(RunToEnd({"run", "--url", url_, name_, "--", dir_ + "/no-such-program"}), 6);
+  EXPECT_EQ(Entries(), 0u);
+}
+
+TEST_P(CliTest, UsageErrorsGive2) {
+  EXPECT_EQ(RunToEnd({"run", "--url", url_, "a/../b", "--", "true"}), 2);
+  EXPECT_EQ(RunToEnd({"run", "--url", url_, "--timeout", "soon", name_, "--", "true"}), 2);
+  EXPECT_EQ(RunToEnd({"run", "--url", url_, "--shared", "--permits", "2", name_, "--", "true"}), 2);
+  EXPECT_EQ(RunToEnd({"frobnicate"}), 2);
+  EXPECT_EQ(RunToEnd({"run", "--url", "nosuchscheme://x", name_, "--", "true"}), 2);
+}
+
+TEST_P(CliTest, ForwardsSignalsToTheCommand) {
+  const std::string started = dir_ + "/started";
+  pid_t pid = Start({"run", "--url", url_, name_, "--", "sh", "-c",
+                     "trap 'exit 42' TERM; touch " + started + "; while :; do sleep 0.05; done"});
+  ASSERT_TRUE(Eventually([&] { return std::filesystem::exists(started); }, 30s));
+  ::kill(pid, SIGTERM);
+  EXPECT_EQ(Wait(pid), 42);
+  EXPECT_EQ(Entries(), 0u);
+}
+
+TEST_P(CliTest, InterruptWhileWaitingLeavesNoEntry) {
+  StartHolder();
+  pid_t waiter = Start({"run", "--url", url_, name_, "--", "true"});
+  ASSERT_TRUE(Eventually([&] { return Entries() == 2u; }, 30s));
+  ::kill(waiter, SIGINT);
+  EXPECT_EQ(Wait(waiter), 128 + SIGINT);
+  EXPECT_TRUE(Eventually([&] { return Entries() == 1u; })) << "the cancelled wait left an entry";
+}
+
+TEST_P(CliTest, PermitsLetExactlyNRunAtOnce) {
+  const std::string ledger = dir_ + "/ledger";
+  std::vector<pid_t> runs;
+  for (int i = 0; i < 4; ++i) {
+    runs.push_back(Start({"run", "--url", url_, "--permits", "2", name_, "--", "sh", "-c",
+                          "echo start $(date +%s%N) >> " + ledger + "; sleep 0.3; echo end $(date +%s%N) >> " + ledger}));
+  }
+  for (pid_t p : runs) EXPECT_EQ(Wait(p), 0);
+  std::vector<std::pair<long long, int>> events;
+  std::istringstream in(Read(ledger));
+  for (std::string what; in >> what;) {
+    long long t;
+    in >> t;
+    events.push_back({t, what == "start" ? 1 : -1});
+  }
+  ASSERT_EQ(events.size(), 8u);
+  std::sort(events.begin(), events.end());
+  int inside = 0, most = 0;
+  for (auto& [t, d] : events) most = std::max(most, inside += d);
+  EXPECT_EQ(most, 2);
+}
+
+TEST_P(CliTest, SharedHoldersRunTogetherAndExcludePlainRuns) {
+  pid_t r1 = StartHolder({"--shared"});
+  ASSERT_EQ(RunToEnd({"run", "--url", url_, "--shared", "--timeout", "10s", name_, "--", "true"}), 0)
+      << "a second shared holder was kept out";
+  EXPECT_EQ(RunToEnd({"run", "--url", url_, "--timeout", "300ms", name_, "--", "true"}), 3)
+      << "a plain run got in beside a shared holder";
+  ::kill(r1, SIGTERM);
+  Wait(r1);
+  pid_t plain = StartHolder();
+  EXPECT_EQ(RunToEnd({"run", "--url", url_, "--shared", "--timeout", "300ms", name_, "--", "true"}), 3)
+      << "a shared run got in beside a plain holder";
+  ::kill(plain, SIGTERM);
+  Wait(plain);
+}
+
+TEST_P(CliTest, StatusJsonListsHoldersAndWaitersInOrder) {
+  pid_t holder = StartHolder();
+  pid_t w1 = Start({"run", "--url", url_, name_, "--", "true"});
+  ASSERT_TRUE(Eventually([&] { return Entries() == 2u; }, 30s));
+  pid_t w2 = Start({"run", "--url", url_, name_, "--", "true"});
+  ASSERT_TRUE(Eventually([&] { return Entries() == 3u; }, 30s));
+  const std::string out = dir_ + "/status.json";
+  ASSERT_EQ(RunToEnd({"status", "--url", url_, "--json", name_}, out), 0);
+  auto j = nlohmann::json::parse(Read(out));
+  ASSERT_EQ(j["holders"].size(), 1u);
+  ASSERT_EQ(j["waiters"].size(), 2u);
+  EXPECT_EQ(j["holders"][0]["pid"], holder);
+  EXPECT_EQ(j["waiters"][0]["pid"], w1);
+  EXPECT_EQ(j["waiters"][1]["pid"], w2);
+  EXPECT_LT(j["waiters"][0]["position"].get<int>(), j["waiters"][1]["position"].get<int>());
+  EXPECT_EQ(j["holders"][0]["kind"], "lock");
+  ::kill(holder, SIGTERM);
+  EXPECT_EQ(Wait(w1), 0);
+  EXPECT_EQ(Wait(w2), 0);
+}
+
+TEST_P(CliTest, BreakFreesALockHeldByAStoppedProcess) {
+  pid_t holder = StartHolder();
+  ASSERT_EQ(::kill(holder, SIGSTOP), 0);
+  const std::string out = dir_ + "/break";
+  EXPECT_EQ(RunToEnd({"break", "--url", url_, name_}, out), 0);
+  EXPECT_NE(Read(out).find("removed"), std::string::npos);
+  EXPECT_EQ(RunToEnd({"run", "--url", url_, "--timeout", "10s", name_, "--", "true"}), 0);
+  EXPECT_EQ(RunToEnd({"break", "--url", url_, name_}), 1) << "nothing left to break";
+}
+
+INSTANTIATE_TEST_SUITE_P(Stores, CliTest, ::testing::ValuesIn(testing::MultiProcessSpecs()),
+                         [](const auto& p) { return testing::SpecName(p.param, p.index); });
+
+}  // namespace
+}  // namespace dlock

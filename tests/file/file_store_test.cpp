@@ -1,0 +1,850 @@
+// The Session contract of the file:// store, including other processes that
+// hold, release and die (see file_store_holder.cpp).
+#include "stores/file/file_store.hpp"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <future>
+#include <memory>
+#include <optional>
+#include <ostream>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/url.hpp"
+#include "dlock/clock.hpp"
+#include "dlock/store.hpp"
+#include "stores/file/layout.hpp"
+
+extern char** environ;
+
+namespace dlock {
+
+// So that gtest prints a Status readably (found by ADL).
+void PrintTo(const Status& status, std::ostream* out) { *out << status.ToString(); }
+
+namespace {
+
+using namespace std::chrono_literals;
+using ::testing::HasSubstr;
+
+// How long a test waits for something that should happen at once; never
+// reached when the code is right.
+constexpr auto kPrompt = 5s;
+// How long a waiter must stay blocked to show that it blocks.
+constexpr auto kStillBlocked = 100ms;
+
+// A deadline for waits that must end at once: a failing test then reports
+// kDeadlineExceeded instead of hanging.
+Clock::time_point Soon() { return std::chrono::steady_clock::now() + kPrompt; }
+
+class TempDir {
+ public:
+  TempDir() {
+    std::string pattern = (std::filesystem::temp_directory_path() / "dlock-file-test-XXXXXX").string();
+    if (mkdtemp(pattern.data()) == nullptr) std::abort();
+    path_ = pattern;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+Result<std::shared_ptr<Store>> OpenUrl(const std::string& url, StoreOptions options = {}) {
+  auto parsed = internal::ParseUrl(url);
+  if (!parsed.ok()) return parsed.status();
+  return internal::OpenFileStore(*parsed, options);
+}
+
+EntrySpec Spec(std::string kind = "lock", std::string attempt_id = "") {
+  EntrySpec spec;
+  spec.kind = std::move(kind);
+  spec.attempt_id = std::move(attempt_id);
+  spec.owner.host = "testhost";
+  spec.owner.pid = getpid();
+  spec.owner.thread = "main";
+  spec.owner.label = "file_store_test";
+  spec.owner.acquired_unix_ms = 1'700'000'000'000;
+  return spec;
+}
+
+std::vector<std::string> Ids(const std::vector<Entry>& entries) {
+  std::vector<std::string> out;
+  for (const auto& e : entries) out.push_back(e.id);
+  return out;
+}
+
+std::vector<std::uint64_t> Tokens(const std::vector<Entry>& entries) {
+  std::vector<std::uint64_t> out;
+  for (const auto& e : entries) out.push_back(e.token.value_or(0));
+  return out;
+}
+
+// wait_any_gone on its own thread. Cancelled when destroyed, so that a test
+// that fails never hangs on a wait that does not end.
+class AsyncWait {
+ public:
+  AsyncWait(std::shared_ptr<Session> session, std::string queue, std::vector<std::string> ids,
+            Clock::time_point deadline = kNoDeadline) {
+    std::stop_token stop = stop_.get_token();
+    result_ = std::async(std::launch::async, [=] { return session->wait_any_gone(queue, ids, deadline, stop); });
+  }
+  ~AsyncWait() { stop_.request_stop(); }
+  AsyncWait(AsyncWait&&) = default;
+
+  // True if the wait is still blocked a while later.
+  bool Blocks() { return result_.wait_for(kStillBlocked) == std::future_status::timeout; }
+  // The wait's result; kAborted if it does not end promptly.
+  Status Result() {
+    if (result_.wait_for(kPrompt) != std::future_status::ready) return AbortedError("the wait did not end");
+    return result_.get();
+  }
+  void Cancel() { stop_.request_stop(); }
+
+ private:
+  std::stop_source stop_;
+  std::future<Status> result_;
+};
+
+// The helper process, holding entries of one queue until it is killed or
+// told to finish.
+class Holder {
+ public:
+  struct HeldEntry {
+    std::string id;
+    std::uint64_t token = 0;
+  };
+
+  Holder(const std::string& dir, const std::string& queue, int count = 1) {
+    int to_child[2];
+    int from_child[2];
+    if (pipe2(to_child, O_CLOEXEC) != 0 || pipe2(from_child, O_CLOEXEC) != 0) std::abort();
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_adddup2(&actions, to_child[0], STDIN_FILENO);
+    posix_spawn_file_actions_adddup2(&actions, from_child[1], STDOUT_FILENO);
+    std::string count_text = std::to_string(count);
+    std::vector<char*> argv = {const_cast<char*>(DLOCK_FILE_STORE_HOLDER), const_cast<char*>(dir.c_str()),
+                               const_cast<char*>(queue.c_str()), count_text.data(), nullptr};
+    int rc = posix_spawn(&pid_, DLOCK_FILE_STORE_HOLDER, &actions, nullptr, argv.data(), environ);
+    posix_spawn_file_actions_destroy(&actions);
+    close(to_child[0]);
+    close(from_child[1]);
+    to_child_ = to_child[1];
+    from_child_ = from_child[0];
+    if (rc != 0) {
+      pid_ = -1;
+      ADD_FAILURE() << "cannot start " << DLOCK_FILE_STORE_HOLDER;
+      return;
+    }
+    std::string text;
+    auto give_up = std::chrono::steady_clock::now() + kPrompt;
+    while (static_cast<int>(entries_.size()) < count && std::chrono::steady_clock::now() < give_up) {
+      pollfd p{from_child_, POLLIN, 0};
+      if (poll(&p, 1, 100) <= 0) continue;
+      char buf[512];
+      ssize_t n = read(from_child_, buf, sizeof buf);
+      if (n <= 0) break;
+      text.append(buf, static_cast<std::size_t>(n));
+      for (auto nl = text.find('\n'); nl != std::string::npos; nl = text.find('\n')) {
+        std::string line = text.substr(0, nl);
+        text.erase(0, nl + 1);
+        auto space = line.find(' ');
+        entries_.push_back({line.substr(0, space), std::stoull(line.substr(space + 1))});
+      }
+    }
+    EXPECT_EQ(static_cast<int>(entries_.size()), count) << "the holder did not report its entries";
+  }
+
+  ~Holder() {
+    if (pid_ > 0) Kill();
+    close(to_child_);
+    close(from_child_);
+  }
+
+  const std::vector<HeldEntry>& entries() const { return entries_; }
+  const HeldEntry& entry() const { return entries_.at(0); }
+
+  void Kill() {
+    kill(pid_, SIGKILL);
+    waitpid(pid_, nullptr, 0);
+    pid_ = -1;
+  }
+
+  // Lets the holder close its session and exit; returns its exit status.
+  int Finish() {
+    close(to_child_);
+    to_child_ = -1;
+    int status = 0;
+    waitpid(pid_, &status, 0);
+    pid_ = -1;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  }
+
+ private:
+  pid_t pid_ = -1;
+  int to_child_ = -1;
+  int from_child_ = -1;
+  std::vector<HeldEntry> entries_;
+};
+
+class FileStoreTest : public ::testing::Test {
+ protected:
+  void SetUp() override { store_ = OpenStoreAt(dir_.path()); }
+
+  std::shared_ptr<Store> OpenStoreAt(const std::string& path, StoreOptions options = {}) {
+    auto store = OpenUrl("file://" + path, std::move(options));
+    EXPECT_TRUE(store.ok()) << store.status().ToString();
+    return store.ok() ? *store : nullptr;
+  }
+
+  std::shared_ptr<Session> NewSession(Store* store = nullptr) {
+    auto session = (store ? store : store_.get())->open_session(kNoDeadline);
+    EXPECT_TRUE(session.ok()) << session.status().ToString();
+    return session.ok() ? *session : nullptr;
+  }
+
+  Entry Append(Session& session, const std::string& queue, EntrySpec spec = Spec()) {
+    auto appended = session.append(queue, spec, kNoDeadline);
+    EXPECT_TRUE(appended.ok()) << appended.status().ToString();
+    return appended.ok() ? appended->entry : Entry{};
+  }
+
+  std::vector<Entry> List(Session& session, const std::string& queue, bool with_owners = false) {
+    auto entries = session.list(queue, {.with_owners = with_owners}, kNoDeadline);
+    EXPECT_TRUE(entries.ok()) << entries.status().ToString();
+    return entries.ok() ? *entries : std::vector<Entry>{};
+  }
+
+  std::string QueuePath(const std::string& queue) const {
+    return dir_.path() + "/" + internal::file_store::QueueDirName(queue);
+  }
+
+  TempDir dir_;
+  std::shared_ptr<Store> store_;
+};
+
+// --- URLs and directories
+
+TEST(FileStoreUrl, RejectsHostUserAndQueryParameters) {
+  TempDir dir;
+  auto with_host = OpenUrl("file://somehost" + dir.path());
+  EXPECT_EQ(with_host.status().code(), ErrorCode::kInvalidArgument);
+  EXPECT_THAT(with_host.status().message(), HasSubstr("somehost"));
+  EXPECT_THAT(with_host.status().message(), HasSubstr("file:///"));
+
+  auto with_user = OpenUrl("file://me@" + dir.path());
+  EXPECT_EQ(with_user.status().code(), ErrorCode::kInvalidArgument);
+  EXPECT_THAT(with_user.status().message(), HasSubstr("user"));
+
+  auto with_query = OpenUrl("file://" + dir.path() + "?timeout=5s");
+  EXPECT_EQ(with_query.status().code(), ErrorCode::kInvalidArgument);
+  EXPECT_THAT(with_query.status().message(), HasSubstr("timeout"));
+}
+
+TEST(FileStoreUrl, CreatesMissingDirectoriesPrivately) {
+  TempDir dir;
+  std::string path = dir.path() + "/a/b/c";
+  auto store = OpenUrl("file://" + path + "/");
+  ASSERT_TRUE(store.ok()) << store.status().ToString();
+  EXPECT_EQ((*store)->url(), "file://" + path);
+  struct stat st {};
+  ASSERT_EQ(stat(path.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISDIR(st.st_mode));
+  EXPECT_EQ(st.st_mode & 077, 0u);
+}
+
+TEST(FileStoreUrl, RejectsAPathThatIsNotADirectory) {
+  TempDir dir;
+  std::string file = dir.path() + "/plain";
+  std::ofstream(file) << "x";
+  auto store = OpenUrl("file://" + file);
+  EXPECT_EQ(store.status().code(), ErrorCode::kInvalidArgument);
+  EXPECT_THAT(store.status().message(), HasSubstr(file));
+
+  auto below = OpenUrl("file://" + file + "/sub");
+  EXPECT_FALSE(below.ok());
+  EXPECT_THAT(below.status().message(), HasSubstr(file));
+}
+
+TEST(FileStoreUrl, RejectsAnUnwritableDirectory) {
+  TempDir dir;
+  std::string locked = dir.path() + "/locked";
+  ASSERT_EQ(mkdir(locked.c_str(), 0500), 0);
+  if (geteuid() == 0) {
+    // Root writes anywhere but in sysfs, which refuses new files even to root.
+    locked = "/sys/kernel";
+    if (!std::filesystem::is_directory(locked)) GTEST_SKIP() << "root, and no sysfs to try";
+  }
+  auto store = OpenUrl("file://" + locked);
+  EXPECT_EQ(store.status().code(), ErrorCode::kPermissionDenied) << store.status().ToString();
+  EXPECT_THAT(store.status().message(), HasSubstr(locked));
+}
+
+// Restores an environment variable at the end of a test.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    if (value) {
+      setenv(name, value, 1);
+    } else {
+      unsetenv(name);
+    }
+  }
+  ~ScopedEnv() {
+    if (old_) {
+      setenv(name_, old_->c_str(), 1);
+    } else {
+      unsetenv(name_);
+    }
+  }
+
+ private:
+  const char* name_;
+  std::optional<std::string> old_;
+};
+
+TEST(FileStoreUrl, DefaultDirectoryIsUnderXdgRuntimeDir) {
+  TempDir runtime;
+  ScopedEnv env("XDG_RUNTIME_DIR", runtime.path().c_str());
+  auto store = OpenUrl("file://");
+  ASSERT_TRUE(store.ok()) << store.status().ToString();
+  EXPECT_EQ((*store)->url(), "file://" + runtime.path() + "/dlock");
+  struct stat st {};
+  ASSERT_EQ(lstat((runtime.path() + "/dlock").c_str(), &st), 0);
+  EXPECT_TRUE(S_ISDIR(st.st_mode));
+  EXPECT_EQ(st.st_mode & 077, 0u);
+}
+
+TEST(FileStoreUrl, DefaultDirectoryMustNotBeASymlink) {
+  TempDir runtime;
+  TempDir elsewhere;
+  ASSERT_EQ(symlink(elsewhere.path().c_str(), (runtime.path() + "/dlock").c_str()), 0);
+  ScopedEnv env("XDG_RUNTIME_DIR", runtime.path().c_str());
+  auto store = OpenUrl("file://");
+  EXPECT_EQ(store.status().code(), ErrorCode::kPermissionDenied);
+  EXPECT_THAT(store.status().message(), HasSubstr(runtime.path() + "/dlock"));
+}
+
+TEST(FileStoreUrl, DefaultDirectoryFallsBackToTmp) {
+  TempDir missing;
+  ScopedEnv env("XDG_RUNTIME_DIR", (missing.path() + "/nonexistent").c_str());
+  std::string expected = "/tmp/dlock-" + std::to_string(geteuid());
+  bool existed = std::filesystem::exists(expected);
+  auto store = OpenUrl("file://");
+  ASSERT_TRUE(store.ok()) << store.status().ToString();
+  EXPECT_EQ((*store)->url(), "file://" + expected);
+  store = Status(ErrorCode::kCancelled, "drop the store");
+  if (!existed) {
+    std::error_code ec;
+    std::filesystem::remove_all(expected, ec);
+  }
+}
+
+// --- append and list
+
+TEST_F(FileStoreTest, AppendReturnsTheQueueInOrderWithGrowingTokens) {
+  auto a = NewSession();
+  auto b = NewSession();
+  std::vector<std::string> expected_ids;
+  std::uint64_t last_token = 0;
+  for (int i = 0; i < 6; ++i) {
+    Session& session = i % 2 == 0 ? *a : *b;
+    auto appended = session.append("orders/42", Spec(), kNoDeadline);
+    ASSERT_TRUE(appended.ok()) << appended.status().ToString();
+    ASSERT_TRUE(appended->entry.token.has_value());
+    EXPECT_GT(*appended->entry.token, last_token);
+    last_token = *appended->entry.token;
+    EXPECT_EQ(appended->entry.sequence, static_cast<std::int64_t>(last_token));
+    EXPECT_EQ(appended->entry.kind, "lock");
+    expected_ids.push_back(appended->entry.id);
+    ASSERT_TRUE(appended->queue.has_value());
+    EXPECT_EQ(Ids(*appended->queue), expected_ids);  // everything before it, and itself last
+  }
+  auto listed = List(*b, "orders/42");
+  EXPECT_EQ(Ids(listed), expected_ids);
+  auto tokens = Tokens(listed);
+  EXPECT_TRUE(std::is_sorted(tokens.begin(), tokens.end()));
+  EXPECT_EQ(std::set<std::uint64_t>(tokens.begin(), tokens.end()).size(), tokens.size());
+}
+
+TEST_F(FileStoreTest, QueuesWhoseNamesArePrefixesDoNotMix) {
+  auto s = NewSession();
+  Entry a = Append(*s, "a");
+  Entry ab = Append(*s, "a/b");
+  Entry a_locks = Append(*s, "a/locks");
+  EXPECT_EQ(Ids(List(*s, "a")), std::vector<std::string>{a.id});
+  EXPECT_EQ(Ids(List(*s, "a/b")), std::vector<std::string>{ab.id});
+  EXPECT_EQ(Ids(List(*s, "a/locks")), std::vector<std::string>{a_locks.id});
+  EXPECT_TRUE(List(*s, "a/b/c").empty());
+  EXPECT_TRUE(List(*s, "never/used").empty());
+}
+
+TEST_F(FileStoreTest, LongQueueNamesWork) {
+  std::string base(300, 'x');
+  auto s = NewSession();
+  Entry one = Append(*s, base + "/1");
+  Entry two = Append(*s, base + "/2");
+  EXPECT_EQ(Ids(List(*s, base + "/1")), std::vector<std::string>{one.id});
+  EXPECT_EQ(Ids(List(*s, base + "/2")), std::vector<std::string>{two.id});
+}
+
+TEST_F(FileStoreTest, TokensGrowAcrossStoresAndProcesses) {
+  auto first = NewSession();
+  std::uint64_t t1 = *Append(*first, "q").token;
+  first->close();
+
+  auto reopened = OpenStoreAt(dir_.path());
+  auto second = NewSession(reopened.get());
+  std::uint64_t t2 = *Append(*second, "other").token;
+  EXPECT_GT(t2, t1);
+
+  std::uint64_t t3;
+  {
+    Holder holder(dir_.path(), "q", 2);
+    ASSERT_EQ(holder.entries().size(), 2u);
+    EXPECT_GT(holder.entries()[0].token, t2);
+    EXPECT_GT(holder.entries()[1].token, holder.entries()[0].token);
+    t3 = holder.entries()[1].token;
+    holder.Kill();  // a crash must not make the counter go back
+  }
+  std::uint64_t t4 = *Append(*second, "q").token;
+  EXPECT_GT(t4, t3);
+}
+
+TEST_F(FileStoreTest, ConcurrentAppendsGetDistinctTokensInQueueOrder) {
+  auto a = NewSession();
+  auto b = OpenStoreAt(dir_.path());  // a second open file description of the counter, as in another process
+  auto c = NewSession(b.get());
+  constexpr int kThreads = 4;
+  constexpr int kPerThread = 25;
+  std::atomic<int> failures{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      Session& session = t % 2 == 0 ? *a : *c;
+      for (int i = 0; i < kPerThread; ++i) {
+        auto appended = session.append("busy", Spec(), kNoDeadline);
+        if (!appended.ok() || !appended->queue) {
+          ++failures;
+          continue;
+        }
+        // The snapshot holds every earlier entry, so this one is last in it.
+        if (appended->queue->empty() || appended->queue->back().id != appended->entry.id) ++failures;
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(failures.load(), 0);
+  auto listed = List(*a, "busy");
+  ASSERT_EQ(listed.size(), static_cast<std::size_t>(kThreads * kPerThread));
+  auto tokens = Tokens(listed);
+  EXPECT_TRUE(std::is_sorted(tokens.begin(), tokens.end()));
+  EXPECT_EQ(std::set<std::uint64_t>(tokens.begin(), tokens.end()).size(), tokens.size());
+}
+
+TEST_F(FileStoreTest, AGivenSequenceSortsBesideTheOriginal) {
+  auto s = NewSession();
+  Entry write = Append(*s, "rw", Spec("write"));
+  Entry later = Append(*s, "rw", Spec("read"));
+  EntrySpec downgrade = Spec("read");
+  downgrade.sequence = write.sequence;
+  Entry read = Append(*s, "rw", downgrade);
+  EXPECT_EQ(read.sequence, write.sequence);
+  EXPECT_GT(*read.token, *later.token);  // the token still grows
+  auto listed = List(*s, "rw");
+  ASSERT_EQ(listed.size(), 3u);
+  EXPECT_EQ(listed[2].id, later.id);
+  EXPECT_EQ(std::set<std::string>({listed[0].id, listed[1].id}), std::set<std::string>({write.id, read.id}));
+  ASSERT_TRUE(s->remove("rw", write.id, kNoDeadline).ok());
+  EXPECT_EQ(Ids(List(*s, "rw")), (std::vector<std::string>{read.id, later.id}));
+}
+
+TEST_F(FileStoreTest, ListWithOwnersDecodesTheRecord) {
+  auto s = NewSession();
+  Entry e = Append(*s, "owned", Spec("lease", "0123456789abcdef0123456789abcdef"));
+  auto plain = List(*s, "owned");
+  ASSERT_EQ(plain.size(), 1u);
+  EXPECT_FALSE(plain[0].owner.has_value());
+  EXPECT_EQ(plain[0].token, e.token);
+  EXPECT_EQ(plain[0].attempt_id, "0123456789abcdef0123456789abcdef");
+  EXPECT_EQ(plain[0].kind, "lease");
+
+  auto listed = List(*s, "owned", /*with_owners=*/true);
+  ASSERT_EQ(listed.size(), 1u);
+  ASSERT_TRUE(listed[0].owner.has_value());
+  EXPECT_EQ(listed[0].owner->host, "testhost");
+  EXPECT_EQ(listed[0].owner->pid, getpid());
+  EXPECT_EQ(listed[0].owner->label, "file_store_test");
+  EXPECT_EQ(listed[0].owner->acquired_unix_ms, 1'700'000'000'000);
+}
+
+TEST_F(FileStoreTest, AGarbledOwnerRecordIsLeftOut) {
+  auto s = NewSession();
+  Entry e = Append(*s, "garbled");
+  std::ofstream(QueuePath("garbled") + "/" + e.id, std::ios::trunc) << "{not json";
+  auto listed = List(*s, "garbled", /*with_owners=*/true);
+  ASSERT_EQ(listed.size(), 1u);  // still alive: its lock is untouched
+  EXPECT_EQ(listed[0].id, e.id);
+  EXPECT_FALSE(listed[0].owner.has_value());
+}
+
+TEST_F(FileStoreTest, InvalidNamesAreRejected) {
+  auto s = NewSession();
+  EXPECT_EQ(s->append("a//b", Spec(), kNoDeadline).status().code(), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(s->append("../x", Spec(), kNoDeadline).status().code(), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(s->append("q", Spec("a.b"), kNoDeadline).status().code(), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(s->append("q", Spec("lock", "x/y"), kNoDeadline).status().code(), ErrorCode::kInvalidArgument);
+  EntrySpec negative = Spec();
+  negative.sequence = -1;
+  EXPECT_EQ(s->append("q", negative, kNoDeadline).status().code(), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(s->list("/q", {}, kNoDeadline).status().code(), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(s->remove("q", "../../.counter", kNoDeadline).code(), ErrorCode::kInvalidArgument);
+  std::vector<std::string> bad = {".wake"};
+  EXPECT_EQ(s->wait_any_gone("q", bad, kNoDeadline, {}).code(), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(s->wait_any_gone("q", {}, kNoDeadline, {}).code(), ErrorCode::kInvalidArgument);
+}
+
+TEST_F(FileStoreTest, AnEmptiedQueueLeavesNoDirectory) {
+  auto s = NewSession();
+  Entry one = Append(*s, "tidy");
+  Entry two = Append(*s, "tidy");
+  EXPECT_TRUE(std::filesystem::exists(QueuePath("tidy")));
+  ASSERT_TRUE(s->remove("tidy", one.id, kNoDeadline).ok());
+  EXPECT_TRUE(std::filesystem::exists(QueuePath("tidy")));
+  ASSERT_TRUE(s->remove("tidy", two.id, kNoDeadline).ok());
+  EXPECT_FALSE(std::filesystem::exists(QueuePath("tidy")));
+  // Nor FIFOs: only the counter and the empty FIFO directory remain.
+  EXPECT_TRUE(std::filesystem::is_empty(dir_.path() + "/.wake"));
+  Append(*s, "tidy");  // the directory comes back
+  EXPECT_EQ(List(*s, "tidy").size(), 1u);
+}
+
+TEST_F(FileStoreTest, AppendsSurviveTheQueueDirectoryComingAndGoing) {
+  // A stress test: removing the last entry deletes the queue directory, which
+  // other threads' appends may be about to use (the window is narrow, so a
+  // run does not always hit it).
+  std::atomic<int> failures{0};
+  auto churn = [&](Session& session) {
+    for (int i = 0; i < 250; ++i) {
+      auto appended = session.append("churn", Spec(), kNoDeadline);
+      if (!appended.ok()) {
+        ++failures;
+        continue;
+      }
+      if (!session.remove("churn", appended->entry.id, kNoDeadline).ok()) ++failures;
+    }
+  };
+  std::vector<std::shared_ptr<Session>> sessions;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) sessions.push_back(NewSession());
+  for (auto& session : sessions) threads.emplace_back([&churn, session] { churn(*session); });
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(failures.load(), 0);
+  EXPECT_TRUE(List(*sessions[0], "churn").empty());
+  EXPECT_FALSE(std::filesystem::exists(QueuePath("churn")));
+}
+
+TEST_F(FileStoreTest, ListingDeletesWhatACrashedAppendLeft) {
+  auto s = NewSession();
+  Entry e = Append(*s, "crash");
+  const std::string nonce = "0123456789abcdef0123456789abcdef";
+  std::ofstream(QueuePath("crash") + "/.tmp." + nonce) << "{}";  // nobody holds its lock
+  ASSERT_EQ(mkfifo((dir_.path() + "/.wake/" + nonce).c_str(), 0600), 0);
+  EXPECT_EQ(Ids(List(*s, "crash")), std::vector<std::string>{e.id});
+  EXPECT_FALSE(std::filesystem::exists(QueuePath("crash") + "/.tmp." + nonce));
+  EXPECT_FALSE(std::filesystem::exists(dir_.path() + "/.wake/" + nonce));
+  ASSERT_TRUE(s->remove("crash", e.id, kNoDeadline).ok());
+  EXPECT_FALSE(std::filesystem::exists(QueuePath("crash")));
+}
+
+// --- sessions
+
+TEST_F(FileStoreTest, SessionsInOneProcessAreIndependent) {
+  auto a = NewSession();
+  auto b = NewSession();
+  EXPECT_NE(a->id(), b->id());
+  EXPECT_THAT(a->id(), HasSubstr("pid " + std::to_string(getpid()) + " #"));
+  Entry ea = Append(*a, "shared");
+  Entry eb = Append(*b, "shared");
+  a->close();
+  EXPECT_EQ(a->state(), SessionState::kClosed);
+  EXPECT_EQ(b->state(), SessionState::kConnected);
+  EXPECT_EQ(Ids(List(*b, "shared")), std::vector<std::string>{eb.id});
+  auto found = b->find_own("shared", "", kNoDeadline);
+  ASSERT_TRUE(found.ok());
+  ASSERT_TRUE(found->has_value());
+  EXPECT_EQ((*found)->id, eb.id);
+}
+
+TEST_F(FileStoreTest, FindOwnSeesOnlyThisSessionsLiveEntry) {
+  const std::string attempt = "00000000000000000000000000000001";
+  auto a = NewSession();
+  auto b = NewSession();
+  Entry mine = Append(*a, "find", Spec("lock", attempt));
+  Append(*a, "find", Spec("lock", "00000000000000000000000000000002"));
+
+  auto found = a->find_own("find", attempt, kNoDeadline);
+  ASSERT_TRUE(found.ok()) << found.status().ToString();
+  ASSERT_TRUE(found->has_value());
+  EXPECT_EQ((*found)->id, mine.id);
+  EXPECT_EQ((*found)->token, mine.token);
+
+  EXPECT_FALSE(b->find_own("find", attempt, kNoDeadline)->has_value());  // not b's
+  EXPECT_FALSE(a->find_own("other", attempt, kNoDeadline)->has_value());  // not that queue
+
+  ASSERT_TRUE(b->remove("find", mine.id, kNoDeadline).ok());  // an operator's break
+  EXPECT_FALSE(a->find_own("find", attempt, kNoDeadline)->has_value());
+  EXPECT_TRUE(a->remove("find", mine.id, kNoDeadline).ok());  // already gone is fine
+}
+
+TEST_F(FileStoreTest, SubscribersHearClose) {
+  auto s = NewSession();
+  std::vector<SessionState> heard;
+  std::atomic<int> unsubscribed_calls{0};
+  auto keep = s->subscribe([&](SessionState state) { heard.push_back(state); });
+  auto dropped = s->subscribe([&](SessionState) { ++unsubscribed_calls; });
+  dropped.reset();
+  s->close();
+  s->close();  // idempotent
+  EXPECT_EQ(heard, std::vector<SessionState>{SessionState::kClosed});
+  EXPECT_EQ(unsubscribed_calls.load(), 0);
+}
+
+TEST_F(FileStoreTest, AClosedSessionRefusesWorkAndDropsItsEntries) {
+  auto s = NewSession();
+  auto other = NewSession();
+  Entry e = Append(*s, "closing");
+  s->close();
+  EXPECT_EQ(s->state(), SessionState::kClosed);
+  EXPECT_TRUE(List(*other, "closing").empty());
+  EXPECT_EQ(s->append("closing", Spec(), kNoDeadline).status().code(), ErrorCode::kSessionLost);
+  EXPECT_EQ(s->list("closing", {}, kNoDeadline).status().code(), ErrorCode::kSessionLost);
+  EXPECT_EQ(s->find_own("closing", "", kNoDeadline).status().code(), ErrorCode::kSessionLost);
+  std::vector<std::string> ids = {e.id};
+  EXPECT_EQ(s->wait_any_gone("closing", ids, Soon(), {}).code(), ErrorCode::kSessionLost);
+}
+
+TEST_F(FileStoreTest, DestroyingASessionReleasesItsEntries) {
+  auto other = NewSession();
+  {
+    auto s = NewSession();
+    Append(*s, "scoped");
+    EXPECT_EQ(List(*other, "scoped").size(), 1u);
+  }
+  EXPECT_TRUE(List(*other, "scoped").empty());
+}
+
+// --- remove
+
+TEST_F(FileStoreTest, RemovingAGoneEntryIsOk) {
+  auto s = NewSession();
+  Entry e = Append(*s, "gone");
+  ASSERT_TRUE(s->remove("gone", e.id, kNoDeadline).ok());
+  EXPECT_TRUE(s->remove("gone", e.id, kNoDeadline).ok());
+  auto other = NewSession();
+  EXPECT_TRUE(other->remove("gone", e.id, kNoDeadline).ok());
+  EXPECT_TRUE(other->remove("never/there", e.id, kNoDeadline).ok());
+}
+
+// --- wait_any_gone
+
+TEST_F(FileStoreTest, WaitReturnsAtOnceWhenAnEntryIsAlreadyGone) {
+  auto s = NewSession();
+  Entry alive = Append(*s, "w");
+  Entry gone = Append(*s, "w");
+  ASSERT_TRUE(s->remove("w", gone.id, kNoDeadline).ok());
+  std::vector<std::string> ids = {alive.id, gone.id};
+  auto waiter = NewSession();
+  EXPECT_EQ(waiter->wait_any_gone("w", ids, Soon(), {}), OkStatus());
+  // Even with the deadline already passed: "already gone" is checked first.
+  EXPECT_TRUE(waiter->wait_any_gone("w", ids, Clock::time_point::min(), {}).ok());
+}
+
+TEST_F(FileStoreTest, WaitWakesWhenAnotherSessionRemovesTheEntry) {
+  auto owner = NewSession();
+  auto waiter = NewSession();
+  auto breaker = NewSession();
+  Entry first = Append(*owner, "w");
+  Entry second = Append(*owner, "w");
+  AsyncWait wait(waiter, "w", {first.id, second.id});
+  ASSERT_TRUE(wait.Blocks());
+  ASSERT_TRUE(breaker->remove("w", second.id, kNoDeadline).ok());
+  EXPECT_EQ(wait.Result(), OkStatus());
+  EXPECT_EQ(Ids(List(*waiter, "w")), std::vector<std::string>{first.id});
+  // The owner's entry was broken; it releases it later without trouble.
+  EXPECT_TRUE(owner->remove("w", second.id, kNoDeadline).ok());
+}
+
+TEST_F(FileStoreTest, WaitWakesWhenTheOwnerReleasesTheEntry) {
+  auto owner = NewSession();
+  auto waiter = NewSession();
+  Entry e = Append(*owner, "w");
+  AsyncWait wait(waiter, "w", {e.id});
+  ASSERT_TRUE(wait.Blocks());
+  ASSERT_TRUE(owner->remove("w", e.id, kNoDeadline).ok());
+  EXPECT_EQ(wait.Result(), OkStatus());
+}
+
+TEST_F(FileStoreTest, WaitWakesWhenTheOwnerSessionCloses) {
+  auto owner = NewSession();
+  auto waiter = NewSession();
+  Entry e = Append(*owner, "w");
+  AsyncWait wait(waiter, "w", {e.id});
+  ASSERT_TRUE(wait.Blocks());
+  owner->close();
+  EXPECT_EQ(wait.Result(), OkStatus());
+}
+
+TEST_F(FileStoreTest, WaitWakesWhenTheOwnerProcessIsKilled) {
+  Holder holder(dir_.path(), "w");
+  ASSERT_EQ(holder.entries().size(), 1u);
+  auto waiter = NewSession();
+  EXPECT_EQ(Ids(List(*waiter, "w")), std::vector<std::string>{holder.entry().id});
+  AsyncWait wait(waiter, "w", {holder.entry().id});
+  ASSERT_TRUE(wait.Blocks());
+  holder.Kill();
+  EXPECT_EQ(wait.Result(), OkStatus());
+  EXPECT_TRUE(List(*waiter, "w").empty());
+}
+
+TEST_F(FileStoreTest, WaitWakesWhenAnotherProcessReleases) {
+  Holder holder(dir_.path(), "w");
+  ASSERT_EQ(holder.entries().size(), 1u);
+  auto waiter = NewSession();
+  AsyncWait wait(waiter, "w", {holder.entry().id});
+  ASSERT_TRUE(wait.Blocks());
+  EXPECT_EQ(holder.Finish(), 0);
+  EXPECT_EQ(wait.Result(), OkStatus());
+}
+
+TEST_F(FileStoreTest, WaitWakesWhenALiveProcesssEntryIsBroken) {
+  Holder holder(dir_.path(), "w");
+  ASSERT_EQ(holder.entries().size(), 1u);
+  auto waiter = NewSession();
+  auto breaker = NewSession();
+  AsyncWait wait(waiter, "w", {holder.entry().id});
+  ASSERT_TRUE(wait.Blocks());
+  ASSERT_TRUE(breaker->remove("w", holder.entry().id, kNoDeadline).ok());
+  EXPECT_EQ(wait.Result(), OkStatus());
+  EXPECT_TRUE(List(*waiter, "w").empty());
+  // A later waiter on the broken entry does not block either.
+  std::vector<std::string> ids = {holder.entry().id};
+  EXPECT_EQ(waiter->wait_any_gone("w", ids, Soon(), {}), OkStatus());
+  EXPECT_EQ(holder.Finish(), 0);
+}
+
+TEST_F(FileStoreTest, ADeadProcesssEntriesAreGoneAtOnce) {
+  Holder holder(dir_.path(), "dead", 3);
+  ASSERT_EQ(holder.entries().size(), 3u);
+  auto s = NewSession();
+  Entry mine = Append(*s, "dead");
+  EXPECT_EQ(List(*s, "dead").size(), 4u);
+  holder.Kill();
+  // Waiting on an entry of a process that is already dead returns at once
+  // (its FIFO shows no POLLHUP to a reader that opens it now).
+  std::vector<std::string> ids = {holder.entries()[1].id};
+  EXPECT_EQ(s->wait_any_gone("dead", ids, Soon(), {}), OkStatus());
+  EXPECT_EQ(Ids(List(*s, "dead")), std::vector<std::string>{mine.id});
+  // The listing deleted what the dead process left: only our entry and FIFO remain.
+  std::size_t files = 0;
+  for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator(QueuePath("dead"))) ++files;
+  EXPECT_EQ(files, 1u);
+  std::size_t fifos = 0;
+  for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator(dir_.path() + "/.wake")) ++fifos;
+  EXPECT_EQ(fifos, 1u);
+}
+
+TEST_F(FileStoreTest, WaitHonoursTheDeadline) {
+  auto owner = NewSession();
+  auto waiter = NewSession();
+  Entry e = Append(*owner, "w");
+  std::vector<std::string> ids = {e.id};
+  auto start = std::chrono::steady_clock::now();
+  Status status = waiter->wait_any_gone("w", ids, start + 200ms, {});
+  auto took = std::chrono::steady_clock::now() - start;
+  EXPECT_EQ(status.code(), ErrorCode::kDeadlineExceeded) << status.ToString();
+  EXPECT_GE(took, 200ms);
+  EXPECT_LT(took, 200ms + kPrompt);
+}
+
+TEST_F(FileStoreTest, WaitHonoursTheDeadlineOfAnInjectedClock) {
+  auto clock = std::make_shared<ManualClock>();
+  auto store = OpenStoreAt(dir_.path(), {.clock = clock});
+  auto owner = NewSession(store.get());
+  auto waiter = NewSession(store.get());
+  Entry e = Append(*owner, "w");
+  AsyncWait wait(waiter, "w", {e.id}, clock->now() + 1h);
+  ASSERT_TRUE(wait.Blocks());
+  clock->advance(30min);
+  ASSERT_TRUE(wait.Blocks());
+  clock->advance(30min);
+  EXPECT_EQ(wait.Result().code(), ErrorCode::kDeadlineExceeded);
+}
+
+TEST_F(FileStoreTest, WaitHonoursTheStopToken) {
+  auto owner = NewSession();
+  auto waiter = NewSession();
+  Entry e = Append(*owner, "w");
+  AsyncWait wait(waiter, "w", {e.id});
+  ASSERT_TRUE(wait.Blocks());
+  wait.Cancel();
+  EXPECT_EQ(wait.Result().code(), ErrorCode::kCancelled);
+
+  std::stop_source already;
+  already.request_stop();
+  std::vector<std::string> ids = {e.id};
+  EXPECT_EQ(waiter->wait_any_gone("w", ids, Soon(), already.get_token()).code(), ErrorCode::kCancelled);
+}
+
+TEST_F(FileStoreTest, WaitEndsWhenItsOwnSessionCloses) {
+  auto owner = NewSession();
+  auto waiter = NewSession();
+  Entry e = Append(*owner, "w");
+  AsyncWait wait(waiter, "w", {e.id});
+  ASSERT_TRUE(wait.Blocks());
+  waiter->close();
+  EXPECT_EQ(wait.Result().code(), ErrorCode::kSessionLost);
+  EXPECT_EQ(List(*owner, "w").size(), 1u);  // the watched entry lives on
+}
+
+TEST_F(FileStoreTest, ManyWaitersWakeTogether) {
+  auto owner = NewSession();
+  Entry e = Append(*owner, "w");
+  std::vector<std::shared_ptr<Session>> waiters;
+  std::vector<std::unique_ptr<AsyncWait>> waits;
+  for (int i = 0; i < 8; ++i) {
+    waiters.push_back(NewSession());
+    waits.push_back(std::make_unique<AsyncWait>(waiters.back(), "w", std::vector<std::string>{e.id}));
+  }
+  for (auto& w : waits) ASSERT_TRUE(w->Blocks());
+  owner->close();
+  for (auto& w : waits) EXPECT_EQ(w->Result(), OkStatus());
+}
+
+}  // namespace
+}  // namespace dlock
