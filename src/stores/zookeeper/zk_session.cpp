@@ -86,7 +86,6 @@ struct Slot {
   int rc = ZSYSTEMERROR;
   bool done = false;  // guarded by Core::mu_
   Stat stat{};
-  bool has_stat = false;
   std::string value;                // created path, or node data
   std::vector<std::string> names;   // children
 };
@@ -699,10 +698,7 @@ void OnStringStat(int rc, const char* value, const Stat* stat, const void* data)
   Slot* s = AsSlot(data);
   if (rc == ZOK) {
     if (value) s->value = value;
-    if (stat) {
-      s->stat = *stat;
-      s->has_stat = true;
-    }
+    if (stat) s->stat = *stat;
   }
   s->batch->core->Finish(s, rc);
 }
@@ -726,20 +722,14 @@ void OnData(int rc, const char* value, int len, const Stat* stat, const void* da
   Slot* s = AsSlot(data);
   if (rc == ZOK) {
     if (value && len > 0) s->value.assign(value, static_cast<std::size_t>(len));
-    if (stat) {
-      s->stat = *stat;
-      s->has_stat = true;
-    }
+    if (stat) s->stat = *stat;
   }
   s->batch->core->Finish(s, rc);
 }
 
 void OnStat(int rc, const Stat* stat, const void* data) {
   Slot* s = AsSlot(data);
-  if (rc == ZOK && stat) {
-    s->stat = *stat;
-    s->has_stat = true;
-  }
+  if (rc == ZOK && stat) s->stat = *stat;
   s->batch->core->Finish(s, rc);
 }
 
