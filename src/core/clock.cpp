@@ -1,5 +1,7 @@
 #include "dlock/clock.hpp"
 
+#include "core/listeners.hpp"
+
 #include <algorithm>
 #include <atomic>
 
@@ -31,9 +33,7 @@ Clock::time_point DeadlineAfter(Clock::time_point now, Clock::duration timeout) 
 
 struct ManualClock::Listeners {
   std::atomic<Clock::time_point::rep> now{0};
-  std::mutex mu;
-  std::uint64_t next_id = 0;
-  std::vector<std::pair<std::uint64_t, std::shared_ptr<std::function<void()>>>> fns;
+  internal::ListenerList<> advanced;
 };
 
 ManualClock::ManualClock(time_point start) : listeners_(std::make_shared<Listeners>()) {
@@ -54,30 +54,12 @@ bool ManualClock::wait_until(std::condition_variable_any& cv, std::unique_lock<s
 }
 
 std::shared_ptr<void> ManualClock::on_advance(std::function<void()> fn) {
-  auto shared_fn = std::make_shared<std::function<void()>>(std::move(fn));
-  std::uint64_t id;
-  {
-    std::lock_guard<std::mutex> g(listeners_->mu);
-    id = listeners_->next_id++;
-    listeners_->fns.emplace_back(id, shared_fn);
-  }
-  std::weak_ptr<Listeners> weak = listeners_;
-  return std::shared_ptr<void>(nullptr, [weak, id](void*) {
-    if (auto l = weak.lock()) {
-      std::lock_guard<std::mutex> g(l->mu);
-      std::erase_if(l->fns, [id](const auto& p) { return p.first == id; });
-    }
-  });
+  return listeners_->advanced.add(std::move(fn));
 }
 
 void ManualClock::advance(duration by) {
   listeners_->now += by.count();
-  std::vector<std::shared_ptr<std::function<void()>>> fns;
-  {
-    std::lock_guard<std::mutex> g(listeners_->mu);
-    for (auto& [id, fn] : listeners_->fns) fns.push_back(fn);
-  }
-  for (auto& fn : fns) (*fn)();
+  listeners_->advanced.notify();
 }
 
 }  // namespace dlock

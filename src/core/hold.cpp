@@ -45,38 +45,18 @@ void HoldCore::on_session_state(SessionState s) {
     case SessionState::kSuspended: next = HoldState::kUncertain; break;
     default: next = HoldState::kLost; break;
   }
-  std::vector<std::shared_ptr<std::function<void(HoldState)>>> to_call;
   {
     std::lock_guard<std::mutex> g(mu_);
     // Released and lost are final; lost is never un-lost by a reconnect.
     if (state_ == HoldState::kReleased || state_ == HoldState::kLost || state_ == next) return;
     state_ = next;
-    for (auto& [id, fn] : listeners_) to_call.push_back(fn);
   }
   if (next != HoldState::kHeld) lost_.request_stop();
-  for (auto& fn : to_call) {
-    try {
-      (*fn)(next);
-    } catch (...) {
-      client_->report(InternalError("a hold state listener of " + name_ + " threw"));
-    }
-  }
+  listeners_.notify(next);
 }
 
 std::shared_ptr<void> HoldCore::on_state_change(std::function<void(HoldState)> fn) {
-  std::uint64_t id;
-  {
-    std::lock_guard<std::mutex> g(mu_);
-    id = next_listener_++;
-    listeners_[id] = std::make_shared<std::function<void(HoldState)>>(std::move(fn));
-  }
-  std::weak_ptr<HoldCore> weak = weak_from_this();
-  return std::shared_ptr<void>(nullptr, [weak, id](void*) {
-    if (auto self = weak.lock()) {
-      std::lock_guard<std::mutex> g(self->mu_);
-      self->listeners_.erase(id);
-    }
-  });
+  return listeners_.add(std::move(fn));
 }
 
 void HoldCore::release() noexcept {
@@ -85,9 +65,9 @@ void HoldCore::release() noexcept {
     std::lock_guard<std::mutex> g(mu_);
     if (state_ == HoldState::kReleased) return;
     state_ = HoldState::kReleased;
-    listeners_.clear();
     subscription = std::move(subscription_);
   }
+  listeners_.clear();
   subscription.reset();
   // Give back in reverse order of taking.
   for (auto it = entries_.rbegin(); it != entries_.rend(); ++it) {

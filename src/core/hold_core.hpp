@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/client_core.hpp"
+#include "core/listeners.hpp"
 #include "dlock/hold.hpp"
 #include "dlock/store.hpp"
 
@@ -56,11 +57,10 @@ class HoldCore : public std::enable_shared_from_this<HoldCore> {
   const std::uint64_t token_;
   const std::uint32_t permits_;
   std::stop_source lost_;
+  ListenerList<HoldState> listeners_;
 
   mutable std::mutex mu_;
   HoldState state_ = HoldState::kHeld;  // guarded by mu_
-  std::uint64_t next_listener_ = 0;     // guarded by mu_
-  std::map<std::uint64_t, std::shared_ptr<std::function<void(HoldState)>>> listeners_;  // guarded by mu_
   std::shared_ptr<void> subscription_;  // guarded by mu_
 };
 

@@ -31,6 +31,8 @@
 // earlier one.
 #include "stores/file/file_store.hpp"
 
+#include "core/listeners.hpp"
+
 #include <dirent.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -423,21 +425,9 @@ class FileSession final : public Session {
   SessionState state() const noexcept override { return state_.load(); }
 
   std::shared_ptr<void> subscribe(std::function<void(SessionState)> fn) override {
-    auto shared_fn = std::make_shared<std::function<void(SessionState)>>(std::move(fn));
-    std::uint64_t key;
-    {
-      std::lock_guard<std::mutex> lock(subscribers_->mu);
-      key = subscribers_->next_key++;
-      subscribers_->fns.emplace(key, shared_fn);
-    }
-    std::weak_ptr<Subscribers> weak = subscribers_;
-    return std::shared_ptr<void>(nullptr, [weak, key](void*) {
-      if (auto subscribers = weak.lock()) {
-        std::lock_guard<std::mutex> lock(subscribers->mu);
-        subscribers->fns.erase(key);
-      }
-    });
+    return subscribers_.add(std::move(fn));
   }
+
 
   Result<Appended> append(std::string_view queue, const EntrySpec& spec, Clock::time_point) override {
     // The deadline is not checked: every step is local and short (a zero
@@ -685,25 +675,10 @@ class FileSession final : public Session {
     for (auto& [id, owned] : doomed) ReleaseEntry(*dir_, *owned);
     std::uint64_t one = 1;  // wakes this session's waiters
     [[maybe_unused]] ssize_t n = write(closed_event_.get(), &one, sizeof one);
-    try {
-      std::vector<std::shared_ptr<std::function<void(SessionState)>>> fns;
-      {
-        std::lock_guard<std::mutex> lock(subscribers_->mu);
-        for (const auto& [key, fn] : subscribers_->fns) fns.push_back(fn);
-      }
-      for (const auto& fn : fns) (*fn)(SessionState::kClosed);
-    } catch (...) {
-      // A subscriber that throws must not turn close() into std::terminate.
-    }
+    subscribers_.notify(SessionState::kClosed);
   }
 
  private:
-  struct Subscribers {
-    std::mutex mu;
-    std::uint64_t next_key = 0;
-    std::map<std::uint64_t, std::shared_ptr<std::function<void(SessionState)>>> fns;
-  };
-
   bool closed() const {
     std::lock_guard<std::mutex> lock(mu_);
     return closed_;
@@ -714,7 +689,7 @@ class FileSession final : public Session {
   const std::string id_;
   const UniqueFd closed_event_;  // an eventfd, readable once close() has run
   std::atomic<SessionState> state_{SessionState::kConnected};
-  std::shared_ptr<Subscribers> subscribers_ = std::make_shared<Subscribers>();
+  ListenerList<SessionState> subscribers_;
   mutable std::mutex mu_;
   bool closed_ = false;                                           // guarded by mu_
   std::map<std::string, std::unique_ptr<OwnedEntry>> entries_;  // by id; guarded by mu_

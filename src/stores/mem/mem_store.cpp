@@ -5,6 +5,8 @@
 // then the entries go).
 #include "dlock/mem_store.hpp"
 
+#include "core/listeners.hpp"
+
 #include <algorithm>
 #include <condition_variable>
 #include <cstdio>
@@ -26,8 +28,7 @@ struct MemStore::State {
   };
   struct SessionRec {
     SessionState state = SessionState::kConnected;
-    std::uint64_t next_listener = 0;
-    std::map<std::uint64_t, std::shared_ptr<std::function<void(SessionState)>>> listeners;
+    internal::ListenerList<SessionState> listeners;  // a handle: copies share the list
     // Serializes listener calls so they arrive in order.
     std::shared_ptr<std::mutex> notify_mu = std::make_shared<std::mutex>();
   };
@@ -127,7 +128,7 @@ struct MemStore::State {
 void MemStore::Transition(const std::shared_ptr<State>& state, std::string_view id, SessionState next,
                        const std::function<void()>& then) {
   std::shared_ptr<std::mutex> notify_mu;
-  std::vector<std::shared_ptr<std::function<void(SessionState)>>> listeners;
+  internal::ListenerList<SessionState> listeners;
   {
     std::lock_guard<std::mutex> g(state->mu);
     auto it = state->sessions.find(id);
@@ -136,12 +137,12 @@ void MemStore::Transition(const std::shared_ptr<State>& state, std::string_view 
     if (cur == next || cur == SessionState::kLost || cur == SessionState::kClosed) return;
     it->second.state = next;
     notify_mu = it->second.notify_mu;
-    for (auto& [k, fn] : it->second.listeners) listeners.push_back(fn);
+    listeners = it->second.listeners;
     state->changed.notify_all();
   }
   {
     std::lock_guard<std::mutex> order(*notify_mu);
-    for (auto& fn : listeners) (*fn)(next);
+    listeners.notify(next);
   }
   if (then) {
     std::lock_guard<std::mutex> g(state->mu);
@@ -164,23 +165,14 @@ class MemStore::MemSession final : public Session {
   }
 
   std::shared_ptr<void> subscribe(std::function<void(SessionState)> fn) override {
-    std::uint64_t key;
+    internal::ListenerList<SessionState> listeners;
     {
       std::lock_guard<std::mutex> g(state_->mu);
-      auto& rec = state_->sessions[id_];
-      key = rec.next_listener++;
-      rec.listeners[key] = std::make_shared<std::function<void(SessionState)>>(std::move(fn));
+      listeners = state_->sessions[id_].listeners;
     }
-    std::weak_ptr<State> weak = state_;
-    std::string id = id_;
-    return std::shared_ptr<void>(nullptr, [weak, id, key](void*) {
-      if (auto s = weak.lock()) {
-        std::lock_guard<std::mutex> g(s->mu);
-        auto it = s->sessions.find(id);
-        if (it != s->sessions.end()) it->second.listeners.erase(key);
-      }
-    });
+    return listeners.add(std::move(fn));
   }
+
 
   Result<Appended> append(std::string_view queue, const EntrySpec& spec, Clock::time_point) override {
     std::unique_lock<std::mutex> lock(state_->mu);

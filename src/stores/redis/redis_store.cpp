@@ -20,6 +20,8 @@
 // request can never shorten a lease the client counts on.
 #include "stores/redis/redis_store.hpp"
 
+#include "core/listeners.hpp"
+
 #include <sys/eventfd.h>
 #include <sys/random.h>
 #include <unistd.h>
@@ -359,7 +361,6 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
   SessionCore(std::shared_ptr<StoreCore> store, std::string sid, Clock::time_point basis)
       : store_(std::move(store)), cfg_(store_->cfg()), sid_(std::move(sid)), master_basis_(basis) {
     stop_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-    listeners_ = std::make_shared<Listeners>();
     UpdateLostAtLocked();
   }
 
@@ -389,22 +390,8 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
     return s;
   }
 
-  std::shared_ptr<void> subscribe(std::function<void(SessionState)> fn) {
-    auto shared_fn = std::make_shared<std::function<void(SessionState)>>(std::move(fn));
-    std::uint64_t id;
-    {
-      std::lock_guard<std::mutex> g(listeners_->mu);
-      id = listeners_->next++;
-      listeners_->fns.emplace_back(id, shared_fn);
-    }
-    std::weak_ptr<Listeners> weak = listeners_;
-    return std::shared_ptr<void>(nullptr, [weak, id](void*) {
-      if (auto l = weak.lock()) {
-        std::lock_guard<std::mutex> g(l->mu);
-        std::erase_if(l->fns, [id](const auto& p) { return p.first == id; });
-      }
-    });
-  }
+  std::shared_ptr<void> subscribe(std::function<void(SessionState)> fn) { return listeners_.add(std::move(fn)); }
+
 
   // kSessionLost once lost or closed; kUnavailable while suspended (when
   // `fail_if_suspended`).
@@ -590,12 +577,6 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
     std::map<std::string, Tracked> ids;  // entries of this session that may exist
     Clock::time_point basis;             // see the file comment
   };
-  struct Listeners {
-    std::mutex mu;
-    std::uint64_t next = 0;
-    std::vector<std::pair<std::uint64_t, std::shared_ptr<std::function<void(SessionState)>>>> fns;
-  };
-
   std::string LostReason() const {
     std::lock_guard<std::mutex> g(mu_);
     return lost_reason_.empty() ? std::string() : " (" + lost_reason_ + ")";
@@ -656,20 +637,8 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
     cv_.notify_all();
   }
 
-  void Emit(SessionState s) {
-    std::vector<std::shared_ptr<std::function<void(SessionState)>>> fns;
-    {
-      std::lock_guard<std::mutex> g(listeners_->mu);
-      for (auto& [id, fn] : listeners_->fns) fns.push_back(fn);
-    }
-    for (auto& fn : fns) {
-      try {
-        (*fn)(s);
-      } catch (...) {
-        // A listener must not throw; if one does, the others still hear.
-      }
-    }
-  }
+  void Emit(SessionState s) { listeners_.notify(s); }
+
 
   // kConnected <-> kSuspended, or -> kLost. Never leaves kLost or kClosed.
   void Transition(SessionState to) {
@@ -887,7 +856,7 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
   std::map<std::string, QueueTrack> queues_;
   std::string lost_reason_;
 
-  std::shared_ptr<Listeners> listeners_;
+  ListenerList<SessionState> listeners_;
   std::shared_ptr<void> clock_subscription_;
   int stop_fd_ = -1;  // interrupts the keep-alive's I/O on close
   std::stop_source stop_;
