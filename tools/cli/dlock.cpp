@@ -431,6 +431,7 @@ int main(int argc, char** argv) {
   status_cmd->add_option("--url", url, "store URL");
   status_cmd->add_flag("--json", json, "one JSON object: {name, url, holders: [...], waiters: [...]}");
   status_cmd->add_option("NAME", status_name, "lock name")->required();
+  status_cmd->footer("Exit status: 0 shown, 2 usage error, 5 the store is unreachable or refused the request.");
 
   std::string break_name, break_entry;
   auto* break_cmd =
@@ -438,6 +439,9 @@ int main(int argc, char** argv) {
   break_cmd->add_option("--url", url, "store URL");
   break_cmd->add_option("NAME", break_name, "lock name")->required();
   break_cmd->add_option("ENTRY", break_entry, "the entry to remove, as `dlock status` shows it");
+  break_cmd->footer(
+      "Exit status: 0 removed, 1 nothing to remove, 2 usage error (or several holders: name ENTRY),\n"
+      "5 the store is unreachable or refused the request.");
 
   try {
     app.parse(argc, argv);
