@@ -80,16 +80,23 @@ ClientCore::~ClientCore() {
 }
 
 Result<std::shared_ptr<Session>> ClientCore::session(Clock::time_point deadline) {
-  std::lock_guard<std::mutex> g(mu_);
-  if (session_) {
-    SessionState s = session_->state();
-    if (s == SessionState::kConnected || s == SessionState::kSuspended) return session_;
-    session_->close();
-    session_.reset();
+  // One opener at a time, but without mu_: opening may block on the store,
+  // and mu_ is also taken by clock callbacks that a slow store may wait for.
+  std::lock_guard<std::mutex> opening(open_mu_);
+  std::shared_ptr<Session> ended;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    if (session_) {
+      SessionState s = session_->state();
+      if (s == SessionState::kConnected || s == SessionState::kSuspended) return session_;
+      ended = std::move(session_);
+    }
   }
+  if (ended) ended->close();
   Clock::time_point connect_deadline = std::min(deadline, DeadlineAfter(now(), options_.connect_timeout));
   auto opened = store_->open_session(connect_deadline);
   if (!opened.ok()) return opened.status();
+  std::lock_guard<std::mutex> g(mu_);
   session_ = *opened;
   return session_;
 }

@@ -102,6 +102,7 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
   std::string host_;
   std::int64_t pid_ = 0;
 
+  std::mutex open_mu_;  // held while opening a session; taken before mu_
   mutable std::mutex mu_;
   std::shared_ptr<Session> session_;                       // guarded by mu_
   std::map<std::string, std::shared_ptr<LocalGate>> gates_;  // guarded by mu_

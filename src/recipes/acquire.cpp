@@ -42,7 +42,9 @@ class Attempt {
       if (!session) {
         auto opened = client_.session(req_.deadline);
         if (!opened.ok()) {
-          if (opened.status().code() == ErrorCode::kDeadlineExceeded) return std::optional<Acquired>();
+          // The caller's time ran out before the store answered: that is a
+          // timeout, not proof that the store is down.
+          if (opened.status().code() == ErrorCode::kDeadlineExceeded || Expired()) return std::optional<Acquired>();
           return opened.status();
         }
         session = *opened;

@@ -227,6 +227,28 @@ TEST(Faults, SlowStoreCountsAgainstTheDeadline) {
   ma.unlock();
 }
 
+TEST(Faults, StoreTooSlowToOpenASessionIsATimeoutNotAnError) {
+  ManualWorld w;
+  auto& [clock, store, a, b] = w;
+  Mutex m(a, "slow-open");
+  store->delay_next("open_session", 3s);
+  std::atomic<int> result{-1};
+  std::jthread waiter([&] {
+    try {
+      result = m.try_lock_for(1s) ? 1 : 0;
+    } catch (const Error&) {
+      result = 2;
+    }
+  });
+  ASSERT_TRUE(Eventually([&] { return store->op_count("delayed") == 1u; }));
+  clock->advance(3s);
+  waiter.join();
+  EXPECT_EQ(result, 0) << "1: locked, 2: threw instead of timing out";
+  // A store that refuses at once is an error, whatever the timeout.
+  store->fail_next("open_session", UnavailableError("connection refused"));
+  EXPECT_THROW(b.session().value(), Error);
+}
+
 TEST(Faults, SemaphoreLeasesGoWithTheSession) {
   auto store = MemStore::create();
   auto a = Client::with_store(store);

@@ -294,9 +294,11 @@ MemStore::~MemStore() = default;
 
 std::string MemStore::url() const { return "mem://"; }
 
-Result<std::shared_ptr<Session>> MemStore::open_session(Clock::time_point) {
-  std::lock_guard<std::mutex> g(state_->mu);
+Result<std::shared_ptr<Session>> MemStore::open_session(Clock::time_point deadline) {
+  std::unique_lock<std::mutex> lock(state_->mu);
+  state_->Delay(lock, "open_session");
   if (Status s = state_->Inject("open_session"); !s.ok()) return s;
+  if (state_->clock->now() >= deadline) return UnavailableError("no session before the deadline (slow store)");
   std::string id = "mem-" + std::to_string(state_->next_session++);
   state_->sessions[id];
   return std::shared_ptr<Session>(std::make_shared<MemSession>(state_, id));
