@@ -188,7 +188,8 @@ class ServerCounter {
 #endif
   }
 
-  std::optional<std::int64_t> Read() const {
+  // Calls per command name, commands run inside scripts included.
+  std::optional<std::map<std::string, std::int64_t>> Read() const {
 #ifdef DLOCK_BENCH_HIREDIS
     if (!enabled_) return std::nullopt;
     redisContext* c = redisConnect(host_.c_str(), port_);
@@ -197,22 +198,20 @@ class ServerCounter {
       return std::nullopt;
     }
     auto* reply = static_cast<redisReply*>(redisCommand(c, "INFO commandstats"));
-    std::int64_t total = 0;
+    std::map<std::string, std::int64_t> calls;
     if (reply && reply->type == REDIS_REPLY_STRING) {
       std::string text(reply->str, reply->len);
       std::size_t pos = 0;
       while ((pos = text.find("cmdstat_", pos)) != std::string::npos) {
         auto colon = text.find(':', pos);
-        std::string cmd = text.substr(pos + 8, colon - pos - 8);
-        auto calls = text.find("calls=", colon);
-        std::int64_t n = std::stoll(text.substr(calls + 6));
-        if (cmd != "info") total += n;
-        pos = calls;
+        auto at = text.find("calls=", colon);
+        calls[text.substr(pos + 8, colon - pos - 8)] = std::stoll(text.substr(at + 6));
+        pos = at;
       }
     }
     if (reply) freeReplyObject(reply);
     redisFree(c);
-    return total;
+    return calls;
 #else
     return std::nullopt;
 #endif
@@ -224,20 +223,37 @@ class ServerCounter {
   bool enabled_ = false;
 };
 
-json Requests(const ServerCounter& counter, std::optional<std::int64_t> before, std::int64_t ops) {
+using Counts = std::optional<std::map<std::string, std::int64_t>>;
+
+// What the server did per operation between `before` and now: every command
+// (commands run by scripts count too: that is the server's work), and the
+// scripts alone (EVAL/EVALSHA: one round trip each).
+json Requests(const ServerCounter& counter, const Counts& before, std::int64_t ops) {
   auto after = counter.Read();
   if (!before || !after || ops <= 0) return nullptr;
-  return json{{"total", *after - *before},
-              {"per_op", static_cast<double>(*after - *before) / static_cast<double>(ops)}};
+  std::int64_t total = 0, scripts = 0;
+  json by_command = json::object();
+  for (const auto& [cmd, n] : *after) {
+    if (cmd == "info") continue;  // ours
+    auto it = before->find(cmd);
+    const std::int64_t d = n - (it == before->end() ? 0 : it->second);
+    if (d == 0) continue;
+    total += d;
+    if (cmd == "eval" || cmd == "evalsha") scripts += d;
+    by_command[cmd] = static_cast<double>(d) / static_cast<double>(ops);
+  }
+  const auto per = [ops](std::int64_t n) { return static_cast<double>(n) / static_cast<double>(ops); };
+  return json{{"commands", total}, {"commands_per_op", per(total)}, {"scripts_per_op", per(scripts)},
+              {"by_command_per_op", by_command}};
 }
 
 // Runs worker(i) in `procs` forked processes (or in a thread of this one,
 // for mem://), starts them together once all are connected, and waits for
-// them. Returns the server's request counter read just before the start.
+// them. Returns the server's request counters read just before the start.
 template <class Fn>
-std::optional<std::int64_t> RunWorkers(Shared* shm, bool in_process, int procs, const ServerCounter& counter,
+Counts RunWorkers(Shared* shm, bool in_process, int procs, const ServerCounter& counter,
                                        Fn worker) {
-  std::optional<std::int64_t> before;
+  Counts before;
   if (in_process) {
     std::jthread run([&] { worker(0); });
     WaitReady(shm, 1);
