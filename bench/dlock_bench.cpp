@@ -316,7 +316,10 @@ json Analyze(std::vector<Record> recs) {
     hi = std::max(hi, n);
   }
   out["seconds"] = span_s;
-  out["handoffs_per_sec"] = static_cast<double>(recs.size() - 1) / span_s;
+  out["holds_per_sec"] = static_cast<double>(recs.size()) / span_s;
+  // The lock passing to another holder; a holder taking it again right after
+  // itself is not a handoff.
+  out["handoffs_per_sec"] = static_cast<double>(any.size()) / span_s;
   out["overlaps"] = overlaps;
   out["holders"] = per_holder.size();
   // Jain's index over holds per holder: 1 = everyone got the same share.
