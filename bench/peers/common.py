@@ -3,6 +3,7 @@
 records taken with time.monotonic_ns(), i.e. CLOCK_MONOTONIC like the driver."""
 import math
 import multiprocessing as mp
+import threading
 import time
 
 
@@ -69,27 +70,36 @@ def cycles(make_lock, seconds, max_ops):
     return {"cycles": n, "seconds": s, "cycles_per_sec": n / s}
 
 
-def _contend_worker(make_lock, proc, seconds, hold_us, max_ops, start_at, out):
-    lock = make_lock()
+def _contend_worker(make_lock, proc, threads, seconds, hold_us, max_ops, start_at, out):
     recs = []
-    while time.monotonic() < start_at:
-        time.sleep(0.001)
-    while time.monotonic() < start_at + seconds and len(recs) < max_ops:
-        lock.acquire()
-        acq = time.monotonic_ns()
-        spin(hold_us)
-        rel = time.monotonic_ns()
-        lock.release()
-        recs.append((acq, rel, proc, 0))
+
+    def run(thread):
+        lock = make_lock()  # a lock object (and connection) per thread, as the peers intend
+        while time.monotonic() < start_at:
+            time.sleep(0.001)
+        while time.monotonic() < start_at + seconds and len(recs) < max_ops:
+            lock.acquire()
+            acq = time.monotonic_ns()
+            spin(hold_us)
+            rel = time.monotonic_ns()
+            lock.release()
+            recs.append((acq, rel, proc, thread))
+
+    ts = [threading.Thread(target=run, args=(t,)) for t in range(threads)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
     out.put(recs)
 
 
-def contend(make_lock, procs, seconds, hold_us, max_ops):
-    """Scenarios 2/3: processes taking turns on one lock (one thread each)."""
+def contend(make_lock, procs, threads, seconds, hold_us, max_ops):
+    """Scenarios 2/3: processes (with threads) taking turns on one lock."""
     ctx = mp.get_context("fork")
     q = ctx.Queue()
-    start_at = time.monotonic() + 1.0  # every process has connected by then
-    ps = [ctx.Process(target=_contend_worker, args=(make_lock, i, seconds, hold_us, max_ops, start_at, q))
+    start_at = time.monotonic() + 2.0  # every process has connected by then
+    ps = [ctx.Process(target=_contend_worker,
+                      args=(make_lock, i, threads, seconds, hold_us, max_ops, start_at, q))
           for i in range(procs)]
     for p in ps:
         p.start()
@@ -99,5 +109,5 @@ def contend(make_lock, procs, seconds, hold_us, max_ops):
     for p in ps:
         p.join()
     out = analyze(recs)
-    out.update({"procs": procs, "threads": 1, "hold_us": hold_us})
+    out.update({"procs": procs, "threads": threads, "hold_us": hold_us})
     return out

@@ -23,6 +23,7 @@ def main():
     ap.add_argument("--seconds", type=float, default=2.0)
     ap.add_argument("--max-ops", type=int, default=1_000_000)
     ap.add_argument("--procs", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--hold-us", type=int, default=0)
     ap.add_argument("--sleep", type=float, default=0.1, help="Lock's polling interval (its default: 0.1)")
     a = ap.parse_args()
@@ -35,7 +36,7 @@ def main():
     if a.scenario == "cycles":
         result = common.cycles(make_lock, a.seconds, a.max_ops)
     else:
-        result = common.contend(make_lock, a.procs, a.seconds, a.hold_us, a.max_ops)
+        result = common.contend(make_lock, a.procs, a.threads, a.seconds, a.hold_us, a.max_ops)
     impl = "redis-py" if a.sleep == 0.1 else f"redis-py(sleep={a.sleep:g})"
     print(json.dumps({"store": "redis", "scenario": a.scenario, "impl": impl, "result": result}))
 
