@@ -20,6 +20,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -33,6 +34,8 @@
 
 #ifdef DLOCK_BENCH_HIREDIS
 #include <hiredis/hiredis.h>
+
+#include "stores/redis/redis_scripts.hpp"  // the floor runs dlock's own scripts
 #endif
 
 namespace {
@@ -59,6 +62,7 @@ void SleepMs(int ms) { std::this_thread::sleep_for(std::chrono::milliseconds(ms)
 struct Options {
   std::string url;
   std::string scenario;
+  std::string floor = "scripts";
   std::string name = "bench/lock";
   double seconds = 2.0;
   std::int64_t max_ops = 1'000'000;
@@ -188,8 +192,9 @@ class ServerCounter {
 #endif
   }
 
-  // Calls per command name, commands run inside scripts included.
-  std::optional<std::map<std::string, std::int64_t>> Read() const {
+  // Calls and microseconds per command name, commands run inside scripts
+  // included (a script's time includes theirs).
+  std::optional<std::map<std::string, std::pair<std::int64_t, std::int64_t>>> Read() const {
 #ifdef DLOCK_BENCH_HIREDIS
     if (!enabled_) return std::nullopt;
     redisContext* c = redisConnect(host_.c_str(), port_);
@@ -198,14 +203,16 @@ class ServerCounter {
       return std::nullopt;
     }
     auto* reply = static_cast<redisReply*>(redisCommand(c, "INFO commandstats"));
-    std::map<std::string, std::int64_t> calls;
+    std::map<std::string, std::pair<std::int64_t, std::int64_t>> calls;
     if (reply && reply->type == REDIS_REPLY_STRING) {
       std::string text(reply->str, reply->len);
       std::size_t pos = 0;
       while ((pos = text.find("cmdstat_", pos)) != std::string::npos) {
         auto colon = text.find(':', pos);
         auto at = text.find("calls=", colon);
-        calls[text.substr(pos + 8, colon - pos - 8)] = std::stoll(text.substr(at + 6));
+        auto usec = text.find("usec=", at);
+        calls[text.substr(pos + 8, colon - pos - 8)] = {std::stoll(text.substr(at + 6)),
+                                                        std::stoll(text.substr(usec + 5))};
         pos = at;
       }
     }
@@ -223,7 +230,7 @@ class ServerCounter {
   bool enabled_ = false;
 };
 
-using Counts = std::optional<std::map<std::string, std::int64_t>>;
+using Counts = std::optional<std::map<std::string, std::pair<std::int64_t, std::int64_t>>>;
 
 // What the server did per operation between `before` and now: every command
 // (commands run by scripts count too: that is the server's work), and the
@@ -231,19 +238,29 @@ using Counts = std::optional<std::map<std::string, std::int64_t>>;
 json Requests(const ServerCounter& counter, const Counts& before, std::int64_t ops) {
   auto after = counter.Read();
   if (!before || !after || ops <= 0) return nullptr;
-  std::int64_t total = 0, scripts = 0;
+  std::int64_t total = 0, scripts = 0, script_usec = 0, other_usec = 0;
   json by_command = json::object();
   for (const auto& [cmd, n] : *after) {
     if (cmd == "info") continue;  // ours
     auto it = before->find(cmd);
-    const std::int64_t d = n - (it == before->end() ? 0 : it->second);
+    const std::int64_t d = n.first - (it == before->end() ? 0 : it->second.first);
+    const std::int64_t us = n.second - (it == before->end() ? 0 : it->second.second);
     if (d == 0) continue;
     total += d;
-    if (cmd == "eval" || cmd == "evalsha") scripts += d;
+    if (cmd == "eval" || cmd == "evalsha") {
+      scripts += d;
+      script_usec += us;
+    } else {
+      other_usec += us;  // also counts the commands scripts ran: an upper bound for the rest
+    }
     by_command[cmd] = static_cast<double>(d) / static_cast<double>(ops);
   }
   const auto per = [ops](std::int64_t n) { return static_cast<double>(n) / static_cast<double>(ops); };
-  return json{{"commands", total}, {"commands_per_op", per(total)}, {"scripts_per_op", per(scripts)},
+  return json{{"commands", total},
+              {"commands_per_op", per(total)},
+              {"scripts_per_op", per(scripts)},
+              {"script_usec_per_op", per(script_usec)},
+              {"other_usec_per_op", per(other_usec)},
               {"by_command_per_op", by_command}};
 }
 
@@ -369,32 +386,75 @@ json Floor(const Options& o) {
     auto colon = rest.rfind(':');
     redisContext* c = redisConnect(rest.substr(0, colon).c_str(), std::stoi(rest.substr(colon + 1)));
     if (c == nullptr || c->err) throw std::runtime_error("floor: cannot connect to redis");
-    // Compare-and-delete: the release every SET NX PX lock needs.
-    const char* cad = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0";
-    auto* r = static_cast<redisReply*>(redisCommand(c, "SCRIPT LOAD %s", cad));
-    if (r == nullptr || r->type != REDIS_REPLY_STRING) throw std::runtime_error("floor: SCRIPT LOAD failed");
-    const std::string sha(r->str, r->len);
-    freeReplyObject(r);
-    const std::string key = "bench:floor:" + o.name;
+    auto load = [c](const std::string& src) {
+      auto* r = static_cast<redisReply*>(redisCommand(c, "SCRIPT LOAD %b", src.data(), src.size()));
+      if (r == nullptr || r->type != REDIS_REPLY_STRING) throw std::runtime_error("floor: SCRIPT LOAD failed");
+      std::string sha(r->str, r->len);
+      freeReplyObject(r);
+      return sha;
+    };
+    // One command, arguments as strings; true if the reply satisfies ok().
+    auto call = [c](const std::vector<std::string>& argv, auto ok) {
+      std::vector<const char*> ptrs;
+      std::vector<std::size_t> lens;
+      for (const auto& a : argv) {
+        ptrs.push_back(a.data());
+        lens.push_back(a.size());
+      }
+      auto* r = static_cast<redisReply*>(redisCommandArgv(c, static_cast<int>(argv.size()), ptrs.data(), lens.data()));
+      const bool good = r != nullptr && ok(r);
+      if (r) freeReplyObject(r);
+      return good;
+    };
     std::mt19937_64 rng(std::random_device{}());
+    auto hex = [&rng] {
+      char buf[33];
+      std::snprintf(buf, sizeof buf, "%016llx%016llx", static_cast<unsigned long long>(rng()),
+                    static_cast<unsigned long long>(rng()));
+      return std::string(buf);
+    };
+    std::function<bool()> cycle;
+    std::string ops;
+    if (o.floor == "setnx") {
+      // SET NX PX, then the compare-and-delete every such lock releases with.
+      const std::string sha = load(
+          "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0");
+      const std::string key = "bench:floor:" + o.name;
+      cycle = [=] {
+        const std::string token = hex();
+        return call({"SET", key, token, "NX", "PX", "30000"}, [](redisReply* r) { return r->type == REDIS_REPLY_STATUS; }) &&
+               call({"EVALSHA", sha, "1", key, token}, [](redisReply* r) { return r->integer == 1; });
+      };
+      ops = "SET NX PX + EVALSHA compare-and-delete (hiredis)";
+    } else {
+      // dlock's own append and remove scripts, with the keys and arguments
+      // the redis:// store passes (see redis_scripts.hpp): the protocol
+      // without the client around it.
+      namespace rs = dlock::internal::redis;
+      const std::string append = load(rs::ScriptSource(rs::ScriptId::kAppend));
+      const std::string remove = load(rs::ScriptSource(rs::ScriptId::kRemove));
+      const std::string base = "dlock:{bench/floor/" + o.name + "}:", sid = hex();
+      cycle = [=] {
+        const std::string id = hex();
+        return call({"EVALSHA", append, "4", base + "q", base + "n", base + "e:" + id, base + "s:" + sid, base,
+                     base + "c", id, "lock", hex(), sid, "{}", "30000", ""},
+                    [](redisReply* r) { return r->type == REDIS_REPLY_ARRAY; }) &&
+               call({"EVALSHA", remove, "1", base + "q", base, base + "c", id},
+                    [](redisReply* r) { return r->type == REDIS_REPLY_INTEGER && r->integer == 1; });
+      };
+      ops = "dlock's append + remove scripts by EVALSHA (hiredis)";
+    }
     const auto before = counter.Read();
     const std::int64_t start = NowNs(), until = start + static_cast<std::int64_t>(o.seconds * 1e9);
     std::int64_t n = 0;
     while (n < o.max_ops && NowNs() < until) {
-      const std::string token = std::to_string(rng());
-      r = static_cast<redisReply*>(redisCommand(c, "SET %s %s NX PX 30000", key.c_str(), token.c_str()));
-      const bool got = r && r->type == REDIS_REPLY_STATUS;
-      if (r) freeReplyObject(r);
-      r = static_cast<redisReply*>(redisCommand(c, "EVALSHA %s 1 %s %s", sha.c_str(), key.c_str(), token.c_str()));
-      const bool freed = r && r->type == REDIS_REPLY_INTEGER && r->integer == 1;
-      if (r) freeReplyObject(r);
-      if (!got || !freed) throw std::runtime_error("floor: SET NX / compare-and-delete failed");
+      if (!cycle()) throw std::runtime_error("floor: a command failed");
       ++n;
     }
     const double s = static_cast<double>(NowNs() - start) / 1e9;
     redisFree(c);
     return {{"cycles", n}, {"seconds", s}, {"cycles_per_sec", static_cast<double>(n) / s},
-            {"ops", "SET NX PX + EVALSHA compare-and-delete (hiredis)"}, {"requests", Requests(counter, before, n)}};
+            {"ops", ops}, {"requests", Requests(counter, before, n)}};
   }
 #endif
   throw std::runtime_error("floor: no floor loop for " + Scheme(o.url));
@@ -567,6 +627,8 @@ int main(int argc, char** argv) {
   app.add_option("--scenario", o.scenario)
       ->required()
       ->check(CLI::IsMember({"cycles", "floor", "contend", "waiters", "footprint"}));
+  app.add_option("--floor", o.floor, "redis floor: dlock's scripts, or SET NX PX + compare-and-delete")
+      ->check(CLI::IsMember({"scripts", "setnx"}));
   app.add_option("--name", o.name, "lock name (prefix for footprint)");
   app.add_option("--seconds", o.seconds, "time budget of a timed loop");
   app.add_option("--max-ops", o.max_ops, "record / cycle budget of a loop");
@@ -578,7 +640,7 @@ int main(int argc, char** argv) {
   app.add_option("--locks", o.locks, "locks waited on at once (footprint)");
   CLI11_PARSE(app, argc, argv);
 
-  json out{{"store", Scheme(o.url)}, {"scenario", o.scenario}, {"impl", o.scenario == "floor" ? "floor" : "dlock"}};
+  json out{{"store", Scheme(o.url)}, {"scenario", o.scenario}, {"impl", o.scenario != "floor" ? "dlock" : o.floor == "setnx" ? "floor-setnx" : "floor"}};
   try {
     json r;
     if (o.scenario == "cycles") r = Cycles(o);

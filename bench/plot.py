@@ -10,7 +10,7 @@ import math
 import os
 import sys
 
-COLUMNS = ["scenario", "store", "impl", "rate/s", "vs floor", "p50 us", "p99 us", "Jain",
+COLUMNS = ["scenario", "store", "impl", "rate/s", "min-max", "vs floor", "p50 us", "p99 us", "Jain",
            "reacq %", "cmds/op", "scripts/op", "time s", "RSS MiB", "threads"]
 
 
@@ -20,11 +20,34 @@ def _f(v, digits=0):
     return f"{v:,.{digits}f}"
 
 
+def median(values):
+    v = sorted(values)
+    return (v[(len(v) - 1) // 2] + v[len(v) // 2]) / 2
+
+
+def merged_runs(doc):
+    """The runs, with repeated cycle runs of one store and impl merged into
+    one whose rate is their median (the samples are kept alongside)."""
+    out, seen = [], {}
+    for x in doc["runs"]:
+        if x.get("label") != "cycles" or "result" not in x:
+            out.append(x)
+            continue
+        key = (x["store"], x["impl"])
+        if key not in seen:
+            seen[key] = dict(x, result=dict(x["result"]), samples=[])
+            out.append(seen[key])
+        seen[key]["samples"].append(x["result"]["cycles_per_sec"])
+    for m in seen.values():
+        m["result"]["cycles_per_sec"] = median(m["samples"])
+    return out
+
+
 def table_rows(doc):
-    runs = [x for x in doc["runs"] if "result" in x]
+    runs = [x for x in merged_runs(doc) if "result" in x]
     floor = {x["store"]: x["result"]["cycles_per_sec"] for x in runs if x["impl"] == "floor"}
     rows = []
-    for x in doc["runs"]:
+    for x in merged_runs(doc):
         row = {c: "" for c in COLUMNS}
         row.update(scenario=x.get("label", ""), store=x.get("store", ""), impl=x.get("impl", ""))
         if "result" not in x:
@@ -36,6 +59,8 @@ def table_rows(doc):
         hand = res.get("handoff_us") or {}
         if "cycles_per_sec" in res:
             row["rate/s"] = _f(res["cycles_per_sec"])
+            if len(x.get("samples", [])) > 1:
+                row["min-max"] = f'{_f(min(x["samples"]))}-{_f(max(x["samples"]))}'
             if x["store"] in floor:
                 row["vs floor"] = _f(res["cycles_per_sec"] / floor[x["store"]], 2)
         elif "handoffs_per_sec" in res:
@@ -67,7 +92,7 @@ def format_table(rows):
     return "\n".join(out)
 
 
-COLORS = {"dlock": "#3b6fb6", "floor": "#888888"}
+COLORS = {"dlock": "#3b6fb6", "floor": "#888888", "floor-setnx": "#bbbbbb"}
 PEER_COLOR = "#d9822b"
 
 
@@ -91,13 +116,13 @@ def _panel(title, unit, items, y0, width=960):
 
 
 def svg(doc):
-    runs = [x for x in doc["runs"] if "result" in x]
+    runs = [x for x in merged_runs(doc) if "result" in x]
 
     def color(impl):
         return COLORS.get(impl, PEER_COLOR)
 
     panels = [
-        ("1. Uncontended lock+unlock cycles per second (higher is better)", "/s",
+        ("1. Uncontended lock+unlock cycles per second, median of the rounds (higher is better)", "/s",
          [(f'{x["store"]} {x["impl"]}', x["result"]["cycles_per_sec"], color(x["impl"]))
           for x in runs if x["label"] == "cycles"]),
         ("2. Handoff latency, release to next lock() return, p50 and p99 (2 processes; lower is better)", "us",

@@ -100,7 +100,8 @@ def main():
     a = ap.parse_args()
 
     q = a.quick
-    secs = 0.5 if q else 5
+    secs = 0.5 if q else 3
+    rounds = 1 if q else 3
     waiter_counts = [10, 100] if q else [10, 100, 1000]
     footprint_locks = 50 if q else 1000
     # Scenario shapes (the same for every store and peer).
@@ -116,9 +117,17 @@ def main():
             store = url.split(":", 1)[0]
             print(f"{store}: {url}", file=sys.stderr)
             multi = store != "mem"  # mem:// lives in one process
-            r.dlock("cycles", url, "cycles", "--seconds", secs)
-            if store in ("redis", "zk"):
-                r.dlock("cycles", url, "floor", "--seconds", secs)
+            peer = {"redis": "redis_py_lock.py", "zk": "kazoo_lock.py"}.get(store)
+            # The machine is shared: rounds interleave dlock, the floors and
+            # the peer, so a burst of someone else's load hits them alike.
+            for _ in range(rounds):
+                r.dlock("cycles", url, "cycles", "--seconds", secs)
+                if store in ("redis", "zk"):
+                    r.dlock("cycles", url, "floor", "--seconds", secs)
+                if store == "redis":
+                    r.dlock("cycles", url, "floor", "--floor", "setnx", "--seconds", secs)
+                if peer:
+                    r.peer("cycles", peer, url, "cycles", "--seconds", secs)
             if multi:
                 r.dlock("handoff", url, "contend", "--seconds", secs, "--procs", handoff["procs"],
                         "--threads", handoff["threads"], "--hold-us", handoff["hold_us"])
@@ -129,9 +138,7 @@ def main():
                         "--name", f"bench/waiters-{w}")
             if multi:
                 r.dlock("footprint", url, "footprint", "--locks", footprint_locks, "--seconds", secs)
-            peer = {"redis": "redis_py_lock.py", "zk": "kazoo_lock.py"}.get(store)
             if peer:
-                r.peer("cycles", peer, url, "cycles", "--seconds", secs)
                 r.peer("handoff", peer, url, "contend", "--seconds", secs, "--procs", handoff["procs"],
                        "--threads", handoff["threads"], "--hold-us", handoff["hold_us"])
                 r.peer("contended", peer, url, "contend", "--seconds", secs, "--procs", contended["procs"],
@@ -143,7 +150,7 @@ def main():
         "command": a.command + (" --quick" if q else ""),
         "started": started.isoformat(timespec="seconds"),
         "machine": machine(),
-        "shapes": {"seconds": secs, "handoff": handoff, "contended": contended,
+        "shapes": {"seconds": secs, "cycle_rounds": rounds, "handoff": handoff, "contended": contended,
                    "waiters": {"counts": waiter_counts, "procs": 4, "pool": 10},
                    "footprint_locks": footprint_locks},
         "runs": r.runs,
