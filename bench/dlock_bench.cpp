@@ -21,6 +21,7 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <latch>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -513,10 +514,14 @@ json Waiters(const Options& o) {
     dlock::Mutex m(client, o.name);
     const int tasks = o.waiters / procs + (proc < o.waiters % procs ? 1 : 0);
     std::atomic<int> next{0};
-    AwaitGo(shm.operator->());
+    // Every task is queued before any runs: the pool starts together.
+    std::latch arrived(o.pool);
+    std::atomic<bool> start{false};
     std::vector<std::jthread> pool;
     for (int t = 0; t < o.pool; ++t) {
       pool.emplace_back([&, t] {
+        arrived.count_down();
+        start.wait(false);
         while (next.fetch_add(1) < tasks) {
           m.lock();
           const std::int64_t acq = NowNs();
@@ -528,6 +533,10 @@ json Waiters(const Options& o) {
         }
       });
     }
+    arrived.wait();
+    AwaitGo(shm.operator->());
+    start = true;
+    start.notify_all();
   };
   const auto before = RunWorkers(shm.operator->(), in_process, procs, counter, worker);
   const double total_s = static_cast<double>(NowNs() - shm->start_ns.load()) / 1e9;

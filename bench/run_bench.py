@@ -134,7 +134,7 @@ def main():
             r.dlock("contended", url, "contend", "--seconds", secs, "--procs", contended["procs"],
                     "--threads", contended["threads"], "--hold-us", contended["hold_us"])
             for w in waiter_counts:
-                r.dlock(f"waiters/{w}", url, "waiters", "--waiters", w, "--procs", 4, "--pool", 10,
+                r.dlock(f"waiters/{w}", url, "waiters", "--waiters", w, "--procs", 4, "--pool", 10, "--hold-us", 20,
                         "--name", f"bench/waiters-{w}")
             if multi:
                 r.dlock("footprint", url, "footprint", "--locks", footprint_locks, "--seconds", secs)
@@ -151,7 +151,7 @@ def main():
         "started": started.isoformat(timespec="seconds"),
         "machine": machine(),
         "shapes": {"seconds": secs, "cycle_rounds": rounds, "handoff": handoff, "contended": contended,
-                   "waiters": {"counts": waiter_counts, "procs": 4, "pool": 10},
+                   "waiters": {"counts": waiter_counts, "procs": 4, "pool": 10, "hold_us": 20},
                    "footprint_locks": footprint_locks},
         "runs": r.runs,
     }
