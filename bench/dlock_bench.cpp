@@ -29,6 +29,7 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "dlock/dlock.hpp"
@@ -38,6 +39,11 @@
 
 #include "stores/redis/redis_scripts.hpp"  // the floor runs dlock's own scripts
 #endif
+#ifdef DLOCK_BENCH_ZOOKEEPER
+#include <zookeeper/zookeeper.h>
+#endif
+#include <netdb.h>
+#include <sys/socket.h>
 
 namespace {
 
@@ -172,6 +178,35 @@ void AwaitGo(Shared* shared) {
   while (shared->go.load() == 0) SleepMs(1);
 }
 
+// "host:port" of the first server in a redis:// or zk:// URL.
+std::pair<std::string, int> HostPort(const std::string& url, int default_port) {
+  std::string rest = url.substr(url.find("://") + 3);
+  rest = rest.substr(0, rest.find_first_of("/?,"));
+  if (auto at = rest.rfind('@'); at != std::string::npos) rest = rest.substr(at + 1);
+  auto colon = rest.rfind(':');
+  if (colon == std::string::npos) return {rest, default_port};
+  return {rest.substr(0, colon), std::stoi(rest.substr(colon + 1))};
+}
+
+// A ZooKeeper four-letter command's answer ("" on failure).
+std::string FourLetters(const std::string& host, int port, const char* cmd) {
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  if (::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res) != 0) return "";
+  int fd = ::socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  std::string out;
+  if (fd >= 0 && ::connect(fd, res->ai_addr, res->ai_addrlen) == 0 &&
+      ::write(fd, cmd, std::strlen(cmd)) == static_cast<ssize_t>(std::strlen(cmd))) {
+    char buf[4096];
+    ssize_t n;
+    while ((n = ::read(fd, buf, sizeof buf)) > 0) out.append(buf, static_cast<std::size_t>(n));
+  }
+  if (fd >= 0) ::close(fd);
+  ::freeaddrinfo(res);
+  return out;
+}
+
 // ---- server-side request counters (RunWorkers follows)  --------------------------------------
 
 // Redis: the sum of `calls` over INFO commandstats, minus the INFO calls
@@ -179,25 +214,26 @@ void AwaitGo(Shared* shared) {
 class ServerCounter {
  public:
   explicit ServerCounter(const std::string& url) {
-#ifdef DLOCK_BENCH_HIREDIS
-    if (Scheme(url) != "redis") return;
-    std::string rest = url.substr(std::strlen("redis://"));
-    rest = rest.substr(0, rest.find_first_of("/?"));
-    if (auto at = rest.rfind('@'); at != std::string::npos) rest = rest.substr(at + 1);
-    auto colon = rest.rfind(':');
-    host_ = rest.substr(0, colon);
-    port_ = colon == std::string::npos ? 6379 : std::stoi(rest.substr(colon + 1));
+    kind_ = Scheme(url);
+    if (kind_ != "redis" && kind_ != "zk") return;
+    std::tie(host_, port_) = HostPort(url, kind_ == "zk" ? 2181 : 6379);
     enabled_ = true;
-#else
-    (void)url;
-#endif
   }
 
   // Calls and microseconds per command name, commands run inside scripts
   // included (a script's time includes theirs).
+  // For ZooKeeper, mntr's count of requests received ("packets_received",
+  // pings included), with no time.
   std::optional<std::map<std::string, std::pair<std::int64_t, std::int64_t>>> Read() const {
-#ifdef DLOCK_BENCH_HIREDIS
     if (!enabled_) return std::nullopt;
+    if (kind_ == "zk") {
+      const std::string text = FourLetters(host_, port_, "mntr");
+      auto at = text.find("zk_packets_received");
+      if (at == std::string::npos) return std::nullopt;
+      return std::map<std::string, std::pair<std::int64_t, std::int64_t>>{
+          {"packets_received", {std::stoll(text.substr(at + std::strlen("zk_packets_received"))), 0}}};
+    }
+#ifdef DLOCK_BENCH_HIREDIS
     redisContext* c = redisConnect(host_.c_str(), port_);
     if (c == nullptr || c->err) {
       if (c) redisFree(c);
@@ -226,6 +262,7 @@ class ServerCounter {
   }
 
  private:
+  std::string kind_;
   std::string host_;
   int port_ = 0;
   bool enabled_ = false;
@@ -382,10 +419,8 @@ json Floor(const Options& o) {
 #ifdef DLOCK_BENCH_HIREDIS
   if (Scheme(o.url) == "redis") {
     ServerCounter counter(o.url);
-    std::string rest = o.url.substr(std::strlen("redis://"));
-    rest = rest.substr(0, rest.find_first_of("/?"));
-    auto colon = rest.rfind(':');
-    redisContext* c = redisConnect(rest.substr(0, colon).c_str(), std::stoi(rest.substr(colon + 1)));
+    const auto [host, port] = HostPort(o.url, 6379);
+    redisContext* c = redisConnect(host.c_str(), port);
     if (c == nullptr || c->err) throw std::runtime_error("floor: cannot connect to redis");
     auto load = [c](const std::string& src) {
       auto* r = static_cast<redisReply*>(redisCommand(c, "SCRIPT LOAD %b", src.data(), src.size()));
@@ -456,6 +491,47 @@ json Floor(const Options& o) {
     redisFree(c);
     return {{"cycles", n}, {"seconds", s}, {"cycles_per_sec", static_cast<double>(n) / s},
             {"ops", ops}, {"requests", Requests(counter, before, n)}};
+  }
+#endif
+#ifdef DLOCK_BENCH_ZOOKEEPER
+  if (Scheme(o.url) == "zk") {
+    // What one uncontended cycle of a ZooKeeper lock recipe needs: create an
+    // ephemeral sequential node, list the children (am I first?), delete it.
+    ServerCounter counter(o.url);
+    const auto [host, port] = HostPort(o.url, 2181);
+    zoo_set_debug_level(ZOO_LOG_LEVEL_ERROR);
+    const std::string hosts = host + ":" + std::to_string(port);
+    zhandle_t* zh = zookeeper_init(hosts.c_str(), nullptr, 10'000, nullptr, nullptr, 0);
+    if (zh == nullptr) throw std::runtime_error("floor: zookeeper_init failed");
+    const std::int64_t connect_until = NowNs() + 10'000'000'000;
+    while (zoo_state(zh) != ZOO_CONNECTED_STATE) {
+      if (NowNs() > connect_until) throw std::runtime_error("floor: cannot connect to zookeeper");
+      SleepMs(5);
+    }
+    const std::string parent = "/dlock-bench-floor";
+    int rc = zoo_create(zh, parent.c_str(), "", 0, &ZOO_OPEN_ACL_UNSAFE, 0, nullptr, 0);
+    if (rc != ZOK && rc != ZNODEEXISTS) throw std::runtime_error("floor: cannot create " + parent);
+    const std::string prefix = parent + "/lock-";
+    const auto before = counter.Read();
+    const std::int64_t start = NowNs(), until = start + static_cast<std::int64_t>(o.seconds * 1e9);
+    std::int64_t n = 0;
+    while (n < o.max_ops && NowNs() < until) {
+      char created[512];
+      rc = zoo_create(zh, prefix.c_str(), "", 0, &ZOO_OPEN_ACL_UNSAFE, ZOO_EPHEMERAL_SEQUENTIAL, created,
+                      sizeof created);
+      if (rc != ZOK) throw std::runtime_error("floor: create failed");
+      String_vector children{};
+      rc = zoo_get_children(zh, parent.c_str(), 0, &children);
+      if (rc != ZOK) throw std::runtime_error("floor: get_children failed");
+      deallocate_String_vector(&children);
+      if (zoo_delete(zh, created, -1) != ZOK) throw std::runtime_error("floor: delete failed");
+      ++n;
+    }
+    const double secs = static_cast<double>(NowNs() - start) / 1e9;
+    zookeeper_close(zh);
+    return {{"cycles", n}, {"seconds", secs}, {"cycles_per_sec", static_cast<double>(n) / secs},
+            {"ops", "create ephemeral sequential + get_children + delete (libzookeeper_mt, sync)"},
+            {"requests", Requests(counter, before, n)}};
   }
 #endif
   throw std::runtime_error("floor: no floor loop for " + Scheme(o.url));

@@ -23,10 +23,17 @@ python=/usr/bin/python3
 nice cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DDLOCK_BUILD_TESTS=OFF >/dev/null
 nice cmake --build "$build" -j1 --target dlock-bench >/dev/null
 
-# Each server script starts its server, adds its URL to DLOCK_TEST_URLS and
-# runs the rest of the chain under it.
+# Each server script starts its server, passes its address on
+# (DLOCK_TEST_URLS for redis, DLOCK_TEST_ZK for zookeeper), runs the rest of
+# the chain under it, and stops the server on every exit path.
 chain=()
 command -v redis-server >/dev/null && chain+=("$root/tests/servers/redis.sh")
+# ZooKeeper when the zk:// store is built (its C client was found).
+if grep -q '^DLOCK_ZOOKEEPER_LIBRARY:FILEPATH=/' "$build/CMakeCache.txt" &&
+  ! grep -q '^DLOCK_WITH_ZOOKEEPER:STRING=OFF' "$build/CMakeCache.txt"; then
+  zkdir=$(mktemp -d "${TMPDIR:-/tmp}/dlock-bench-zk-XXXXXX")
+  chain+=("$root/tests/servers/zookeeper.sh" run "$zkdir")
+fi
 
 DLOCK_TEST_URLS="" exec nice "${chain[@]}" "$python" "$root/bench/run_bench.py" \
   --bench "$build/bench/dlock-bench" --command "bench/run.sh" "${quick[@]}"

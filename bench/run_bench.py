@@ -110,6 +110,8 @@ def main():
 
     tmp = tempfile.mkdtemp(prefix="dlock-bench-")
     urls = ["mem://", f"file://{tmp}/locks"] + os.environ.get("DLOCK_TEST_URLS", "").split()
+    if os.environ.get("DLOCK_TEST_ZK"):  # set by tests/servers/zookeeper.sh run
+        urls.append("zk://" + os.environ["DLOCK_TEST_ZK"])
     r = Runner(a.bench, q)
     started = datetime.datetime.now(datetime.timezone.utc)
     try:
