@@ -64,6 +64,7 @@ class Runner:
         self.bench = bench
         self.quick = quick
         self.runs = []
+        self.store_label = ""
 
     def run(self, label, argv, timeout):
         """Runs one scenario process; keeps its JSON (or the error) under `label`."""
@@ -78,6 +79,7 @@ class Runner:
             rec = {"error": f"timed out after {timeout}s"}
         rec["label"] = label
         rec["argv"] = argv[1:]
+        rec["store"] = self.store_label
         if "error" in rec:
             print(f"    ERROR: {rec['error']}", file=sys.stderr)
         self.runs.append(rec)
@@ -108,8 +110,11 @@ def main():
     handoff = dict(procs=2, threads=1, hold_us=100)
     contended = dict(procs=4, threads=4, hold_us=20)
 
-    tmp = tempfile.mkdtemp(prefix="dlock-bench-")
-    urls = ["mem://", f"file://{tmp}/locks"] + os.environ.get("DLOCK_TEST_URLS", "").split()
+    # file:// on tmpfs (where the default file:// lives, $XDG_RUNTIME_DIR) and
+    # on the disk's file system: its metadata journal costs several times more.
+    tmps = [tempfile.mkdtemp(prefix="dlock-bench-", dir=d) for d in ("/dev/shm", None)
+            if d is None or os.path.isdir(d)]
+    urls = ["mem://"] + [f"file://{t}/locks" for t in tmps] + os.environ.get("DLOCK_TEST_URLS", "").split()
     if os.environ.get("DLOCK_TEST_ZK"):  # set by tests/servers/zookeeper.sh run
         urls.append("zk://" + os.environ["DLOCK_TEST_ZK"])
     r = Runner(a.bench, q)
@@ -117,7 +122,10 @@ def main():
     try:
         for url in urls:
             store = url.split(":", 1)[0]
-            print(f"{store}: {url}", file=sys.stderr)
+            r.store_label = store
+            if store == "file":
+                r.store_label = "file(" + sh(f"df --output=fstype {url[len('file://'):].rsplit('/', 1)[0]} | tail -1") + ")"
+            print(f"{r.store_label}: {url}", file=sys.stderr)
             multi = store != "mem"  # mem:// lives in one process
             peer = {"redis": "redis_py_lock.py", "zk": "kazoo_lock.py"}.get(store)
             # The machine is shared: rounds interleave dlock, the floors and
@@ -146,7 +154,8 @@ def main():
                 r.peer("contended", peer, url, "contend", "--seconds", secs, "--procs", contended["procs"],
                        "--threads", contended["threads"], "--hold-us", contended["hold_us"])
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        for t in tmps:
+            shutil.rmtree(t, ignore_errors=True)
 
     doc = {
         "command": a.command + (" --quick" if q else ""),
