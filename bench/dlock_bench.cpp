@@ -383,7 +383,11 @@ json Analyze(std::vector<Record> recs) {
   out["holds_max"] = hi;
   // A holder taking the lock again right after itself while others waited.
   out["reacquire_fraction"] = static_cast<double>(same_holder) / static_cast<double>(recs.size() - 1);
-  out["handoff_us"] = {{"n", any.size()}, {"p50", Percentile(any, 50) / 1e3}, {"p99", Percentile(any, 99) / 1e3}};
+  out["handoff_us"] = {{"n", any.size()},
+                       {"p50", Percentile(any, 50) / 1e3},
+                       {"p90", Percentile(any, 90) / 1e3},
+                       {"p99", Percentile(any, 99) / 1e3},
+                       {"max", Percentile(any, 100) / 1e3}};
   out["cross_process_handoff_us"] = {
       {"n", cross.size()}, {"p50", Percentile(cross, 50) / 1e3}, {"p99", Percentile(cross, 99) / 1e3}};
   return out;

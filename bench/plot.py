@@ -10,7 +10,7 @@ import math
 import os
 import sys
 
-COLUMNS = ["scenario", "store", "impl", "rate/s", "min-max", "vs floor", "p50 us", "p99 us", "Jain",
+COLUMNS = ["scenario", "store", "impl", "rate/s", "min-max", "vs floor", "p50 us", "p90 us", "p99 us", "Jain",
            "reacq %", "cmds/op", "scripts/op", "time s", "RSS MiB", "threads"]
 
 
@@ -20,27 +20,36 @@ def _f(v, digits=0):
     return f"{v:,.{digits}f}"
 
 
-def median(values):
-    v = sorted(values)
-    return (v[(len(v) - 1) // 2] + v[len(v) // 2]) / 2
+PRIMARY = {"cycles": "cycles_per_sec", "handoff": "handoffs_per_sec", "contended": "handoffs_per_sec"}
 
 
 def merged_runs(doc):
-    """The runs, with repeated cycle runs of one store and impl merged into
-    one whose rate is their median (the samples are kept alongside)."""
-    out, seen = [], {}
+    """The runs, with the repeated rounds of one (label, store, impl) merged:
+    the round whose primary rate is the median stands for all of them, and
+    every round's rate is kept in "samples"."""
+    out, groups = [], {}
     for x in doc["runs"]:
-        if x.get("label") != "cycles" or "result" not in x:
+        metric = PRIMARY.get(x.get("label"))
+        if not metric or "result" not in x or metric not in x["result"]:
             out.append(x)
             continue
-        key = (x["store"], x["impl"])
-        if key not in seen:
-            seen[key] = dict(x, result=dict(x["result"]), samples=[])
-            out.append(seen[key])
-        seen[key]["samples"].append(x["result"]["cycles_per_sec"])
-    for m in seen.values():
-        m["result"]["cycles_per_sec"] = median(m["samples"])
-    return out
+        key = (x["label"], x["store"], x["impl"])
+        if key not in groups:
+            groups[key] = []
+            out.append(key)
+        groups[key].append(x)
+    merged = []
+    for x in out:
+        if not isinstance(x, tuple):
+            merged.append(x)
+            continue
+        rounds = groups[x]
+        metric = PRIMARY[x[0]]
+        ranked = sorted(rounds, key=lambda y: y["result"][metric])
+        pick = dict(ranked[(len(ranked) - 1) // 2])
+        pick["samples"] = [y["result"][metric] for y in rounds]
+        merged.append(pick)
+    return merged
 
 
 def table_rows(doc):
@@ -59,13 +68,15 @@ def table_rows(doc):
         hand = res.get("handoff_us") or {}
         if "cycles_per_sec" in res:
             row["rate/s"] = _f(res["cycles_per_sec"])
-            if len(x.get("samples", [])) > 1:
-                row["min-max"] = f'{_f(min(x["samples"]))}-{_f(max(x["samples"]))}'
             if x["store"] in floor:
                 row["vs floor"] = _f(res["cycles_per_sec"] / floor[x["store"]], 2)
         elif "handoffs_per_sec" in res:
             row["rate/s"] = _f(res["handoffs_per_sec"])
+        if len(x.get("samples", [])) > 1:
+            row["min-max"] = f'{_f(min(x["samples"]))}-{_f(max(x["samples"]))}'
+
         row["p50 us"] = _f(hand.get("p50"))
+        row["p90 us"] = _f(hand.get("p90"))
         row["p99 us"] = _f(hand.get("p99"))
         if "fairness_jain" in res:
             row["Jain"] = _f(res["fairness_jain"], 3)

@@ -129,7 +129,10 @@ def main():
             multi = store != "mem"  # mem:// lives in one process
             peer = {"redis": "redis_py_lock.py", "zk": "kazoo_lock.py"}.get(store)
             # The machine is shared: rounds interleave dlock, the floors and
-            # the peer, so a burst of someone else's load hits them alike.
+            # the peer, so a burst of someone else's load hits them alike;
+            # the table shows the median round.
+            shape = lambda sh_: ("--procs", sh_["procs"], "--threads", sh_["threads"],  # noqa: E731
+                                 "--hold-us", sh_["hold_us"])
             for _ in range(rounds):
                 r.dlock("cycles", url, "cycles", "--seconds", secs)
                 if store in ("redis", "zk"):
@@ -138,21 +141,20 @@ def main():
                     r.dlock("cycles", url, "floor", "--floor", "setnx", "--seconds", secs)
                 if peer:
                     r.peer("cycles", peer, url, "cycles", "--seconds", secs)
-            if multi:
-                r.dlock("handoff", url, "contend", "--seconds", secs, "--procs", handoff["procs"],
-                        "--threads", handoff["threads"], "--hold-us", handoff["hold_us"])
-            r.dlock("contended", url, "contend", "--seconds", secs, "--procs", contended["procs"],
-                    "--threads", contended["threads"], "--hold-us", contended["hold_us"])
+            for _ in range(rounds):
+                if multi:
+                    r.dlock("handoff", url, "contend", "--seconds", secs, *shape(handoff))
+                if peer:
+                    r.peer("handoff", peer, url, "contend", "--seconds", secs, *shape(handoff))
+            for _ in range(rounds):
+                r.dlock("contended", url, "contend", "--seconds", secs, *shape(contended))
+                if peer:
+                    r.peer("contended", peer, url, "contend", "--seconds", secs, *shape(contended))
             for w in waiter_counts:
                 r.dlock(f"waiters/{w}", url, "waiters", "--waiters", w, "--procs", 4, "--pool", 10, "--hold-us", 20,
                         "--name", f"bench/waiters-{w}")
             if multi:
                 r.dlock("footprint", url, "footprint", "--locks", footprint_locks, "--seconds", secs)
-            if peer:
-                r.peer("handoff", peer, url, "contend", "--seconds", secs, "--procs", handoff["procs"],
-                       "--threads", handoff["threads"], "--hold-us", handoff["hold_us"])
-                r.peer("contended", peer, url, "contend", "--seconds", secs, "--procs", contended["procs"],
-                       "--threads", contended["threads"], "--hold-us", contended["hold_us"])
     finally:
         for t in tmps:
             shutil.rmtree(t, ignore_errors=True)

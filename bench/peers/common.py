@@ -42,7 +42,8 @@ def analyze(recs):
         "holds_min": min(counts),
         "holds_max": max(counts),
         "reacquire_fraction": same / (len(recs) - 1),
-        "handoff_us": {"n": len(gaps), "p50": percentile(gaps, 50) / 1e3, "p99": percentile(gaps, 99) / 1e3},
+        "handoff_us": {"n": len(gaps), "p50": percentile(gaps, 50) / 1e3, "p90": percentile(gaps, 90) / 1e3,
+                       "p99": percentile(gaps, 99) / 1e3, "max": percentile(gaps, 100) / 1e3},
         "cross_process_handoff_us": {"n": len(cross), "p50": percentile(cross, 50) / 1e3,
                                      "p99": percentile(cross, 99) / 1e3},
     })
