@@ -86,7 +86,8 @@ std::string Scheme(const std::string& url) { return url.substr(0, url.find(':'))
 // ---- shared memory between the parent and its forked workers ------------
 
 struct Record {
-  std::int64_t acq_ns;
+  std::int64_t req_ns;  // lock() called
+  std::int64_t acq_ns;  // lock() returned
   std::int64_t rel_ns;
   std::int32_t proc;
   std::int32_t thread;
@@ -345,7 +346,7 @@ json Analyze(std::vector<Record> recs) {
   out["holds"] = recs.size();
   if (recs.size() < 2) return out;
   std::vector<std::int64_t> any, cross;
-  std::int64_t overlaps = 0, same_holder = 0;
+  std::int64_t overlaps = 0, same_holder = 0, holder_changes = 0;
   std::map<std::pair<int, int>, std::int64_t> per_holder;
   per_holder[{recs[0].proc, recs[0].thread}]++;
   for (std::size_t i = 1; i < recs.size(); ++i) {
@@ -353,13 +354,39 @@ json Analyze(std::vector<Record> recs) {
     const Record& cur = recs[i];
     per_holder[{cur.proc, cur.thread}]++;
     if (cur.acq_ns < prev.rel_ns) ++overlaps;  // must stay 0: two holders at once
-    const std::int64_t gap = cur.acq_ns - prev.rel_ns;
     if (cur.proc == prev.proc && cur.thread == prev.thread) {
       ++same_holder;
       continue;
     }
+    ++holder_changes;
+    // A handoff: the next holder was already waiting when the lock was let go.
+    if (cur.req_ns > prev.rel_ns) continue;
+    const std::int64_t gap = cur.acq_ns - prev.rel_ns;
     any.push_back(gap);
     if (cur.proc != prev.proc) cross.push_back(gap);
+  }
+  // FIFO order: pairs of holds that got the lock in the other order than they
+  // asked for it (an inversion count, by merge sort).
+  std::vector<std::int64_t> req;
+  for (const Record& r : recs) req.push_back(r.req_ns);
+  std::int64_t overtakes = 0;
+  std::vector<std::int64_t> tmp(req.size());
+  for (std::size_t width = 1; width < req.size(); width *= 2) {
+    for (std::size_t lo = 0; lo < req.size(); lo += 2 * width) {
+      const std::size_t mid = std::min(lo + width, req.size()), hi = std::min(lo + 2 * width, req.size());
+      std::size_t a = lo, b = mid, k = lo;
+      while (a < mid && b < hi) {
+        if (req[b] < req[a]) {
+          overtakes += static_cast<std::int64_t>(mid - a);
+          tmp[k++] = req[b++];
+        } else {
+          tmp[k++] = req[a++];
+        }
+      }
+      while (a < mid) tmp[k++] = req[a++];
+      while (b < hi) tmp[k++] = req[b++];
+    }
+    std::swap(req, tmp);
   }
   const double span_s = static_cast<double>(recs.back().rel_ns - recs.front().acq_ns) / 1e9;
   double sum = 0, sum_sq = 0;
@@ -374,15 +401,18 @@ json Analyze(std::vector<Record> recs) {
   out["holds_per_sec"] = static_cast<double>(recs.size()) / span_s;
   // The lock passing to another holder; a holder taking it again right after
   // itself is not a handoff.
-  out["handoffs_per_sec"] = static_cast<double>(any.size()) / span_s;
+  out["handoffs_per_sec"] = static_cast<double>(holder_changes) / span_s;
   out["overlaps"] = overlaps;
   out["holders"] = per_holder.size();
   // Jain's index over holds per holder: 1 = everyone got the same share.
   out["fairness_jain"] = sum * sum / (static_cast<double>(per_holder.size()) * sum_sq);
   out["holds_min"] = lo;
   out["holds_max"] = hi;
-  // A holder taking the lock again right after itself while others waited.
+  // A holder taking the lock again right after itself (others may not have
+  // been waiting yet: see overtakes for the order).
   out["reacquire_fraction"] = static_cast<double>(same_holder) / static_cast<double>(recs.size() - 1);
+  // Holds that were overtaken by a later request, per hold (0 = strict FIFO).
+  out["overtakes_per_hold"] = static_cast<double>(overtakes) / static_cast<double>(recs.size());
   out["handoff_us"] = {{"n", any.size()},
                        {"p50", Percentile(any, 50) / 1e3},
                        {"p90", Percentile(any, 90) / 1e3},
@@ -559,12 +589,13 @@ json Contend(const Options& o) {
     for (int t = 0; t < o.threads; ++t) {
       threads.emplace_back([&, t] {
         while (NowNs() < until) {
+          const std::int64_t req = NowNs();
           m.lock();
           const std::int64_t acq = NowNs();
           const std::int64_t slot = shm->count.fetch_add(1);
           Spin(o.hold_us);
           const std::int64_t rel = NowNs();
-          if (slot < shm->capacity) shm->records[slot] = {acq, rel, proc, t};
+          if (slot < shm->capacity) shm->records[slot] = {req, acq, rel, proc, t};
           m.unlock();
           if (slot >= shm->capacity) break;
         }
@@ -603,12 +634,13 @@ json Waiters(const Options& o) {
         arrived.count_down();
         start.wait(false);
         while (next.fetch_add(1) < tasks) {
+          const std::int64_t req = NowNs();
           m.lock();
           const std::int64_t acq = NowNs();
           Spin(o.hold_us);
           const std::int64_t slot = shm->count.fetch_add(1);
           const std::int64_t rel = NowNs();
-          if (slot < shm->capacity) shm->records[slot] = {acq, rel, proc, t};
+          if (slot < shm->capacity) shm->records[slot] = {req, acq, rel, proc, t};
           m.unlock();
         }
       });
