@@ -3,12 +3,13 @@
 #
 #   bench/run.sh [--quick]
 #
-# Builds dlock-bench (Release, in build-bench/, one job, niced), starts
-# private servers the way the tests do (tests/servers/*.sh: a free port, no
-# persistence, stopped afterwards), runs every scenario on mem://, file://
-# and each server's store, with the peers (redis-py, kazoo) and the protocol
-# floors on the same servers, prints a table, and writes
-# bench/results/latest.json and bench/results/latest.svg.
+# Builds dlock-bench (RelWithDebInfo like scripts/test.sh, in build-bench/,
+# one job, niced), starts private servers the way the tests do
+# (tests/servers/*.sh: a free port, no persistence, stopped afterwards), runs
+# every scenario on mem://, file:// (tmpfs and disk) and each server's
+# store, with the peers (redis-py, kazoo) and the protocol floors on the same
+# servers, prints a table, and writes bench/results/latest.json and
+# bench/results/latest.svg.
 # --quick: a short run (seconds, small counts), to check that it all works.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -20,7 +21,7 @@ quick=()
 python=/usr/bin/python3
 [ -x "$python" ] || python=python3
 
-nice cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DDLOCK_BUILD_TESTS=OFF >/dev/null
+nice cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDLOCK_BUILD_TESTS=OFF >/dev/null
 nice cmake --build "$build" -j1 --target dlock-bench >/dev/null
 
 # Each server script starts its server, passes its address on
