@@ -91,6 +91,7 @@ struct Record {
   std::int64_t rel_ns;
   std::int32_t proc;
   std::int32_t thread;
+  std::uint64_t token;  // fencing token: the entry's place in the store's order
 };
 
 struct Shared {
@@ -346,7 +347,7 @@ json Analyze(std::vector<Record> recs) {
   out["holds"] = recs.size();
   if (recs.size() < 2) return out;
   std::vector<std::int64_t> any, cross;
-  std::int64_t overlaps = 0, same_holder = 0, holder_changes = 0;
+  std::int64_t overlaps = 0, same_holder = 0, holder_changes = 0, token_inversions = 0;
   std::map<std::pair<int, int>, std::int64_t> per_holder;
   per_holder[{recs[0].proc, recs[0].thread}]++;
   for (std::size_t i = 1; i < recs.size(); ++i) {
@@ -354,6 +355,9 @@ json Analyze(std::vector<Record> recs) {
     const Record& cur = recs[i];
     per_holder[{cur.proc, cur.thread}]++;
     if (cur.acq_ns < prev.rel_ns) ++overlaps;  // must stay 0: two holders at once
+    // Tokens follow the order entries entered the store's queue, so a grant
+    // with a smaller token than the one before went out of store order.
+    if (cur.token < prev.token) ++token_inversions;
     if (cur.proc == prev.proc && cur.thread == prev.thread) {
       ++same_holder;
       continue;
@@ -403,6 +407,7 @@ json Analyze(std::vector<Record> recs) {
   // itself is not a handoff.
   out["handoffs_per_sec"] = static_cast<double>(holder_changes) / span_s;
   out["overlaps"] = overlaps;
+  out["out_of_store_order"] = token_inversions;
   out["holders"] = per_holder.size();
   // Jain's index over holds per holder: 1 = everyone got the same share.
   out["fairness_jain"] = sum * sum / (static_cast<double>(per_holder.size()) * sum_sq);
@@ -592,10 +597,11 @@ json Contend(const Options& o) {
           const std::int64_t req = NowNs();
           m.lock();
           const std::int64_t acq = NowNs();
+          const std::uint64_t token = m.fencing_token().value_or(0);
           const std::int64_t slot = shm->count.fetch_add(1);
           Spin(o.hold_us);
           const std::int64_t rel = NowNs();
-          if (slot < shm->capacity) shm->records[slot] = {req, acq, rel, proc, t};
+          if (slot < shm->capacity) shm->records[slot] = {req, acq, rel, proc, t, token};
           m.unlock();
           if (slot >= shm->capacity) break;
         }
@@ -637,10 +643,11 @@ json Waiters(const Options& o) {
           const std::int64_t req = NowNs();
           m.lock();
           const std::int64_t acq = NowNs();
+          const std::uint64_t token = m.fencing_token().value_or(0);
           Spin(o.hold_us);
           const std::int64_t slot = shm->count.fetch_add(1);
           const std::int64_t rel = NowNs();
-          if (slot < shm->capacity) shm->records[slot] = {req, acq, rel, proc, t};
+          if (slot < shm->capacity) shm->records[slot] = {req, acq, rel, proc, t, token};
           m.unlock();
         }
       });

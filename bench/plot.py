@@ -11,7 +11,7 @@ import os
 import sys
 
 COLUMNS = ["scenario", "store", "impl", "rate/s", "min-max", "vs floor", "p50 us", "p90 us", "p99 us", "Jain",
-           "reacq %", "overtakes", "cmds/op", "scripts/op", "time s", "RSS MiB", "threads"]
+           "reacq %", "overtakes", "order", "cmds/op", "scripts/op", "time s", "RSS MiB", "threads"]
 
 
 def _f(v, digits=0):
@@ -82,6 +82,7 @@ def table_rows(doc):
             row["Jain"] = _f(res["fairness_jain"], 3)
             row["reacq %"] = _f(100 * res["reacquire_fraction"], 1)
             row["overtakes"] = _f(res.get("overtakes_per_hold"), 2)
+            row["order"] = _f(res.get("out_of_store_order"))
         row["cmds/op"] = _f(req.get("commands_per_op"), 1)
         row["scripts/op"] = _f(req.get("scripts_per_op"), 2)
         row["time s"] = _f(res.get("total_seconds"), 3)

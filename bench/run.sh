@@ -10,7 +10,8 @@
 # store, with the peers (redis-py, kazoo) and the protocol floors on the same
 # servers, prints a table, and writes bench/results/latest.json and
 # bench/results/latest.svg.
-# --quick: a short run (seconds, small counts), to check that it all works.
+# --quick: a short run (seconds, small counts), to check that it all works;
+# it writes bench/results/quick.{json,svg} and leaves latest.* alone.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${DLOCK_BENCH_BUILD:-$root/build-bench}

@@ -171,12 +171,14 @@ def main():
     rows = plot.table_rows(doc)
     doc["table"] = rows
     os.makedirs(a.out, exist_ok=True)
-    with open(os.path.join(a.out, "latest.json"), "w") as f:
+    # A --quick run is a check, not a result: it must not replace the last real run.
+    base = os.path.join(a.out, "quick" if q else "latest")
+    with open(base + ".json", "w") as f:
         json.dump(doc, f, indent=1)
-    with open(os.path.join(a.out, "latest.svg"), "w") as f:
+    with open(base + ".svg", "w") as f:
         f.write(plot.svg(doc))
     print(plot.format_table(rows))
-    print(f"\nwrote {os.path.join(a.out, 'latest.json')} and latest.svg", file=sys.stderr)
+    print(f"\nwrote {base}.json and {base}.svg", file=sys.stderr)
     errors = [x for x in r.runs if "error" in x]
     return 1 if errors else 0
 
