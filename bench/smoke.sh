@@ -30,6 +30,7 @@ if [ "${DLOCK_SMOKE_INNER:-}" = 1 ]; then  # under tests/servers/redis.sh
   for url in $DLOCK_TEST_URLS; do
     run_store "$url" multi
     check --url "$url" --scenario floor --max-ops 200
+    check --url "$url" --scenario floor --floor setnx --max-ops 200
   done
   exit 0
 fi
