@@ -1,0 +1,787 @@
+// dlock-bench: one benchmark scenario against one store, one JSON object on
+// stdout. bench/run.sh runs every scenario on every store and the peers.
+//
+//   dlock-bench --url URL --scenario cycles|floor|contend|waiters|footprint [options]
+//
+// Multi-process scenarios fork() their workers before the parent creates any
+// thread or client, and the workers write their records into an anonymous
+// shared mapping; all times are CLOCK_MONOTONIC, which every process on the
+// host shares, so one holder's release and the next one's acquire compare.
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <latch>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <vector>
+
+#include "dlock/dlock.hpp"
+
+#ifdef DLOCK_BENCH_HIREDIS
+#include <hiredis/hiredis.h>
+
+#include "stores/redis/redis_scripts.hpp"  // the floor runs dlock's own scripts
+#endif
+#ifdef DLOCK_BENCH_ZOOKEEPER
+#include <zookeeper/zookeeper.h>
+#endif
+#include <netdb.h>
+#include <sys/socket.h>
+
+namespace {
+
+using json = nlohmann::json;
+
+std::int64_t NowNs() {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return std::int64_t{ts.tv_sec} * 1'000'000'000 + ts.tv_nsec;
+}
+
+// A short critical section that does not give the CPU away (sleeping would
+// measure the scheduler, not the lock).
+void Spin(int us) {
+  if (us <= 0) return;
+  const std::int64_t until = NowNs() + std::int64_t{us} * 1000;
+  while (NowNs() < until) {
+  }
+}
+
+void SleepMs(int ms) { std::this_thread::sleep_for(std::chrono::milliseconds(ms)); }
+
+struct Options {
+  std::string url;
+  std::string scenario;
+  std::string floor = "scripts";
+  std::string name = "bench/lock";
+  double seconds = 2.0;
+  std::int64_t max_ops = 1'000'000;
+  int procs = 2;
+  int threads = 1;
+  int hold_us = 0;
+  int waiters = 1000;
+  int pool = 10;
+  int locks = 1000;
+};
+
+std::string Scheme(const std::string& url) { return url.substr(0, url.find(':')); }
+
+// ---- shared memory between the parent and its forked workers ------------
+
+struct Record {
+  std::int64_t req_ns;  // lock() called
+  std::int64_t acq_ns;  // lock() returned
+  std::int64_t rel_ns;
+  std::int32_t proc;
+  std::int32_t thread;
+  std::uint64_t token;  // fencing token: the entry's place in the store's order
+};
+
+struct Shared {
+  std::atomic<std::int64_t> count;  // records claimed
+  std::atomic<int> ready;           // workers connected and waiting for go
+  std::atomic<int> go;
+  std::atomic<int> done;
+  std::atomic<int> failed;
+  std::atomic<std::int64_t> start_ns;
+  std::int64_t capacity;
+  Record records[1];  // really `capacity` of them
+};
+static_assert(std::atomic<std::int64_t>::is_always_lock_free, "the counters are shared across processes");
+
+class SharedRegion {
+ public:
+  explicit SharedRegion(std::int64_t capacity)
+      : size_(sizeof(Shared) + sizeof(Record) * static_cast<std::size_t>(capacity)) {
+    void* p = ::mmap(nullptr, size_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) throw std::runtime_error("mmap failed");
+    shared_ = new (p) Shared{};  // zero-filled by mmap; placement-new makes the atomics objects
+    shared_->capacity = capacity;
+  }
+  ~SharedRegion() { ::munmap(shared_, size_); }
+  SharedRegion(const SharedRegion&) = delete;
+  SharedRegion& operator=(const SharedRegion&) = delete;
+  Shared* operator->() const { return shared_; }
+
+ private:
+  std::size_t size_;
+  Shared* shared_;
+};
+
+// Runs fn(i) in `n` forked processes and returns their pids. A worker that
+// throws marks `failed`, so the parent's barrier does not wait forever.
+template <class Fn>
+std::vector<pid_t> Fork(int n, Shared* shared, Fn fn) {
+  std::vector<pid_t> pids;
+  std::fflush(nullptr);
+  for (int i = 0; i < n; ++i) {
+    pid_t pid = ::fork();
+    if (pid < 0) throw std::runtime_error("fork failed");
+    if (pid == 0) {
+      int rc = 0;
+      try {
+        fn(i);
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "dlock-bench worker %d: %s\n", i, e.what());
+        shared->failed.fetch_add(1);
+        rc = 1;
+      }
+      std::fflush(nullptr);
+      ::_exit(rc);
+    }
+    pids.push_back(pid);
+  }
+  return pids;
+}
+
+bool WaitAll(const std::vector<pid_t>& pids) {
+  bool ok = true;
+  for (pid_t pid : pids) {
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    ok = ok && WIFEXITED(status) && WEXITSTATUS(status) == 0;
+  }
+  return ok;
+}
+
+// Waits (bounded) until `want` workers are connected and ready.
+void WaitReady(Shared* shared, int want, double timeout_s = 60) {
+  const std::int64_t until = NowNs() + static_cast<std::int64_t>(timeout_s * 1e9);
+  while (shared->ready.load() < want) {
+    if (shared->failed.load() > 0 || NowNs() > until) throw std::runtime_error("workers did not get ready");
+    SleepMs(1);
+  }
+}
+
+void Go(Shared* shared) {
+  shared->start_ns.store(NowNs());
+  shared->go.store(1);
+}
+
+void AwaitGo(Shared* shared) {
+  shared->ready.fetch_add(1);
+  while (shared->go.load() == 0) SleepMs(1);
+}
+
+// "host:port" of the first server in a redis:// or zk:// URL.
+std::pair<std::string, int> HostPort(const std::string& url, int default_port) {
+  std::string rest = url.substr(url.find("://") + 3);
+  rest = rest.substr(0, rest.find_first_of("/?,"));
+  if (auto at = rest.rfind('@'); at != std::string::npos) rest = rest.substr(at + 1);
+  auto colon = rest.rfind(':');
+  if (colon == std::string::npos) return {rest, default_port};
+  return {rest.substr(0, colon), std::stoi(rest.substr(colon + 1))};
+}
+
+// A ZooKeeper four-letter command's answer ("" on failure).
+std::string FourLetters(const std::string& host, int port, const char* cmd) {
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  if (::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res) != 0) return "";
+  int fd = ::socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  std::string out;
+  if (fd >= 0 && ::connect(fd, res->ai_addr, res->ai_addrlen) == 0 &&
+      ::write(fd, cmd, std::strlen(cmd)) == static_cast<ssize_t>(std::strlen(cmd))) {
+    char buf[4096];
+    ssize_t n;
+    while ((n = ::read(fd, buf, sizeof buf)) > 0) out.append(buf, static_cast<std::size_t>(n));
+  }
+  if (fd >= 0) ::close(fd);
+  ::freeaddrinfo(res);
+  return out;
+}
+
+// ---- server-side request counters (RunWorkers follows)  --------------------------------------
+
+// Redis: the sum of `calls` over INFO commandstats, minus the INFO calls
+// themselves. Empty when the store has no counters this driver can read.
+class ServerCounter {
+ public:
+  explicit ServerCounter(const std::string& url) {
+    kind_ = Scheme(url);
+    if (kind_ != "redis" && kind_ != "zk") return;
+    std::tie(host_, port_) = HostPort(url, kind_ == "zk" ? 2181 : 6379);
+    enabled_ = true;
+  }
+
+  // Calls and microseconds per command name, commands run inside scripts
+  // included (a script's time includes theirs).
+  // For ZooKeeper, mntr's count of requests received ("packets_received",
+  // pings included), with no time.
+  std::optional<std::map<std::string, std::pair<std::int64_t, std::int64_t>>> Read() const {
+    if (!enabled_) return std::nullopt;
+    if (kind_ == "zk") {
+      const std::string text = FourLetters(host_, port_, "mntr");
+      auto at = text.find("zk_packets_received");
+      if (at == std::string::npos) return std::nullopt;
+      return std::map<std::string, std::pair<std::int64_t, std::int64_t>>{
+          {"packets_received", {std::stoll(text.substr(at + std::strlen("zk_packets_received"))), 0}}};
+    }
+#ifdef DLOCK_BENCH_HIREDIS
+    redisContext* c = redisConnect(host_.c_str(), port_);
+    if (c == nullptr || c->err) {
+      if (c) redisFree(c);
+      return std::nullopt;
+    }
+    auto* reply = static_cast<redisReply*>(redisCommand(c, "INFO commandstats"));
+    std::map<std::string, std::pair<std::int64_t, std::int64_t>> calls;
+    if (reply && reply->type == REDIS_REPLY_STRING) {
+      std::string text(reply->str, reply->len);
+      std::size_t pos = 0;
+      while ((pos = text.find("cmdstat_", pos)) != std::string::npos) {
+        auto colon = text.find(':', pos);
+        auto at = text.find("calls=", colon);
+        auto usec = text.find("usec=", at);
+        calls[text.substr(pos + 8, colon - pos - 8)] = {std::stoll(text.substr(at + 6)),
+                                                        std::stoll(text.substr(usec + 5))};
+        pos = at;
+      }
+    }
+    if (reply) freeReplyObject(reply);
+    redisFree(c);
+    return calls;
+#else
+    return std::nullopt;
+#endif
+  }
+
+ private:
+  std::string kind_;
+  std::string host_;
+  int port_ = 0;
+  bool enabled_ = false;
+};
+
+using Counts = std::optional<std::map<std::string, std::pair<std::int64_t, std::int64_t>>>;
+
+// What the server did per operation between `before` and now: every command
+// (commands run by scripts count too: that is the server's work), and the
+// scripts alone (EVAL/EVALSHA: one round trip each).
+json Requests(const ServerCounter& counter, const Counts& before, std::int64_t ops) {
+  auto after = counter.Read();
+  if (!before || !after || ops <= 0) return nullptr;
+  std::int64_t total = 0, scripts = 0, script_usec = 0, other_usec = 0;
+  json by_command = json::object();
+  for (const auto& [cmd, n] : *after) {
+    if (cmd == "info") continue;  // ours
+    auto it = before->find(cmd);
+    const std::int64_t d = n.first - (it == before->end() ? 0 : it->second.first);
+    const std::int64_t us = n.second - (it == before->end() ? 0 : it->second.second);
+    if (d == 0) continue;
+    total += d;
+    if (cmd == "eval" || cmd == "evalsha") {
+      scripts += d;
+      script_usec += us;
+    } else {
+      other_usec += us;  // also counts the commands scripts ran: an upper bound for the rest
+    }
+    by_command[cmd] = static_cast<double>(d) / static_cast<double>(ops);
+  }
+  const auto per = [ops](std::int64_t n) { return static_cast<double>(n) / static_cast<double>(ops); };
+  return json{{"commands", total},
+              {"commands_per_op", per(total)},
+              {"scripts_per_op", per(scripts)},
+              {"script_usec_per_op", per(script_usec)},
+              {"other_usec_per_op", per(other_usec)},
+              {"by_command_per_op", by_command}};
+}
+
+// Runs worker(i) in `procs` forked processes (or in a thread of this one,
+// for mem://), starts them together once all are connected, and waits for
+// them. Returns the server's request counters read just before the start.
+template <class Fn>
+Counts RunWorkers(Shared* shm, bool in_process, int procs, const ServerCounter& counter,
+                                       Fn worker) {
+  Counts before;
+  if (in_process) {
+    std::jthread run([&] { worker(0); });
+    WaitReady(shm, 1);
+    Go(shm);
+    return before;
+  }
+  auto pids = Fork(procs, shm, worker);
+  try {
+    WaitReady(shm, procs);
+  } catch (...) {
+    for (pid_t pid : pids) ::kill(pid, SIGKILL);
+    WaitAll(pids);
+    throw;
+  }
+  before = counter.Read();
+  Go(shm);
+  if (!WaitAll(pids)) throw std::runtime_error("a worker failed");
+  return before;
+}
+
+// ---- statistics ----------------------------------------------------------
+
+double Percentile(std::vector<std::int64_t> v, double p) {
+  if (v.empty()) return NAN;
+  std::sort(v.begin(), v.end());
+  auto i = static_cast<std::size_t>(std::ceil(p / 100.0 * static_cast<double>(v.size()))) - 1;
+  return static_cast<double>(v[std::min(i, v.size() - 1)]);
+}
+
+// Throughput, handoff latency and fairness of a set of holds on one lock.
+json Analyze(std::vector<Record> recs) {
+  std::sort(recs.begin(), recs.end(), [](const Record& a, const Record& b) { return a.acq_ns < b.acq_ns; });
+  json out;
+  out["holds"] = recs.size();
+  if (recs.size() < 2) return out;
+  std::vector<std::int64_t> any, cross;
+  std::int64_t overlaps = 0, same_holder = 0, holder_changes = 0, token_inversions = 0;
+  std::map<std::pair<int, int>, std::int64_t> per_holder;
+  per_holder[{recs[0].proc, recs[0].thread}]++;
+  for (std::size_t i = 1; i < recs.size(); ++i) {
+    const Record& prev = recs[i - 1];
+    const Record& cur = recs[i];
+    per_holder[{cur.proc, cur.thread}]++;
+    if (cur.acq_ns < prev.rel_ns) ++overlaps;  // must stay 0: two holders at once
+    // Tokens follow the order entries entered the store's queue, so a grant
+    // with a smaller token than the one before went out of store order.
+    if (cur.token < prev.token) ++token_inversions;
+    if (cur.proc == prev.proc && cur.thread == prev.thread) {
+      ++same_holder;
+      continue;
+    }
+    ++holder_changes;
+    // A handoff: the next holder was already waiting when the lock was let go.
+    if (cur.req_ns > prev.rel_ns) continue;
+    const std::int64_t gap = cur.acq_ns - prev.rel_ns;
+    any.push_back(gap);
+    if (cur.proc != prev.proc) cross.push_back(gap);
+  }
+  // FIFO order: pairs of holds that got the lock in the other order than they
+  // asked for it (an inversion count, by merge sort).
+  std::vector<std::int64_t> req;
+  for (const Record& r : recs) req.push_back(r.req_ns);
+  std::int64_t overtakes = 0;
+  std::vector<std::int64_t> tmp(req.size());
+  for (std::size_t width = 1; width < req.size(); width *= 2) {
+    for (std::size_t lo = 0; lo < req.size(); lo += 2 * width) {
+      const std::size_t mid = std::min(lo + width, req.size()), hi = std::min(lo + 2 * width, req.size());
+      std::size_t a = lo, b = mid, k = lo;
+      while (a < mid && b < hi) {
+        if (req[b] < req[a]) {
+          overtakes += static_cast<std::int64_t>(mid - a);
+          tmp[k++] = req[b++];
+        } else {
+          tmp[k++] = req[a++];
+        }
+      }
+      while (a < mid) tmp[k++] = req[a++];
+      while (b < hi) tmp[k++] = req[b++];
+    }
+    std::swap(req, tmp);
+  }
+  const double span_s = static_cast<double>(recs.back().rel_ns - recs.front().acq_ns) / 1e9;
+  double sum = 0, sum_sq = 0;
+  std::int64_t lo = INT64_MAX, hi = 0;
+  for (const auto& [holder, n] : per_holder) {
+    sum += static_cast<double>(n);
+    sum_sq += static_cast<double>(n) * static_cast<double>(n);
+    lo = std::min(lo, n);
+    hi = std::max(hi, n);
+  }
+  out["seconds"] = span_s;
+  out["holds_per_sec"] = static_cast<double>(recs.size()) / span_s;
+  // The lock passing to another holder; a holder taking it again right after
+  // itself is not a handoff.
+  out["handoffs_per_sec"] = static_cast<double>(holder_changes) / span_s;
+  out["overlaps"] = overlaps;
+  out["out_of_store_order"] = token_inversions;
+  out["holders"] = per_holder.size();
+  // Jain's index over holds per holder: 1 = everyone got the same share.
+  out["fairness_jain"] = sum * sum / (static_cast<double>(per_holder.size()) * sum_sq);
+  out["holds_min"] = lo;
+  out["holds_max"] = hi;
+  // A holder taking the lock again right after itself (others may not have
+  // been waiting yet: see overtakes for the order).
+  out["reacquire_fraction"] = static_cast<double>(same_holder) / static_cast<double>(recs.size() - 1);
+  // Holds that were overtaken by a later request, per hold (0 = strict FIFO).
+  out["overtakes_per_hold"] = static_cast<double>(overtakes) / static_cast<double>(recs.size());
+  out["handoff_us"] = {{"n", any.size()},
+                       {"p50", Percentile(any, 50) / 1e3},
+                       {"p90", Percentile(any, 90) / 1e3},
+                       {"p99", Percentile(any, 99) / 1e3},
+                       {"max", Percentile(any, 100) / 1e3}};
+  out["cross_process_handoff_us"] = {
+      {"n", cross.size()}, {"p50", Percentile(cross, 50) / 1e3}, {"p99", Percentile(cross, 99) / 1e3}};
+  return out;
+}
+
+// ---- scenarios -----------------------------------------------------------
+
+// 1. One client, lock then unlock, in a loop.
+json Cycles(const Options& o) {
+  ServerCounter counter(o.url);
+  auto client = dlock::Client::connect(o.url);
+  dlock::Mutex m(client, o.name);
+  for (int i = 0; i < 10; ++i) {  // warm up: session, connections, scripts
+    m.lock();
+    m.unlock();
+  }
+  const auto before = counter.Read();
+  const std::int64_t start = NowNs(), until = start + static_cast<std::int64_t>(o.seconds * 1e9);
+  std::int64_t n = 0;
+  while (n < o.max_ops && NowNs() < until) {
+    m.lock();
+    m.unlock();
+    ++n;
+  }
+  const double s = static_cast<double>(NowNs() - start) / 1e9;
+  return {{"cycles", n}, {"seconds", s}, {"cycles_per_sec", static_cast<double>(n) / s},
+          {"requests", Requests(counter, before, n)}};
+}
+
+// 1'. The protocol floor: the bare store operations one cycle needs, with
+// the store's official C client and nothing else.
+json Floor(const Options& o) {
+#ifdef DLOCK_BENCH_HIREDIS
+  if (Scheme(o.url) == "redis") {
+    ServerCounter counter(o.url);
+    const auto [host, port] = HostPort(o.url, 6379);
+    redisContext* c = redisConnect(host.c_str(), port);
+    if (c == nullptr || c->err) throw std::runtime_error("floor: cannot connect to redis");
+    auto load = [c](const std::string& src) {
+      auto* r = static_cast<redisReply*>(redisCommand(c, "SCRIPT LOAD %b", src.data(), src.size()));
+      if (r == nullptr || r->type != REDIS_REPLY_STRING) throw std::runtime_error("floor: SCRIPT LOAD failed");
+      std::string sha(r->str, r->len);
+      freeReplyObject(r);
+      return sha;
+    };
+    // One command, arguments as strings; true if the reply satisfies ok().
+    auto call = [c](const std::vector<std::string>& argv, auto ok) {
+      std::vector<const char*> ptrs;
+      std::vector<std::size_t> lens;
+      for (const auto& a : argv) {
+        ptrs.push_back(a.data());
+        lens.push_back(a.size());
+      }
+      auto* r = static_cast<redisReply*>(redisCommandArgv(c, static_cast<int>(argv.size()), ptrs.data(), lens.data()));
+      const bool good = r != nullptr && ok(r);
+      if (r) freeReplyObject(r);
+      return good;
+    };
+    std::mt19937_64 rng(std::random_device{}());
+    auto hex = [&rng] {
+      char buf[33];
+      std::snprintf(buf, sizeof buf, "%016llx%016llx", static_cast<unsigned long long>(rng()),
+                    static_cast<unsigned long long>(rng()));
+      return std::string(buf);
+    };
+    std::function<bool()> cycle;
+    std::string ops;
+    if (o.floor == "setnx") {
+      // SET NX PX, then the compare-and-delete every such lock releases with.
+      const std::string sha = load(
+          "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0");
+      const std::string key = "bench:floor:" + o.name;
+      cycle = [=] {
+        const std::string token = hex();
+        return call({"SET", key, token, "NX", "PX", "30000"}, [](redisReply* r) { return r->type == REDIS_REPLY_STATUS; }) &&
+               call({"EVALSHA", sha, "1", key, token}, [](redisReply* r) { return r->integer == 1; });
+      };
+      ops = "SET NX PX + EVALSHA compare-and-delete (hiredis)";
+    } else {
+      // dlock's own append and remove scripts, with the keys and arguments
+      // the redis:// store passes (see redis_scripts.hpp): the protocol
+      // without the client around it.
+      namespace rs = dlock::internal::redis;
+      const std::string append = load(rs::ScriptSource(rs::ScriptId::kAppend));
+      const std::string remove = load(rs::ScriptSource(rs::ScriptId::kRemove));
+      const std::string base = "dlock:{bench/floor/" + o.name + "}:", sid = hex();
+      cycle = [=] {
+        const std::string id = hex();
+        return call({"EVALSHA", append, "4", base + "q", base + "n", base + "e:" + id, base + "s:" + sid, base,
+                     base + "c", id, "lock", hex(), sid, "{}", "30000", ""},
+                    [](redisReply* r) { return r->type == REDIS_REPLY_ARRAY; }) &&
+               call({"EVALSHA", remove, "1", base + "q", base, base + "c", id},
+                    [](redisReply* r) { return r->type == REDIS_REPLY_INTEGER && r->integer == 1; });
+      };
+      ops = "dlock's append + remove scripts by EVALSHA (hiredis)";
+    }
+    const auto before = counter.Read();
+    const std::int64_t start = NowNs(), until = start + static_cast<std::int64_t>(o.seconds * 1e9);
+    std::int64_t n = 0;
+    while (n < o.max_ops && NowNs() < until) {
+      if (!cycle()) throw std::runtime_error("floor: a command failed");
+      ++n;
+    }
+    const double s = static_cast<double>(NowNs() - start) / 1e9;
+    redisFree(c);
+    return {{"cycles", n}, {"seconds", s}, {"cycles_per_sec", static_cast<double>(n) / s},
+            {"ops", ops}, {"requests", Requests(counter, before, n)}};
+  }
+#endif
+#ifdef DLOCK_BENCH_ZOOKEEPER
+  if (Scheme(o.url) == "zk") {
+    // What one uncontended cycle of a ZooKeeper lock recipe needs: create an
+    // ephemeral sequential node, list the children (am I first?), delete it.
+    ServerCounter counter(o.url);
+    const auto [host, port] = HostPort(o.url, 2181);
+    zoo_set_debug_level(ZOO_LOG_LEVEL_ERROR);
+    const std::string hosts = host + ":" + std::to_string(port);
+    zhandle_t* zh = zookeeper_init(hosts.c_str(), nullptr, 10'000, nullptr, nullptr, 0);
+    if (zh == nullptr) throw std::runtime_error("floor: zookeeper_init failed");
+    const std::int64_t connect_until = NowNs() + 10'000'000'000;
+    while (zoo_state(zh) != ZOO_CONNECTED_STATE) {
+      if (NowNs() > connect_until) throw std::runtime_error("floor: cannot connect to zookeeper");
+      SleepMs(5);
+    }
+    const std::string parent = "/dlock-bench-floor";
+    int rc = zoo_create(zh, parent.c_str(), "", 0, &ZOO_OPEN_ACL_UNSAFE, 0, nullptr, 0);
+    if (rc != ZOK && rc != ZNODEEXISTS) throw std::runtime_error("floor: cannot create " + parent);
+    const std::string prefix = parent + "/lock-";
+    const auto before = counter.Read();
+    const std::int64_t start = NowNs(), until = start + static_cast<std::int64_t>(o.seconds * 1e9);
+    std::int64_t n = 0;
+    while (n < o.max_ops && NowNs() < until) {
+      char created[512];
+      rc = zoo_create(zh, prefix.c_str(), "", 0, &ZOO_OPEN_ACL_UNSAFE, ZOO_EPHEMERAL_SEQUENTIAL, created,
+                      sizeof created);
+      if (rc != ZOK) throw std::runtime_error("floor: create failed");
+      String_vector children{};
+      rc = zoo_get_children(zh, parent.c_str(), 0, &children);
+      if (rc != ZOK) throw std::runtime_error("floor: get_children failed");
+      deallocate_String_vector(&children);
+      if (zoo_delete(zh, created, -1) != ZOK) throw std::runtime_error("floor: delete failed");
+      ++n;
+    }
+    const double secs = static_cast<double>(NowNs() - start) / 1e9;
+    zookeeper_close(zh);
+    return {{"cycles", n}, {"seconds", secs}, {"cycles_per_sec", static_cast<double>(n) / secs},
+            {"ops", "create ephemeral sequential + get_children + delete (libzookeeper_mt, sync)"},
+            {"requests", Requests(counter, before, n)}};
+  }
+#endif
+  throw std::runtime_error("floor: no floor loop for " + Scheme(o.url));
+}
+
+// Every thread of every process loops lock / short critical section /
+// unlock on one lock until the time or the record budget runs out.
+// Scenario 2 (handoff latency) is this with one thread per process;
+// scenario 3 (contended throughput) with several.
+json Contend(const Options& o) {
+  const bool in_process = Scheme(o.url) == "mem";
+  const int procs = in_process ? 1 : o.procs;
+  SharedRegion shm(o.max_ops);
+  ServerCounter counter(o.url);
+  auto worker = [&](int proc) {
+    auto client = dlock::Client::connect(o.url);
+    dlock::Mutex m(client, o.name);
+    AwaitGo(shm.operator->());
+    const std::int64_t until = shm->start_ns.load() + static_cast<std::int64_t>(o.seconds * 1e9);
+    std::vector<std::jthread> threads;
+    for (int t = 0; t < o.threads; ++t) {
+      threads.emplace_back([&, t] {
+        while (NowNs() < until) {
+          const std::int64_t req = NowNs();
+          m.lock();
+          const std::int64_t acq = NowNs();
+          const std::uint64_t token = m.fencing_token().value_or(0);
+          const std::int64_t slot = shm->count.fetch_add(1);
+          Spin(o.hold_us);
+          const std::int64_t rel = NowNs();
+          if (slot < shm->capacity) shm->records[slot] = {req, acq, rel, proc, t, token};
+          m.unlock();
+          if (slot >= shm->capacity) break;
+        }
+      });
+    }
+  };
+  const auto before = RunWorkers(shm.operator->(), in_process, procs, counter, worker);
+  const std::int64_t n = std::min(shm->count.load(), shm->capacity);
+  json out = Analyze(std::vector<Record>(shm->records, shm->records + n));
+  out["procs"] = procs;
+  out["threads"] = o.threads;
+  out["hold_us"] = o.hold_us;
+  out["requests"] = Requests(counter, before, n);
+  return out;
+}
+
+// 4. `waiters` tasks, split over the processes, each run by a pool of
+// `pool` threads per process; every task takes the lock once. The server's
+// requests per handoff must not grow with the number of waiters.
+json Waiters(const Options& o) {
+  const bool in_process = Scheme(o.url) == "mem";
+  const int procs = in_process ? 1 : o.procs;
+  SharedRegion shm(o.waiters);
+  ServerCounter counter(o.url);
+  auto worker = [&](int proc) {
+    auto client = dlock::Client::connect(o.url);
+    dlock::Mutex m(client, o.name);
+    const int tasks = o.waiters / procs + (proc < o.waiters % procs ? 1 : 0);
+    std::atomic<int> next{0};
+    // Every task is queued before any runs: the pool starts together.
+    std::latch arrived(o.pool);
+    std::atomic<bool> start{false};
+    std::vector<std::jthread> pool;
+    for (int t = 0; t < o.pool; ++t) {
+      pool.emplace_back([&, t] {
+        arrived.count_down();
+        start.wait(false);
+        while (next.fetch_add(1) < tasks) {
+          const std::int64_t req = NowNs();
+          m.lock();
+          const std::int64_t acq = NowNs();
+          const std::uint64_t token = m.fencing_token().value_or(0);
+          Spin(o.hold_us);
+          const std::int64_t slot = shm->count.fetch_add(1);
+          const std::int64_t rel = NowNs();
+          if (slot < shm->capacity) shm->records[slot] = {req, acq, rel, proc, t, token};
+          m.unlock();
+        }
+      });
+    }
+    arrived.wait();
+    AwaitGo(shm.operator->());
+    start = true;
+    start.notify_all();
+  };
+  const auto before = RunWorkers(shm.operator->(), in_process, procs, counter, worker);
+  const double total_s = static_cast<double>(NowNs() - shm->start_ns.load()) / 1e9;
+  const std::int64_t n = std::min(shm->count.load(), shm->capacity);
+  json out = Analyze(std::vector<Record>(shm->records, shm->records + n));
+  out["waiters"] = o.waiters;
+  out["procs"] = procs;
+  out["pool"] = o.pool;
+  out["total_seconds"] = total_s;
+  out["requests"] = Requests(counter, before, n);  // includes connects and session setup
+  return out;
+}
+
+struct ProcStatus {
+  std::int64_t rss_kb = 0;
+  std::int64_t threads = 0;
+};
+
+ProcStatus ReadStatus() {
+  ProcStatus s;
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("VmRSS:", 0) == 0) s.rss_kb = std::stoll(line.substr(6));
+    if (line.rfind("Threads:", 0) == 0) s.threads = std::stoll(line.substr(8));
+  }
+  return s;
+}
+
+// 5. A client process waiting on `locks` different locks at once, all held
+// by another process. The API blocks the calling thread, so each wait is one
+// benchmark thread; what dlock adds is the rest.
+json Footprint(const Options& o) {
+  SharedRegion shm(1);
+  auto holder = Fork(1, shm.operator->(), [&](int) {
+    auto client = dlock::Client::connect(o.url);
+    std::vector<dlock::Hold> holds;
+    for (int i = 0; i < o.locks; ++i) {
+      dlock::Mutex m(client, o.name + "/" + std::to_string(i));
+      auto h = m.acquire();
+      if (!h) throw std::runtime_error("holder: acquire failed");
+      holds.push_back(std::move(*h));
+    }
+    shm->ready.store(1);
+    while (shm->done.load() == 0) SleepMs(5);
+  });
+  const std::int64_t until = NowNs() + 60'000'000'000;
+  while (shm->ready.load() == 0) {
+    if (shm->failed.load() > 0 || NowNs() > until) throw std::runtime_error("holder did not get ready");
+    SleepMs(5);
+  }
+  const ProcStatus base = ReadStatus();
+  json out;
+  {
+    auto client = dlock::Client::connect(o.url);
+    std::vector<std::unique_ptr<dlock::Mutex>> mutexes;
+    for (int i = 0; i < o.locks; ++i)
+      mutexes.push_back(std::make_unique<dlock::Mutex>(client, o.name + "/" + std::to_string(i)));
+    std::stop_source stop;
+    std::atomic<int> started{0}, got{0};
+    std::vector<std::jthread> threads;
+    for (int i = 0; i < o.locks; ++i) {
+      threads.emplace_back([&, i] {
+        started.fetch_add(1);
+        if (mutexes[i]->lock_for(dlock::kForever, stop.get_token())) {
+          got.fetch_add(1);
+          mutexes[i]->unlock();
+        }
+      });
+    }
+    while (started.load() < o.locks) SleepMs(5);
+    SleepMs(o.seconds >= 1 ? 2000 : 300);  // let every wait reach the store
+    const ProcStatus waiting = ReadStatus();
+    stop.request_stop();
+    threads.clear();  // joins
+    out = {{"locks", o.locks},
+           {"base_rss_kb", base.rss_kb},
+           {"base_threads", base.threads},
+           {"rss_kb", waiting.rss_kb},
+           {"threads", waiting.threads},
+           {"rss_kb_per_lock", static_cast<double>(waiting.rss_kb - base.rss_kb) / o.locks},
+           // Threads that are neither the benchmark's waiters nor its main thread.
+           {"dlock_threads", waiting.threads - o.locks - base.threads},
+           {"acquired_while_held", got.load()}};
+  }
+  shm->done.store(1);
+  if (!WaitAll(holder)) throw std::runtime_error("the holder failed");
+  return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"dlock benchmark driver: one scenario, one JSON object on stdout"};
+  Options o;
+  app.add_option("--url", o.url, "store URL")->required();
+  app.add_option("--scenario", o.scenario)
+      ->required()
+      ->check(CLI::IsMember({"cycles", "floor", "contend", "waiters", "footprint"}));
+  app.add_option("--floor", o.floor, "redis floor: dlock's scripts, or SET NX PX + compare-and-delete")
+      ->check(CLI::IsMember({"scripts", "setnx"}));
+  app.add_option("--name", o.name, "lock name (prefix for footprint)");
+  app.add_option("--seconds", o.seconds, "time budget of a timed loop");
+  app.add_option("--max-ops", o.max_ops, "record / cycle budget of a loop");
+  app.add_option("--procs", o.procs, "worker processes");
+  app.add_option("--threads", o.threads, "threads per worker process (contend)");
+  app.add_option("--hold-us", o.hold_us, "critical section, busy-waited");
+  app.add_option("--waiters", o.waiters, "tasks in all (waiters)");
+  app.add_option("--pool", o.pool, "threads per process running the tasks (waiters)");
+  app.add_option("--locks", o.locks, "locks waited on at once (footprint)");
+  CLI11_PARSE(app, argc, argv);
+
+  json out{{"store", Scheme(o.url)}, {"scenario", o.scenario}, {"impl", o.scenario != "floor" ? "dlock" : o.floor == "setnx" ? "floor-setnx" : "floor"}};
+  try {
+    json r;
+    if (o.scenario == "cycles") r = Cycles(o);
+    if (o.scenario == "floor") r = Floor(o);
+    if (o.scenario == "contend") r = Contend(o);
+    if (o.scenario == "waiters") r = Waiters(o);
+    if (o.scenario == "footprint") r = Footprint(o);
+    out["result"] = r;
+  } catch (const std::exception& e) {
+    out["error"] = e.what();
+    std::printf("%s\n", out.dump().c_str());
+    return 1;
+  }
+  std::printf("%s\n", out.dump().c_str());
+  return 0;
+}

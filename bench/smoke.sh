@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# bench.smoke: every scenario of dlock-bench runs for a moment on mem://,
+# file:// and (when redis-server is installed) redis://, and prints valid
+# JSON without an "error". It checks that the benchmark runs, never a speed.
+#   bench/smoke.sh PATH/TO/dlock-bench
+set -euo pipefail
+bench=$1
+here=$(cd "$(dirname "$0")" && pwd)
+dir=$(mktemp -d "${TMPDIR:-/tmp}/dlock-bench-smoke-XXXXXX")
+trap 'rm -rf "$dir"' EXIT
+
+check() {  # check ARGS...: runs one scenario, fails unless the JSON is clean
+  local out
+  out=$("$bench" --seconds 0.2 "$@") || { echo "FAILED: $* -> $out" >&2; exit 1; }
+  python3 -c 'import json,sys; d=json.loads(sys.argv[1]); sys.exit("error" in d or "result" not in d)' "$out" \
+    || { echo "BAD JSON: $* -> $out" >&2; exit 1; }
+  echo "ok: $*"
+}
+
+run_store() {  # run_store URL [multi-process]
+  check --url "$1" --scenario cycles --max-ops 200
+  check --url "$1" --scenario contend --procs 2 --threads 2 --max-ops 200
+  check --url "$1" --scenario waiters --procs 2 --waiters 40 --pool 4
+  if [ "${2:-}" = multi ]; then
+    check --url "$1" --scenario footprint --locks 20
+  fi
+}
+
+if [ "${DLOCK_SMOKE_INNER:-}" = 1 ]; then  # under tests/servers/redis.sh
+  for url in $DLOCK_TEST_URLS; do
+    run_store "$url" multi
+    check --url "$url" --scenario floor --max-ops 200
+    check --url "$url" --scenario floor --floor setnx --max-ops 200
+  done
+  exit 0
+fi
+run_store mem://
+run_store "file://$dir/locks" multi
+if command -v redis-server >/dev/null; then
+  DLOCK_SMOKE_INNER=1 DLOCK_TEST_URLS="" "$here/../tests/servers/redis.sh" --param ttl=3s "$0" "$bench"
+fi
+echo "bench.smoke: OK"
