@@ -101,9 +101,15 @@ std::string ParsedUrl::Redacted() const {
   }
   for (std::size_t i = 0; i < hosts.size(); ++i) {
     if (i) out += ",";
-    bool v6 = hosts[i].host.find(':') != std::string::npos;
-    out += v6 ? "[" + hosts[i].host + "]" : hosts[i].host;
-    if (hosts[i].port) out += ":" + std::to_string(*hosts[i].port);
+    // Appends piece by piece: GCC 12 -O3 warns (-Wrestrict, falsely) on "[" + s.
+    const bool v6 = hosts[i].host.find(':') != std::string::npos;
+    if (v6) out += '[';
+    out += hosts[i].host;
+    if (v6) out += ']';
+    if (hosts[i].port) {
+      out += ':';
+      out += std::to_string(*hosts[i].port);
+    }
   }
   out += path;
   char sep = '?';
