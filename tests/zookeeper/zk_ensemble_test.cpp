@@ -105,6 +105,10 @@ TEST(ZkEnsembleTest, LeaderKilledWhileLocksAreHeldAndWaitedFor) {
 
   std::vector<HoldRecord> holds = ledger;
   std::sort(holds.begin(), holds.end(), [](const auto& a, const auto& b) { return a.start < b.start; });
+  // Whether the kill fell inside a hold (others wait all the time).
+  const bool during_hold = std::any_of(holds.begin(), holds.end(), [&](const HoldRecord& r) {
+    return r.start <= killed_at && killed_at <= r.end;
+  });
   std::size_t invalid = 0;
   for (std::size_t i = 0; i < holds.size(); ++i) {
     if (!holds[i].valid) ++invalid;
@@ -121,8 +125,8 @@ TEST(ZkEnsembleTest, LeaderKilledWhileLocksAreHeldAndWaitedFor) {
   }
   SteadyClock::duration gap{};
   for (std::size_t i = 1; i < holds.size(); ++i) gap = std::max(gap, holds[i].start - holds[i - 1].end);
-  std::printf("%zu holds, %zu not confirmed at their end, %d errors, longest gap %.2f s\n", holds.size(), invalid,
-              errors.load(), zktest::Seconds(gap));
+  std::printf("%zu holds, %zu not confirmed at their end, %d errors, longest gap %.2f s, killed during a hold: %s\n",
+              holds.size(), invalid, errors.load(), zktest::Seconds(gap), during_hold ? "yes" : "no");
 }
 
 }  // namespace
