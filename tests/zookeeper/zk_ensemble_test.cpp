@@ -53,6 +53,7 @@ TEST(ZkEnsembleTest, LeaderKilledWhileLocksAreHeldAndWaitedFor) {
   std::vector<HoldRecord> ledger;
   std::atomic<int> errors{0};
   std::atomic<bool> stop{false};
+  std::atomic<int> holding{0};  // workers between acquire and release
   std::vector<std::thread> threads;
   for (int w = 0; w < kWorkers; ++w) {
     threads.emplace_back([&, w] {
@@ -64,9 +65,11 @@ TEST(ZkEnsembleTest, LeaderKilledWhileLocksAreHeldAndWaitedFor) {
           auto hold = m.acquire(10s);
           if (!hold) continue;
           HoldRecord r{w, hold->fencing_token(), SteadyClock::now(), {}, false};
+          ++holding;
           std::this_thread::sleep_for(20ms);
           r.end = SteadyClock::now();
           r.valid = hold->state() == HoldState::kHeld;
+          --holding;
           hold->release();
           std::lock_guard lock(mu);
           ledger.push_back(r);
@@ -87,7 +90,14 @@ TEST(ZkEnsembleTest, LeaderKilledWhileLocksAreHeldAndWaitedFor) {
   EXPECT_TRUE(zktest::WaitFor([&] { return count_since(t0) >= 20; }, 30s));
   const std::string leader = Script("leader " + dir);
   ASSERT_FALSE(leader.empty()) << "no leader";
+  // SIGKILL it straight from here, while a worker holds the lock (the others
+  // wait all the time), then let the script reap it.
+  pid_t leader_pid = 0;
+  std::ifstream(dir + "/s" + leader + "/pid") >> leader_pid;
+  ASSERT_GT(leader_pid, 0);
+  EXPECT_TRUE(zktest::WaitFor([&] { return holding.load() > 0; }, 10s));
   const auto killed_at = SteadyClock::now();
+  ::kill(leader_pid, SIGKILL);
   Script("kill " + dir + " " + leader);
   const long before = static_cast<long>(count_since(t0)) - static_cast<long>(count_since(killed_at));
   // The two survivors elect a new leader...
