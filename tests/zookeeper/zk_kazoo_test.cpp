@@ -42,12 +42,21 @@ class ZkKazooTest : public ::testing::Test {
     auto s = store_->open_session(In(20s));
     ASSERT_TRUE(s.ok()) << s.status().ToString();
     session_ = *s;
+    raw_ = std::make_unique<zktest::RawZk>(hosts_);
+    ASSERT_TRUE(raw_->connected());
   }
   std::string Path(const std::string& queue) const { return chroot_ + "/" + queue; }
+  // Waits (bounded) until the queue has exactly `n` children: the observable
+  // sign that a waiter has queued, or that a timed-out one has cleaned up.
+  bool AwaitChildren(const std::string& queue, std::size_t n, std::chrono::milliseconds limit = 10s) {
+    return zktest::WaitFor([&] { return raw_->children(Path(queue)).size() == n; }, limit);
+  }
+  std::size_t Children(const std::string& queue) { return raw_->children(Path(queue)).size(); }
 
   std::string hosts_, chroot_, url_;
   std::shared_ptr<Store> store_;
   std::shared_ptr<Session> session_;
+  std::unique_ptr<zktest::RawZk> raw_;
 };
 
 TEST_F(ZkKazooTest, KazooHolderIsListedAndDlockQueuesBehindIt) {
@@ -74,7 +83,8 @@ TEST_F(ZkKazooTest, KazooHolderIsListedAndDlockQueuesBehindIt) {
     std::vector<std::string> ids{node};
     waited = session_->wait_any_gone("q", ids, In(30s), {});
   });
-  std::this_thread::sleep_for(300ms);
+  // dlock's getData watch on kazoo's node, as the server lists it (wchp).
+  EXPECT_TRUE(zktest::WaitFor([&] { return zktest::FourLetters(hosts_, "wchp").find(node) != std::string::npos; }));
   EXPECT_EQ(kazoo.call("release"), "released");
   t.join();
   EXPECT_TRUE(waited.ok()) << waited.ToString();
@@ -88,7 +98,7 @@ TEST_F(ZkKazooTest, DlockEntryBlocksKazooUntilRemoved) {
   // kazoo with extra_lock_patterns=["-lock-"] sees our _c_<uuid>-lock- node.
   EXPECT_EQ(kazoo.call("lock lock " + Path("q") + " 1"), "timeout");
   kazoo.send("lock lock " + Path("q") + " 20");
-  std::this_thread::sleep_for(300ms);
+  ASSERT_TRUE(AwaitChildren("q", 2));
   // kazoo is now queued behind us.
   auto listed = session_->list("q", {.with_owners = true}, In(10s));
   ASSERT_TRUE(listed.ok());
@@ -116,7 +126,7 @@ TEST_F(ZkKazooTest, ReadWriteKindsAcrossClients) {
   EXPECT_EQ((*listed)[0].kind, "read");
   EXPECT_EQ((*listed)[1].kind, "read");  // kazoo's __rlock__
   writer.send("lock write " + Path("rw") + " 20");
-  std::this_thread::sleep_for(300ms);
+  ASSERT_TRUE(AwaitChildren("rw", 3));
   listed = session_->list("rw", {}, In(10s));
   ASSERT_TRUE(listed.ok());
   ASSERT_EQ(listed->size(), 3u);
@@ -145,7 +155,7 @@ TEST_F(ZkKazooTest, MutexAndKazooLockExcludeEachOther) {
   m.lock();
   EXPECT_EQ(kazoo.call("lock lock " + Path("recipe") + " 1"), "timeout");
   kazoo.send("lock lock " + Path("recipe") + " 20");
-  std::this_thread::sleep_for(300ms);
+  ASSERT_TRUE(AwaitChildren("recipe", 2));
   m.unlock();
   std::string got = kazoo.read_line(20s);
   ASSERT_EQ(got.rfind("acquired ", 0), 0u) << got;
@@ -154,14 +164,142 @@ TEST_F(ZkKazooTest, MutexAndKazooLockExcludeEachOther) {
   // (acquire) so that this thread can release what another thread got.
   EXPECT_FALSE(m.try_lock());
   EXPECT_FALSE(m.try_lock_for(300ms));
+  ASSERT_TRUE(AwaitChildren("recipe", 1));  // the timed-out entry is gone
   std::optional<Hold> hold;
   std::thread t([&] { hold = m.acquire(20s); });
-  std::this_thread::sleep_for(300ms);
+  EXPECT_TRUE(AwaitChildren("recipe", 2));
   EXPECT_EQ(kazoo.call("release"), "released");
   t.join();
   ASSERT_TRUE(hold);
   EXPECT_TRUE(hold->fencing_token() > 0u);
   hold->release();
+}
+
+// Recipe level, ReadWriteLock against kazoo's ReadLock / WriteLock. Each
+// kazoo process holds at most one lock, so each role gets its own process.
+// A "timeout" answer from kazoo means its acquire waited the full time.
+bool Acquired(const std::string& answer) { return answer.rfind("acquired ", 0) == 0; }
+
+TEST_F(ZkKazooTest, DlockWriterExcludesKazooReadAndWriteLocks) {
+  auto client = Client::connect(url_);
+  ReadWriteLock rw(client, "rw");
+  Kazoo reader(hosts_), writer(hosts_);
+  ASSERT_TRUE(reader.ready() && writer.ready());
+
+  auto w = rw.acquire_write(10s);
+  ASSERT_TRUE(w);
+  EXPECT_EQ(reader.call("lock read " + Path("rw") + " 1"), "timeout");
+  EXPECT_EQ(writer.call("lock write " + Path("rw") + " 1"), "timeout");
+  ASSERT_TRUE(AwaitChildren("rw", 1));  // kazoo cleaned up after its timeouts
+
+  // Each waits behind the dlock writer and gets in once it is released. (One
+  // at a time: kazoo 2.8's ReadLock waits for the *last* exclusive node, even
+  // one queued after it, so a kazoo reader and writer queued together behind
+  // anything deadlock until a timeout; kazoo alone does the same.)
+  reader.send("lock read " + Path("rw") + " 20");
+  ASSERT_TRUE(AwaitChildren("rw", 2));
+  EXPECT_EQ(reader.read_line(500ms), "");  // still waiting
+  w->release();
+  std::string got = reader.read_line(20s);
+  ASSERT_TRUE(Acquired(got)) << got;
+  EXPECT_EQ(reader.call("release"), "released");
+
+  w = rw.acquire_write(10s);
+  ASSERT_TRUE(w);
+  writer.send("lock write " + Path("rw") + " 20");
+  ASSERT_TRUE(AwaitChildren("rw", 2));
+  EXPECT_EQ(writer.read_line(500ms), "");  // still waiting
+  w->release();
+  got = writer.read_line(20s);
+  ASSERT_TRUE(Acquired(got)) << got;
+  EXPECT_EQ(writer.call("release"), "released");
+}
+
+TEST_F(ZkKazooTest, DlockReaderSharesWithKazooReadLockAndExcludesWriteLock) {
+  auto client = Client::connect(url_);
+  ReadWriteLock rw(client, "rw");
+  Kazoo reader(hosts_), writer(hosts_);
+  ASSERT_TRUE(reader.ready() && writer.ready());
+
+  auto r = rw.acquire_read(10s);
+  ASSERT_TRUE(r);
+  std::string got = reader.call("lock read " + Path("rw") + " 5");
+  ASSERT_TRUE(Acquired(got)) << got;  // shared
+  EXPECT_EQ(writer.call("lock write " + Path("rw") + " 1"), "timeout");
+  ASSERT_TRUE(AwaitChildren("rw", 2));
+  writer.send("lock write " + Path("rw") + " 20");
+  ASSERT_TRUE(AwaitChildren("rw", 3));
+  // kazoo's writer needs both readers gone, dlock's included.
+  EXPECT_EQ(reader.call("release"), "released");
+  EXPECT_EQ(writer.read_line(500ms), "");
+  r->release();
+  got = writer.read_line(20s);
+  ASSERT_TRUE(Acquired(got)) << got;
+  EXPECT_EQ(writer.call("release"), "released");
+}
+
+TEST_F(ZkKazooTest, KazooWriteLockExcludesDlockReaderAndWriter) {
+  auto client = Client::connect(url_);
+  ReadWriteLock rw(client, "rw");
+  Kazoo writer(hosts_);
+  ASSERT_TRUE(writer.ready());
+
+  for (bool dlock_reads : {true, false}) {
+    SCOPED_TRACE(dlock_reads ? "dlock reader" : "dlock writer");
+    std::string got = writer.call("lock write " + Path("rw") + " 5");
+    ASSERT_TRUE(Acquired(got)) << got;
+    auto t0 = SteadyClock::now();
+    EXPECT_FALSE(rw.acquire_read(300ms));
+    EXPECT_FALSE(rw.acquire_write(300ms));
+    EXPECT_GE(SteadyClock::now() - t0, 600ms);  // both timeouts ran out
+    ASSERT_TRUE(AwaitChildren("rw", 1));        // dlock's timed-out entries are gone
+    std::optional<Hold> hold;
+    std::atomic<bool> returned{false};
+    std::thread t([&] {
+      hold = dlock_reads ? rw.acquire_read(20s) : rw.acquire_write(20s);
+      returned = true;
+    });
+    EXPECT_TRUE(AwaitChildren("rw", 2));  // queued behind kazoo
+    std::this_thread::sleep_for(200ms);
+    EXPECT_FALSE(returned);  // and still waiting
+    EXPECT_EQ(writer.call("release"), "released");
+    t.join();
+    ASSERT_TRUE(hold);
+    EXPECT_EQ(hold->state(), HoldState::kHeld);
+    hold->release();
+    ASSERT_TRUE(AwaitChildren("rw", 0));
+  }
+}
+
+TEST_F(ZkKazooTest, KazooReadLockAdmitsDlockReaderAndExcludesWriter) {
+  auto client = Client::connect(url_);
+  ReadWriteLock rw(client, "rw");
+  Kazoo reader(hosts_);
+  ASSERT_TRUE(reader.ready());
+
+  std::string got = reader.call("lock read " + Path("rw") + " 5");
+  ASSERT_TRUE(Acquired(got)) << got;
+  auto r = rw.acquire_read(5s);  // shared: gets in at once
+  ASSERT_TRUE(r);
+  r->release();
+  auto t0 = SteadyClock::now();
+  EXPECT_FALSE(rw.acquire_write(300ms));
+  EXPECT_GE(SteadyClock::now() - t0, 300ms);
+  ASSERT_TRUE(AwaitChildren("rw", 1));
+  std::optional<Hold> w;
+  std::atomic<bool> returned{false};
+  std::thread t([&] {
+    w = rw.acquire_write(20s);
+    returned = true;
+  });
+  EXPECT_TRUE(AwaitChildren("rw", 2));
+  std::this_thread::sleep_for(200ms);
+  EXPECT_FALSE(returned);  // still waiting
+  EXPECT_EQ(reader.call("release"), "released");
+  t.join();
+  ASSERT_TRUE(w);
+  EXPECT_EQ(w->state(), HoldState::kHeld);
+  w->release();
 }
 
 }  // namespace

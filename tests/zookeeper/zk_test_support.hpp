@@ -73,6 +73,33 @@ bool WaitFor(F cond, std::chrono::milliseconds limit = 20s) {
   return cond();
 }
 
+// The answer of a four-letter command (srvr, mntr, wchp, ...) from the server
+// at "host:port", or "" if it does not answer within two seconds.
+inline std::string FourLetters(const std::string& hostport, const std::string& cmd) {
+  auto colon = hostport.rfind(':');
+  if (colon == std::string::npos) return "";
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<std::uint16_t>(std::stoi(hostport.substr(colon + 1))));
+  ::inet_pton(AF_INET, hostport.substr(0, colon).c_str(), &a.sin_addr);
+  std::string out;
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
+      ::write(fd, cmd.data(), cmd.size()) == static_cast<ssize_t>(cmd.size())) {
+    auto end = SteadyClock::now() + 2s;
+    char buf[4096];
+    while (SteadyClock::now() < end) {
+      pollfd p{fd, POLLIN, 0};
+      if (::poll(&p, 1, 100) <= 0) continue;
+      ssize_t n = ::read(fd, buf, sizeof buf);
+      if (n <= 0) break;
+      out.append(buf, static_cast<std::size_t>(n));
+    }
+  }
+  ::close(fd);
+  return out;
+}
+
 // --------------------------------------------------------------------- RawZk
 // The C client's synchronous API, for setting up and checking znodes.
 class RawZk {
