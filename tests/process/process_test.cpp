@@ -204,8 +204,15 @@ TEST_P(ProcessTest, KilledHolderFreesTheLockForTheNextWaiter) {
 TEST_P(ProcessTest, PausedHolderIsToldItLostTheLock) {
   if (GetParam() == "file") GTEST_SKIP() << "a file:// session lives as long as its process: it cannot expire";
   pid_t holder = Spawn(0, "mutex", 1, 0, {"--report-lost"});
-  auto client = Client::connect(url_);
-  ASSERT_TRUE(testing::Eventually([&] { return client.list_entries(name_).value().size() == 1u; }, 60s));
+  // Pause it only once acquire() has returned: paused earlier, it would just
+  // re-queue on a new session after the pause (correctly) and hold later.
+  ASSERT_TRUE(testing::Eventually(
+      [&] {
+        std::ifstream in(ledger_);
+        std::string word;
+        return static_cast<bool>(in >> word) && word == "ACQUIRED";
+      },
+      60s));
   ASSERT_EQ(::kill(holder, SIGSTOP), 0);
   Spawn(1, "mutex", 1, 1);  // gets the lock once the paused holder's session expires
   auto start = std::chrono::steady_clock::now();
