@@ -1,0 +1,509 @@
+// dlock-chaos: runs worker processes that contend for one lock while faults
+// are injected, records every hold in a ledger and checks it. See docs/chaos.md.
+//
+//   dlock-chaos run --store file|redis [--duration 60] [--workers 4] [--seed N] [--out DIR]
+//   dlock-chaos check LEDGER           re-checks a ledger (without the orphan check)
+//   dlock-chaos worker ...             (started by `run`)
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <atomic>
+#include <csignal>
+#include <cstdio>
+#include <filesystem>
+#include <functional>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <optional>
+#include <random>
+#include <set>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "dlock/dlock.hpp"
+#include "ledger.hpp"
+#include "tcp_proxy.hpp"
+
+extern char** environ;
+
+namespace dlock::chaos {
+namespace {
+
+using namespace std::chrono_literals;
+namespace fs = std::filesystem;
+
+std::string Str(std::int64_t v) { return std::to_string(v); }
+
+// ---------------------------------------------------------------- worker
+
+struct WorkerArgs {
+  std::string url, name, ledger;
+  int slot = 0;
+  int hold_max_ms = 50;
+  int acquire_timeout_ms = 5000;
+  std::uint64_t seed = 0;
+};
+
+int RunWorker(const WorkerArgs& a) {
+  ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlive the runner
+  // SIGUSR1 asks the worker to stop: a thread turns it into a stop request,
+  // which also ends a pending acquire. Blocked before any dlock thread starts.
+  sigset_t usr1;
+  sigemptyset(&usr1);
+  sigaddset(&usr1, SIGUSR1);
+  pthread_sigmask(SIG_BLOCK, &usr1, nullptr);
+  std::stop_source stop;
+  std::thread([&stop, usr1] {
+    int sig = 0;
+    sigwait(&usr1, &sig);
+    stop.request_stop();
+  }).detach();
+
+  const int fd = ::open(a.ledger.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0600);
+  if (fd < 0) return 10;
+  const std::string who = Str(a.slot) + " " + Str(::getpid()) + " ";
+  std::mt19937_64 rng(a.seed ^ static_cast<std::uint64_t>(::getpid()));
+  try {
+    auto client = Client::connect(a.url);
+    Mutex mutex(client, a.name);
+    while (!stop.stop_requested()) {
+      const std::int64_t begin = MonotonicNanos();
+      AppendLine(fd, "B " + who + Str(begin) + "\n");
+      std::optional<Hold> hold;
+      std::string outcome = "ok";
+      try {
+        hold = mutex.acquire(std::chrono::milliseconds(a.acquire_timeout_ms), stop.get_token());
+        if (!hold) outcome = stop.stop_requested() ? "cancelled" : "timeout";
+      } catch (const Error& e) {
+        outcome = "error:" + std::string(ErrorCodeName(e.code()));
+      }
+      const std::int64_t start = MonotonicNanos();
+      AppendLine(fd, "W " + who + Str(begin) + " " + Str(start) + " " + outcome + "\n");
+      if (!hold) {
+        if (outcome.starts_with("error")) std::this_thread::sleep_for(50ms);  // the store is down: do not spin
+        continue;
+      }
+      // When the holder is told; written only by the callback, read after release.
+      auto uncertain = std::make_shared<std::atomic<std::int64_t>>(-1);
+      auto lost = std::make_shared<std::atomic<std::int64_t>>(-1);
+      auto sub = hold->on_state_change([uncertain, lost](HoldState s) {
+        std::int64_t none = -1;
+        if (s == HoldState::kUncertain) uncertain->compare_exchange_strong(none, MonotonicNanos());
+        if (s == HoldState::kLost) lost->compare_exchange_strong(none, MonotonicNanos());
+      });
+      // A state change before the subscription is still visible in state().
+      if (hold->state() == HoldState::kUncertain) {
+        std::int64_t none = -1;
+        uncertain->compare_exchange_strong(none, start);
+      }
+      if (hold->state() == HoldState::kLost) {
+        std::int64_t none = -1;
+        lost->compare_exchange_strong(none, start);
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1 + rng() % static_cast<unsigned>(a.hold_max_ms)));
+      const std::int64_t end = MonotonicNanos();
+      const HoldState state = hold->state();
+      const auto token = static_cast<std::int64_t>(hold->fencing_token());  // before release() empties the hold
+      sub.reset();
+      hold->release();
+      AppendLine(fd, "H " + who + Str(token) + " " + Str(begin) + " " +
+                         Str(start) + " " + Str(end) + " " + Str(uncertain->load()) + " " + Str(lost->load()) + " " +
+                         std::string(HoldStateName(state)) + "\n");
+    }
+  } catch (const Error& e) {
+    std::fprintf(stderr, "dlock-chaos worker %d: %s\n", a.slot, e.what());
+    return 13;
+  }
+  return 0;
+}
+
+// ---------------------------------------------------------------- runner
+
+int FreePort() {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  int port = -1;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0)
+    port = ntohs(a.sin_port);
+  ::close(fd);
+  return port;
+}
+
+bool RedisPing(int port) {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(static_cast<std::uint16_t>(port));
+  timeval tv{1, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  bool ok = false;
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 && ::write(fd, "PING\r\n", 6) == 6) {
+    char buf[16] = {};
+    ok = ::read(fd, buf, sizeof buf - 1) >= 5 && std::string(buf).starts_with("+PONG");
+  }
+  ::close(fd);
+  return ok;
+}
+
+pid_t Spawn(const std::vector<std::string>& args) {
+  std::vector<char*> argv;
+  for (const auto& s : args) argv.push_back(const_cast<char*>(s.c_str()));
+  argv.push_back(nullptr);
+  pid_t pid = -1;
+  if (posix_spawnp(&pid, argv[0], nullptr, nullptr, argv.data(), environ) != 0) return -1;
+  return pid;
+}
+
+// A private redis-server without persistence: a restart loses every key.
+class RedisServer {
+ public:
+  explicit RedisServer(std::string dir) : dir_(std::move(dir)), port_(FreePort()) {}
+  ~RedisServer() { stop(); }
+  int port() const { return port_; }
+  bool start() {
+    for (int attempt = 0; attempt < 100; ++attempt) {  // the port may linger a moment after a kill
+      pid_ = Spawn({"redis-server", "--port", Str(port_), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                    "--dir", dir_, "--daemonize", "no", "--protected-mode", "no", "--logfile",
+                    dir_ + "/redis.log"});
+      for (int i = 0; i < 100 && pid_ > 0; ++i) {
+        if (RedisPing(port_)) return true;
+        if (::waitpid(pid_, nullptr, WNOHANG) == pid_) { pid_ = -1; break; }
+        std::this_thread::sleep_for(20ms);
+      }
+      stop();
+      std::this_thread::sleep_for(100ms);
+    }
+    return false;
+  }
+  void stop() {
+    if (pid_ <= 0) return;
+    ::kill(pid_, SIGKILL);
+    ::waitpid(pid_, nullptr, 0);
+    pid_ = -1;
+  }
+  bool running() const { return pid_ > 0; }
+
+ private:
+  std::string dir_;
+  int port_;
+  pid_t pid_ = -1;
+};
+
+struct RunArgs {
+  std::string store = "file";
+  std::string out;
+  double duration_s = 60;
+  int workers = 4;
+  std::uint64_t seed = 0;
+  int hold_max_ms = 50;
+  int acquire_timeout_ms = 5000;
+  int ttl_ms = 2000;  // redis session lease
+  int fault_every_ms = 700;  // mean gap between faults
+  std::vector<std::string> faults;  // empty: every kind the store supports
+};
+
+class Runner {
+ public:
+  Runner(RunArgs args, std::string self) : a_(std::move(args)), self_(std::move(self)), rng_(a_.seed) {}
+
+  int run() {
+    if (a_.out.empty()) {
+      char tmpl[] = "/tmp/dlock-chaos-XXXXXX";
+      if (!::mkdtemp(tmpl)) return 2;
+      a_.out = tmpl;
+    }
+    fs::create_directories(a_.out);
+    ledger_ = a_.out + "/ledger";
+    fs::remove(ledger_);
+    fd_ = ::open(ledger_.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0600);
+    if (fd_ < 0) return 2;
+    name_ = "chaos/lock";
+    std::vector<std::string> kinds;
+    if (a_.store == "file") {
+      fs::remove_all(a_.out + "/store");
+      fs::create_directories(a_.out + "/store");
+      url_ = direct_url_ = "file://" + a_.out + "/store";
+      kinds = {"kill", "stop"};
+    } else if (a_.store == "redis") {
+      redis_ = std::make_unique<RedisServer>(a_.out);
+      if (!redis_->start()) {
+        std::cerr << "dlock-chaos: redis-server did not start (see " << a_.out << "/redis.log)\n";
+        return 2;
+      }
+      proxy_ = std::make_unique<TcpProxy>(redis_->port());
+      const std::string q = "?ttl=" + Str(a_.ttl_ms) + "ms&connect_timeout=" + Str(a_.ttl_ms) + "ms";
+      url_ = "redis://127.0.0.1:" + Str(proxy_->port()) + q;
+      direct_url_ = "redis://127.0.0.1:" + Str(redis_->port()) + q;
+      kinds = {"kill", "stop", "restart", "cut", "drop", "delay"};
+    } else {
+      std::cerr << "dlock-chaos: unknown store " << a_.store << " (file, redis)\n";
+      return 2;
+    }
+    if (!a_.faults.empty()) kinds = a_.faults;
+    AppendLine(fd_, "C store=" + a_.store + " url=" + url_ + " workers=" + Str(a_.workers) +
+                        " duration_s=" + Str(static_cast<std::int64_t>(a_.duration_s)) + " seed=" + Str(static_cast<std::int64_t>(a_.seed)) +
+                        " acquire_timeout_ms=" + Str(a_.acquire_timeout_ms) + " hold_max_ms=" + Str(a_.hold_max_ms) +
+                        " ttl_ms=" + Str(a_.store == "redis" ? a_.ttl_ms : 0) + "\n");
+    std::cerr << "dlock-chaos: " << a_.store << " store at " << url_ << ", ledger " << ledger_ << "\n";
+
+    for (int s = 0; s < a_.workers; ++s) spawn_worker(s);
+    const auto t_end = std::chrono::steady_clock::now() + std::chrono::milliseconds(static_cast<std::int64_t>(a_.duration_s * 1000));
+    auto next_fault = std::chrono::steady_clock::now() + gap();
+    while (std::chrono::steady_clock::now() < t_end) {
+      reap();
+      run_due_actions(false);
+      if (std::chrono::steady_clock::now() >= next_fault) {
+        inject(kinds[rng_() % kinds.size()]);
+        next_fault = std::chrono::steady_clock::now() + gap();
+      }
+      std::this_thread::sleep_for(10ms);
+    }
+    run_due_actions(true);  // end every fault still in progress
+    const int stopped_ok = stop_workers();
+    const std::int64_t orphans = count_orphans();
+    if (redis_) redis_->stop();
+    ::close(fd_);
+    CheckOptions opts;
+    opts.orphans = orphans;
+    const int violations = CheckLedger(ledger_, opts, std::cout);
+    return (violations == 0 && stopped_ok) ? 0 : 1;
+  }
+
+ private:
+  using Action = std::pair<std::chrono::steady_clock::time_point, std::function<void()>>;
+
+  std::chrono::milliseconds gap() {
+    std::exponential_distribution<double> d(1.0 / a_.fault_every_ms);
+    return std::chrono::milliseconds(50 + static_cast<std::int64_t>(d(rng_)));
+  }
+  std::chrono::milliseconds between(int lo_ms, int hi_ms) {
+    return std::chrono::milliseconds(lo_ms + static_cast<int>(rng_() % static_cast<unsigned>(hi_ms - lo_ms + 1)));
+  }
+
+  void spawn_worker(int slot) {
+    pid_t pid = Spawn({self_, "worker", "--url", url_, "--name", name_, "--ledger", ledger_, "--slot", Str(slot),
+                       "--hold-max-ms", Str(a_.hold_max_ms), "--acquire-timeout-ms", Str(a_.acquire_timeout_ms),
+                       "--seed", Str(static_cast<std::int64_t>(rng_() >> 1))});
+    if (pid > 0) workers_[pid] = slot;
+  }
+
+  // Collects workers that ended: a killed one is replaced; one that exited
+  // on its own is a crash.
+  void reap() {
+    int status = 0;
+    pid_t pid;
+    while ((pid = ::waitpid(-1, &status, WNOHANG)) > 0) {
+      auto it = workers_.find(pid);
+      if (it == workers_.end()) continue;
+      const int slot = it->second;
+      workers_.erase(it);
+      if (!(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL && killed_by_us_.count(pid)))
+        AppendLine(fd_, "D " + Str(pid) + " " + Str(status) + "\n");
+      spawn_worker(slot);
+    }
+  }
+
+  pid_t random_worker() {
+    std::vector<pid_t> pids;
+    for (auto& [pid, slot] : workers_)
+      if (!stopped_.count(pid)) pids.push_back(pid);
+    return pids.empty() ? -1 : pids[rng_() % pids.size()];
+  }
+
+  void later(std::chrono::milliseconds after, std::function<void()> fn) {
+    actions_.push_back({std::chrono::steady_clock::now() + after, std::move(fn)});
+  }
+  void run_due_actions(bool all) {
+    const auto now = std::chrono::steady_clock::now();
+    for (std::size_t i = 0; i < actions_.size();) {
+      if (all || actions_[i].first <= now) {
+        auto fn = std::move(actions_[i].second);
+        actions_.erase(actions_.begin() + static_cast<std::ptrdiff_t>(i));
+        fn();
+      } else {
+        ++i;
+      }
+    }
+  }
+
+  void inject(const std::string& kind) {
+    const std::int64_t t0 = MonotonicNanos();
+    if (kind == "kill") {
+      pid_t pid = random_worker();
+      if (pid <= 0) return;
+      killed_by_us_.insert(pid);
+      ::kill(pid, SIGKILL);
+      AppendLine(fd_, "F kill " + Str(pid) + " " + Str(t0) + " " + Str(t0) + "\n");
+    } else if (kind == "stop") {
+      pid_t pid = random_worker();
+      if (pid <= 0) return;
+      // Longer than the session lease, so the store gives the lock away meanwhile.
+      const int base = a_.store == "redis" ? a_.ttl_ms : 1000;
+      ::kill(pid, SIGSTOP);
+      stopped_.insert(pid);
+      later(between(base * 3 / 2, base * 5 / 2), [this, pid, t0] {
+        ::kill(pid, SIGCONT);
+        stopped_.erase(pid);
+        AppendLine(fd_, "F stop " + Str(pid) + " " + Str(t0) + " " + Str(MonotonicNanos()) + "\n");
+      });
+    } else if (kind == "restart" && redis_ && redis_->running()) {
+      redis_->stop();
+      later(between(0, 1500), [this, t0] {
+        if (!redis_->start()) std::cerr << "dlock-chaos: redis-server did not restart\n";
+        AppendLine(fd_, "F restart -1 " + Str(t0) + " " + Str(MonotonicNanos()) + "\n");
+      });
+    } else if ((kind == "cut" || kind == "delay") && proxy_ && !network_fault_) {
+      network_fault_ = true;
+      if (kind == "cut") proxy_->set_mode(TcpProxy::Mode::kBlackHole);
+      else proxy_->set_mode(TcpProxy::Mode::kDelay, between(20, a_.ttl_ms / 3));
+      // A cut sometimes outlasts the lease (the session is lost), sometimes not.
+      const auto len = kind == "cut" ? between(a_.ttl_ms / 4, a_.ttl_ms * 2) : between(500, 3000);
+      later(len, [this, kind, t0] {
+        proxy_->set_mode(TcpProxy::Mode::kPass);
+        network_fault_ = false;
+        AppendLine(fd_, "F " + kind + " -1 " + Str(t0) + " " + Str(MonotonicNanos()) + "\n");
+      });
+    } else if (kind == "drop" && proxy_) {
+      proxy_->drop_all();
+      AppendLine(fd_, "F drop -1 " + Str(t0) + " " + Str(t0) + "\n");
+    }
+  }
+
+  // Asks every worker to stop; a worker that does not exit within the
+  // acquire timeout plus a margin is hung (a liveness failure).
+  bool stop_workers() {
+    for (auto& [pid, slot] : workers_) ::kill(pid, SIGUSR1);
+    bool ok = true;
+    const auto limit = std::chrono::steady_clock::now() + std::chrono::milliseconds(a_.acquire_timeout_ms) + 20s;
+    while (!workers_.empty()) {
+      int status = 0;
+      pid_t pid = ::waitpid(-1, &status, WNOHANG);
+      if (pid > 0) {
+        if (workers_.erase(pid) && !(WIFEXITED(status) && WEXITSTATUS(status) == 0))
+          AppendLine(fd_, "D " + Str(pid) + " " + Str(status) + "\n");
+        continue;
+      }
+      if (std::chrono::steady_clock::now() > limit) {
+        for (auto& [p, slot] : workers_) {
+          AppendLine(fd_, "HUNG " + Str(p) + " " + Str(MonotonicNanos()) + "\n");
+          ::kill(p, SIGKILL);
+          ::waitpid(p, nullptr, 0);
+        }
+        workers_.clear();
+        ok = false;
+        break;
+      }
+      std::this_thread::sleep_for(10ms);
+    }
+    return ok;
+  }
+
+  // Entries left in the store once every worker is gone. Entries of killed
+  // workers may stay until their session's lease runs out, so this waits for
+  // a few leases before counting.
+  std::int64_t count_orphans() {
+    const auto limit = std::chrono::steady_clock::now() + std::chrono::milliseconds(a_.ttl_ms * 3) + 2s;
+    std::int64_t n = -1;
+    try {
+      auto client = Client::connect(direct_url_);
+      while (true) {
+        auto entries = Inspect(client, name_);
+        n = entries.ok() ? static_cast<std::int64_t>(entries->size()) : -1;
+        if (n == 0 || std::chrono::steady_clock::now() > limit) break;
+        std::this_thread::sleep_for(200ms);
+      }
+      if (n != 0 && !Inspect(client, name_).ok()) std::cerr << "dlock-chaos: cannot list the store\n";
+    } catch (const Error& e) {
+      std::cerr << "dlock-chaos: orphan check: " << e.what() << "\n";
+    }
+    if (a_.store == "file" && n == 0) {
+      // Listing deletes dead entries; nothing but the layout's own files may remain.
+      for (const auto& d : fs::directory_iterator(a_.out + "/store")) {
+        if (!d.is_directory() || !d.path().filename().string().starts_with("q.")) continue;
+        for (const auto& f : fs::directory_iterator(d.path())) {
+          (void)f;
+          ++n;
+        }
+      }
+    }
+    return n < 0 ? 1 : n;
+  }
+
+  RunArgs a_;
+  std::string self_;
+  std::mt19937_64 rng_;
+  std::string ledger_, url_, direct_url_, name_;
+  int fd_ = -1;
+  std::unique_ptr<RedisServer> redis_;
+  std::unique_ptr<TcpProxy> proxy_;
+  bool network_fault_ = false;
+  std::map<pid_t, int> workers_;
+  std::set<pid_t> stopped_, killed_by_us_;
+  std::vector<Action> actions_;
+};
+
+std::string SelfPath(const char* argv0) {
+  std::error_code ec;
+  auto p = fs::read_symlink("/proc/self/exe", ec);
+  return ec ? std::string(argv0) : p.string();
+}
+
+}  // namespace
+}  // namespace dlock::chaos
+
+int main(int argc, char** argv) {
+  using namespace dlock::chaos;
+  CLI::App app{"dlock-chaos: locks under injected faults, checked"};
+  app.require_subcommand(1);
+
+  RunArgs run;
+  auto* run_cmd = app.add_subcommand("run", "start workers, inject faults, check the ledger");
+  run_cmd->add_option("--store", run.store, "file or redis")->required();
+  run_cmd->add_option("--duration", run.duration_s, "seconds");
+  run_cmd->add_option("--workers", run.workers);
+  run_cmd->add_option("--seed", run.seed);
+  run_cmd->add_option("--out", run.out, "directory for the ledger and the store (default: a new /tmp dir)");
+  run_cmd->add_option("--hold-max-ms", run.hold_max_ms);
+  run_cmd->add_option("--acquire-timeout-ms", run.acquire_timeout_ms);
+  run_cmd->add_option("--ttl-ms", run.ttl_ms, "redis session lease");
+  run_cmd->add_option("--fault-every-ms", run.fault_every_ms, "mean gap between faults");
+  run_cmd->add_option("--faults", run.faults, "kinds to inject: kill stop restart cut drop delay")->delimiter(',');
+
+  std::string ledger;
+  auto* check_cmd = app.add_subcommand("check", "check a ledger");
+  check_cmd->add_option("ledger", ledger)->required();
+
+  WorkerArgs w;
+  auto* worker_cmd = app.add_subcommand("worker", "one contender (started by run)");
+  worker_cmd->add_option("--url", w.url)->required();
+  worker_cmd->add_option("--name", w.name)->required();
+  worker_cmd->add_option("--ledger", w.ledger)->required();
+  worker_cmd->add_option("--slot", w.slot);
+  worker_cmd->add_option("--hold-max-ms", w.hold_max_ms)->check(CLI::PositiveNumber);
+  worker_cmd->add_option("--acquire-timeout-ms", w.acquire_timeout_ms);
+  worker_cmd->add_option("--seed", w.seed);
+
+  CLI11_PARSE(app, argc, argv);
+  if (*worker_cmd) return RunWorker(w);
+  if (*check_cmd) return CheckLedger(ledger, {}, std::cout) == 0 ? 0 : 1;
+  if (run.seed == 0) run.seed = std::random_device{}();
+  std::signal(SIGPIPE, SIG_IGN);
+  std::cerr << "dlock-chaos: seed " << run.seed << "\n";
+  return Runner(run, SelfPath(argv[0])).run();
+}
