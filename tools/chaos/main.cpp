@@ -75,8 +75,15 @@ int RunWorker(const WorkerArgs& a) {
   const std::string who = Str(a.slot) + " " + Str(::getpid()) + " ";
   std::mt19937_64 rng(a.seed ^ static_cast<std::uint64_t>(::getpid()));
   try {
-    auto client = Client::connect(a.url);
-    Mutex mutex(client, a.name);
+    // The store may be down or cut off right now: keep trying, as an application would.
+    std::optional<Client> client;
+    while (!client && !stop.stop_requested()) {
+      auto opened = Client::open(a.url);
+      if (opened.ok()) client = std::move(*opened);
+      else std::this_thread::sleep_for(100ms);
+    }
+    if (!client) return 0;
+    Mutex mutex(*client, a.name);
     while (!stop.stop_requested()) {
       const std::int64_t begin = MonotonicNanos();
       AppendLine(fd, "B " + who + Str(begin) + "\n");
