@@ -230,11 +230,21 @@ class Runner {
   Runner(RunArgs args, std::string self) : a_(std::move(args)), self_(std::move(self)), rng_(a_.seed) {}
 
   int run() {
-    if (a_.out.empty()) {
+    const bool scratch = a_.out.empty();
+    if (scratch) {
       char tmpl[] = "/tmp/dlock-chaos-XXXXXX";
       if (!::mkdtemp(tmpl)) return 2;
       a_.out = tmpl;
     }
+    const int status = run_in_out_dir();
+    // A scratch directory is kept only when there is something to look at.
+    if (scratch && status == 0) fs::remove_all(a_.out);
+    else std::cerr << "dlock-chaos: ledger kept in " << ledger_ << "\n";
+    return status;
+  }
+
+ private:
+  int run_in_out_dir() {
     fs::create_directories(a_.out);
     ledger_ = a_.out + "/ledger";
     fs::remove(ledger_);
@@ -292,7 +302,6 @@ class Runner {
     return (violations == 0 && stopped_ok) ? 0 : 1;
   }
 
- private:
   using Action = std::pair<std::chrono::steady_clock::time_point, std::function<void()>>;
 
   std::chrono::milliseconds gap() {
