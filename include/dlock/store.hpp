@@ -15,8 +15,10 @@
 //  - A *queue* (named like a lock: "orders/42") holds *entries* in order. A
 //    session appends an ephemeral entry tagged with a kind ("lock", "read",
 //    "write", "lease") and an owner record. Every entry gets a fencing token,
-//    a number that only grows across the whole store, so a resource can refuse
-//    a holder whose token is older than one it has already seen.
+//    a number that only grows for its queue (ZooKeeper's czxid and the file
+//    store's counter grow across the whole store; Redis keeps one counter per
+//    queue), so a resource can refuse a holder whose token is older than one
+//    it has already seen.
 //
 //  - Waiting is for one thing only: until some given entries are gone. The
 //    store wakes the waiter (a watch, a blocking query, a pub/sub message, the

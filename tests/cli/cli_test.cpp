@@ -245,6 +245,21 @@ TEST_P(CliTest, BreakFreesALockHeldByAStoppedProcess) {
   EXPECT_EQ(RunToEnd({"break", "--url", url_, name_}), 1) << "nothing left to break";
 }
 
+TEST_P(CliTest, LostLockStopsTheCommandWithStatus4) {
+  if (GetParam() == "file") GTEST_SKIP() << "a file:// session lives as long as its process: it cannot be lost";
+  const std::string started = dir_ + "/started";
+  // The command ignores SIGTERM, so only --kill-after's SIGKILL ends it.
+  pid_t run = Start({"run", "--url", url_, "--kill-after", "300ms", name_, "--", "sh", "-c",
+                     "trap '' TERM; touch " + started + "; exec sleep 120"});
+  ASSERT_TRUE(Eventually([&] { return std::filesystem::exists(started); }, 30s));
+  ASSERT_EQ(::kill(run, SIGSTOP), 0);  // dlock alone: its command keeps running
+  // Once the paused session expires, someone else can take the lock.
+  EXPECT_EQ(RunToEnd({"run", "--url", url_, "--timeout", "120s", name_, "--", "true"}), 0);
+  ASSERT_EQ(::kill(run, SIGCONT), 0);
+  EXPECT_EQ(Wait(run), 4);
+  EXPECT_TRUE(Eventually([&] { return ::kill(-run, 0) != 0; }, 10s)) << "the command outlived its lost lock";
+}
+
 INSTANTIATE_TEST_SUITE_P(Stores, CliTest, ::testing::ValuesIn(testing::MultiProcessSpecs()),
                          [](const auto& p) { return testing::SpecName(p.param, p.index); });
 

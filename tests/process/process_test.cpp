@@ -198,6 +198,50 @@ TEST_P(ProcessTest, KilledHolderFreesTheLockForTheNextWaiter) {
       << "entries left behind";
 }
 
+// A holder paused (SIGSTOP) past its session's timeout loses the lock: the
+// next waiter gets it with a larger token, and the paused holder, once
+// resumed, is told (lost signal) rather than carrying on as if it held it.
+TEST_P(ProcessTest, PausedHolderIsToldItLostTheLock) {
+  if (GetParam() == "file") GTEST_SKIP() << "a file:// session lives as long as its process: it cannot expire";
+  pid_t holder = Spawn(0, "mutex", 1, 0, {"--report-lost"});
+  auto client = Client::connect(url_);
+  ASSERT_TRUE(testing::Eventually([&] { return client.list_entries(name_).value().size() == 1u; }, 60s));
+  ASSERT_EQ(::kill(holder, SIGSTOP), 0);
+  Spawn(1, "mutex", 1, 1);  // gets the lock once the paused holder's session expires
+  auto start = std::chrono::steady_clock::now();
+  auto waiter_done = [&] {
+    std::ifstream in(ledger_);
+    for (std::string line; std::getline(in, line);) {
+      if (line.rfind("1 ", 0) == 0) return true;
+    }
+    return false;
+  };
+  ASSERT_TRUE(testing::Eventually(waiter_done, 120s)) << "the waiter never got the lock";
+  auto took = std::chrono::steady_clock::now() - start;
+  ASSERT_EQ(::kill(holder, SIGCONT), 0);
+  ASSERT_TRUE(WaitAll(90s));
+  std::ifstream in(ledger_);
+  std::uint64_t paused_token = 0, lost_token = 0, next_token = 0;
+  std::string lost_state;
+  for (std::string line; std::getline(in, line);) {
+    std::istringstream f(line);
+    std::string first;
+    f >> first;
+    long pid;
+    if (first == "ACQUIRED") f >> pid >> paused_token;
+    if (first == "LOST") f >> pid >> lost_token >> lost_state;
+    if (first == "1") {
+      std::string recipe;
+      f >> pid >> recipe >> next_token;
+    }
+  }
+  EXPECT_EQ(lost_token, paused_token) << "the paused holder was never told it lost the lock";
+  EXPECT_EQ(lost_state, "lost");
+  EXPECT_GT(next_token, paused_token) << "the next holder's token must be larger";
+  std::printf("[ info ] next holder got the lock %lld ms after the pause\n",
+              static_cast<long long>(std::chrono::duration_cast<std::chrono::milliseconds>(took).count()));
+}
+
 // Regression: a waiter must wake however the kernel orders the release of a
 // killed holder's files (it once slept forever when the holder's FIFO was
 // released before its entry lock). Many pairs at once make the window likely.

@@ -2,13 +2,16 @@
 // hold to a ledger (one line per hold, appended with a single write):
 //   <worker> <pid> <recipe> <token> <start_ns> <end_ns>
 // With --hold-forever it writes "ACQUIRED <pid> <token>" once it holds the
-// lock, then waits to be killed.
+// lock, then waits to be killed. With --report-lost it writes the same line,
+// then waits (at most a minute) for its lost signal and writes
+// "LOST <pid> <token> <state>".
 #include <fcntl.h>
 #include <time.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <condition_variable>
 #include <mutex>
 #include <shared_mutex>
 #include <thread>
@@ -35,6 +38,7 @@ int main(int argc, char** argv) {
   int worker = 0, rounds = 1, hold_ms = 1;
   unsigned permits = 1;
   bool hold_forever = false;
+  bool report_lost = false;
   app.add_option("--url", url)->required();
   app.add_option("--name", name)->required();
   app.add_option("--recipe", recipe)->check(CLI::IsMember({"mutex", "semaphore", "semmutex", "read", "write"}));
@@ -44,6 +48,7 @@ int main(int argc, char** argv) {
   app.add_option("--hold-ms", hold_ms);
   app.add_option("--ledger", ledger)->required();
   app.add_flag("--hold-forever", hold_forever);
+  app.add_flag("--report-lost", report_lost);
   CLI11_PARSE(app, argc, argv);
 
   int fd = ::open(ledger.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0600);
@@ -61,9 +66,16 @@ int main(int argc, char** argv) {
       if (recipe == "write") hold = rw.acquire_write();
       if (!hold) return 11;
       const std::int64_t start = MonotonicNanos();
-      if (hold_forever) {
+      if (hold_forever || report_lost) {
         Append(fd, "ACQUIRED " + std::to_string(::getpid()) + " " + std::to_string(hold->fencing_token()) + "\n");
-        while (true) ::pause();
+        while (hold_forever) ::pause();
+        std::mutex mu;
+        std::condition_variable_any cv;
+        std::unique_lock<std::mutex> lock(mu);
+        cv.wait_for(lock, hold->lost_token(), std::chrono::minutes(1), [] { return false; });
+        Append(fd, "LOST " + std::to_string(::getpid()) + " " + std::to_string(hold->fencing_token()) + " " +
+                       std::string(dlock::HoldStateName(hold->state())) + "\n");
+        return 0;
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(hold_ms));
       const std::int64_t end = MonotonicNanos();

@@ -1,0 +1,83 @@
+// Internal: one ZooKeeper session of the zk:// store.
+//
+// A ZkSession owns one handle of the official C client (zookeeper_init2), and
+// so one server session, shared by every lock and thread of a dlock::Client.
+// Requests use the asynchronous C API so that each call can be bounded by its
+// own deadline, and so that several requests can be pipelined in one network
+// round trip (the server answers a session's requests in order).
+//
+// Session states:
+//  - kConnected once the handshake and a first request have succeeded.
+//  - kSuspended as soon as the C client reports the connection gone
+//    (ZOO_CONNECTING_STATE and friends).
+//  - kLost when the server says the session expired, or when this process
+//    decides so on its own: no request has been answered for the negotiated
+//    session timeout (less a margin of a tenth, at most 1 s), counted on the
+//    injected clock from the moment the last answered request was *sent*.
+//    The server cannot expire the session before a full timeout after that
+//    point, so a holder hears kLost before the server can give its lock to
+//    someone else. The session thread sends a cheap exists("/") whenever no
+//    request was answered for a third of the timeout, so that point stays
+//    fresh (the C client's own pings are invisible to us). A lost handle is
+//    closed at once and is never reported connected again; the store opens a
+//    new session.
+//  - kClosed after close().
+//
+// Threads: the C client runs an I/O thread and a completion thread per
+// handle; every callback of ours runs on the completion thread and only
+// updates state under a mutex. Each session also runs one thread of its own
+// that delivers state changes to subscribers (in order, without locks),
+// keeps the lost-timer, sends heartbeats and closes the handle. Callbacks
+// never own the session and never call the C API, so zookeeper_close (which
+// joins the C threads) cannot deadlock with them.
+#ifndef DLOCK_SRC_STORES_ZOOKEEPER_ZK_SESSION_HPP_
+#define DLOCK_SRC_STORES_ZOOKEEPER_ZK_SESSION_HPP_
+
+#include <memory>
+#include <thread>
+
+#include "dlock/clock.hpp"
+#include "dlock/store.hpp"
+#include "stores/zookeeper/zk_config.hpp"
+
+namespace dlock::internal::zk {
+
+class Core;
+
+class ZkSession final : public Session {
+ public:
+  // Starts connecting and returns at once; await_open() waits for the outcome.
+  static std::shared_ptr<ZkSession> Start(std::shared_ptr<const Config> config, std::shared_ptr<Clock> clock);
+  ~ZkSession() override;
+  ZkSession(const ZkSession&) = delete;
+  ZkSession& operator=(const ZkSession&) = delete;
+
+  // OK once the session is open. kUnavailable if no server answered before
+  // `deadline` or the connect timeout; kUnauthenticated if the credentials
+  // were rejected or do not allow reading the chroot.
+  Status await_open(Clock::time_point deadline);
+  // Still connecting, or open and neither lost nor closed.
+  bool reusable() const noexcept;
+
+  std::string id() const override;
+  SessionState state() const noexcept override;
+  std::shared_ptr<void> subscribe(std::function<void(SessionState)> fn) override;
+  Result<Appended> append(std::string_view queue, const EntrySpec& spec, Clock::time_point deadline) override;
+  Result<std::vector<Entry>> list(std::string_view queue, const ListOptions& options,
+                                  Clock::time_point deadline) override;
+  Status wait_any_gone(std::string_view queue, std::span<const std::string> ids, Clock::time_point deadline,
+                       std::stop_token stop) override;
+  Status remove(std::string_view queue, std::string_view id, Clock::time_point deadline) override;
+  Result<std::optional<Entry>> find_own(std::string_view queue, std::string_view attempt_id,
+                                        Clock::time_point deadline) override;
+  void close() noexcept override;
+
+ private:
+  explicit ZkSession(std::shared_ptr<Core> core);
+  const std::shared_ptr<Core> core_;
+  std::jthread thread_;  // runs Core::Run; holds its own reference to the core
+};
+
+}  // namespace dlock::internal::zk
+
+#endif  // DLOCK_SRC_STORES_ZOOKEEPER_ZK_SESSION_HPP_

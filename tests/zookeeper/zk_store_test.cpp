@@ -1,0 +1,849 @@
+// The zk:// store against a real ZooKeeper server: the Session contract of
+// dlock/store.hpp, Curator's node layout, auth, and what happens when the
+// connection or the server goes away.
+#include <gtest/gtest.h>
+
+#include <regex>
+
+#include "stores/zookeeper/zk_names.hpp"
+#include "zookeeper/zk_test_support.hpp"
+
+namespace dlock {
+namespace {
+
+using namespace std::chrono_literals;
+using zktest::RawZk;
+using zktest::SharedServer;
+using zktest::SteadyClock;
+using zktest::WaitFor;
+
+Clock::time_point In(Clock::duration d) { return Clock::system()->now() + d; }
+
+std::string NewAttempt() {
+  static std::atomic<std::uint64_t> n{0};
+  char buf[33];
+  std::snprintf(buf, sizeof buf, "%016llx%016llx", static_cast<unsigned long long>(::getpid()),
+                static_cast<unsigned long long>(++n));
+  return buf;
+}
+
+EntrySpec Spec(std::string kind, std::string label = "test") {
+  EntrySpec s;
+  s.kind = std::move(kind);
+  s.attempt_id = NewAttempt();
+  s.owner.host = "testhost";
+  s.owner.pid = ::getpid();
+  s.owner.thread = "main";
+  s.owner.label = std::move(label);
+  s.owner.acquired_unix_ms = 1700000000000;
+  return s;
+}
+
+// Records the states a session goes through, with their times.
+struct StateLog {
+  std::mutex mu;
+  std::vector<std::pair<SessionState, SteadyClock::time_point>> seen;
+  std::shared_ptr<void> sub;
+  void attach(Session& s) {
+    sub = s.subscribe([this](SessionState st) {
+      std::lock_guard<std::mutex> g(mu);
+      seen.emplace_back(st, SteadyClock::now());
+    });
+  }
+  std::optional<SteadyClock::time_point> when(SessionState st) {
+    std::lock_guard<std::mutex> g(mu);
+    for (auto& [s, t] : seen) {
+      if (s == st) return t;
+    }
+    return std::nullopt;
+  }
+  std::vector<SessionState> states() {
+    std::lock_guard<std::mutex> g(mu);
+    std::vector<SessionState> out;
+    for (auto& p : seen) out.push_back(p.first);
+    return out;
+  }
+};
+
+class ZkStoreTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    DLOCK_REQUIRE_ZK_SERVER();
+    hosts_ = SharedServer();
+    zktest::EnsureTestRoot(hosts_);
+    chroot_ = zktest::UniqueChroot(::testing::UnitTest::GetInstance()->current_test_info()->name());
+  }
+
+  std::string Url(const std::string& query = "", const std::string& hosts = "", const std::string& auth = "") {
+    return "zk://" + auth + (hosts.empty() ? hosts_ : hosts) + chroot_ + (query.empty() ? "" : "?" + query);
+  }
+  std::shared_ptr<Store> OpenStoreOk(const std::string& url, StoreOptions options = {}) {
+    auto store = OpenStore(url, options);
+    EXPECT_TRUE(store.ok()) << store.status().ToString();
+    return store.ok() ? *store : nullptr;
+  }
+  std::shared_ptr<Session> NewSession(const std::string& query = "", const std::string& hosts = "") {
+    auto store = OpenStoreOk(Url(query, hosts));
+    if (!store) return nullptr;
+    stores_.push_back(store);
+    auto s = store->open_session(In(20s));
+    EXPECT_TRUE(s.ok()) << s.status().ToString();
+    return s.ok() ? *s : nullptr;
+  }
+
+  std::string hosts_, chroot_;
+  std::vector<std::shared_ptr<Store>> stores_;
+};
+
+// ---------------------------------------------------------------- basics
+
+TEST_F(ZkStoreTest, AppendListOrderAndTokens) {
+  auto s = NewSession();
+  ASSERT_TRUE(s);
+  EXPECT_EQ(s->state(), SessionState::kConnected);
+  EXPECT_TRUE(std::regex_match(s->id(), std::regex("0x[0-9a-f]+"))) << s->id();
+
+  std::vector<Appended> made;
+  for (const char* kind : {"lock", "write", "read", "lease"}) {
+    auto spec = Spec(kind);
+    auto a = s->append("q/one", spec, In(10s));
+    ASSERT_TRUE(a.ok()) << a.status().ToString();
+    EXPECT_EQ(a->entry.kind, kind);
+    EXPECT_EQ(a->entry.attempt_id, spec.attempt_id);
+    ASSERT_TRUE(a->entry.token);
+    // Curator's protected name: _c_<uuid>-<tag><10 digits>.
+    std::string uuid = *internal::zk::AttemptIdToUuid(spec.attempt_id);
+    std::string tag = *internal::zk::KindTag(kind);
+    EXPECT_TRUE(std::regex_match(a->entry.id, std::regex("_c_" + uuid + "-" + tag + "[0-9]{10}"))) << a->entry.id;
+    // The snapshot of the same round trip includes the new entry.
+    ASSERT_TRUE(a->queue);
+    EXPECT_EQ(a->queue->size(), made.size() + 1);
+    EXPECT_EQ(a->queue->back().id, a->entry.id);
+    made.push_back(*a);
+  }
+  for (std::size_t i = 1; i < made.size(); ++i) {
+    EXPECT_GT(made[i].entry.sequence, made[i - 1].entry.sequence);
+    EXPECT_GT(*made[i].entry.token, *made[i - 1].entry.token);  // czxids only grow
+  }
+  auto listed = s->list("q/one", {}, In(10s));
+  ASSERT_TRUE(listed.ok()) << listed.status().ToString();
+  ASSERT_EQ(listed->size(), made.size());
+  for (std::size_t i = 0; i < made.size(); ++i) {
+    EXPECT_EQ((*listed)[i].id, made[i].entry.id);
+    EXPECT_EQ((*listed)[i].kind, made[i].entry.kind);
+    EXPECT_EQ((*listed)[i].sequence, made[i].entry.sequence);
+    EXPECT_EQ((*listed)[i].attempt_id, made[i].entry.attempt_id);
+    EXPECT_FALSE((*listed)[i].owner);
+  }
+  // The znodes themselves: ephemeral, owned by the session, owner record as data.
+  RawZk raw(hosts_);
+  ASSERT_TRUE(raw.connected());
+  Stat st{};
+  auto data = raw.get(chroot_ + "/q/one/" + made[0].entry.id, &st);
+  ASSERT_TRUE(data);
+  EXPECT_EQ(static_cast<std::uint64_t>(st.czxid), *made[0].entry.token);
+  EXPECT_EQ(internal::zk::UuidToAttemptId(""), std::nullopt);
+  EXPECT_EQ(*data, EncodeOwnerRecord(Spec("lock").owner));
+  EXPECT_EQ(std::to_string(st.ephemeralOwner), std::to_string(std::stoll(s->id(), nullptr, 16)));
+  // Tokens keep growing across queues: they are store-wide.
+  auto other = s->append("q/two", Spec("lock"), In(10s));
+  ASSERT_TRUE(other.ok());
+  EXPECT_GT(*other->entry.token, *made.back().entry.token);
+}
+
+TEST_F(ZkStoreTest, ListWithOwnersAndForeignChildren) {
+  auto s = NewSession();
+  ASSERT_TRUE(s);
+  auto a = s->append("q", Spec("lock", "first"), In(10s));
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  RawZk raw(hosts_);
+  ASSERT_TRUE(raw.connected());
+  std::string base = chroot_ + "/q";
+  // Children another client might leave: kazoo's lock, ZooKeeper's own
+  // recipe's node with garbage data, and a node without a sequence.
+  std::string kazoo = raw.create(base + "/0123456789abcdef0123456789abcdef__lock__", "kazoo-id", ZOO_EPHEMERAL_SEQUENTIAL);
+  std::string zkrecipe = raw.create(base + "/x-1234-", "\x12\x34", ZOO_EPHEMERAL_SEQUENTIAL);
+  ASSERT_FALSE(raw.create(base + "/plain", "", ZOO_EPHEMERAL).empty());
+  ASSERT_FALSE(kazoo.empty());
+  ASSERT_FALSE(zkrecipe.empty());
+
+  auto listed = s->list("q", {.with_owners = true}, In(10s));
+  ASSERT_TRUE(listed.ok()) << listed.status().ToString();
+  ASSERT_EQ(listed->size(), 3u);  // "plain" is not an entry
+  EXPECT_EQ((*listed)[0].id, a->entry.id);
+  ASSERT_TRUE((*listed)[0].owner);
+  EXPECT_EQ((*listed)[0].owner->label, "first");
+  EXPECT_EQ((*listed)[0].owner->host, "testhost");
+  EXPECT_EQ((*listed)[0].token, a->entry.token);
+  EXPECT_EQ((*listed)[1].kind, "lock");  // kazoo's Lock
+  EXPECT_EQ((*listed)[1].attempt_id, "");
+  ASSERT_TRUE((*listed)[1].owner);
+  EXPECT_EQ((*listed)[1].owner->host, "");  // not an owner record: empty
+  EXPECT_TRUE((*listed)[1].token);
+  EXPECT_EQ((*listed)[2].kind, "foreign");
+  EXPECT_EQ((*listed)[2].sequence, (*listed)[1].sequence + 1);
+}
+
+TEST_F(ZkStoreTest, MissingQueueIsEmpty) {
+  auto s = NewSession();
+  ASSERT_TRUE(s);
+  auto listed = s->list("no/such/queue", {}, In(10s));
+  ASSERT_TRUE(listed.ok()) << listed.status().ToString();
+  EXPECT_TRUE(listed->empty());
+  auto own = s->find_own("no/such/queue", NewAttempt(), In(10s));
+  ASSERT_TRUE(own.ok());
+  EXPECT_FALSE(*own);
+  EXPECT_TRUE(s->remove("no/such/queue", "_c_x-lock-0000000001", In(10s)).ok());
+}
+
+TEST_F(ZkStoreTest, BadArgumentsAreRejected) {
+  auto s = NewSession();
+  ASSERT_TRUE(s);
+  EXPECT_EQ(s->append("/abs", Spec("lock"), In(5s)).status().code(), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(s->append("q", Spec("semaphore"), In(5s)).status().code(), ErrorCode::kInvalidArgument);
+  auto bad = Spec("lock");
+  bad.attempt_id = "xyz";
+  EXPECT_EQ(s->append("q", bad, In(5s)).status().code(), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(s->remove("q", "a/b", In(5s)).code(), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(s->wait_any_gone("q", {}, In(5s), {}).code(), ErrorCode::kInvalidArgument);
+}
+
+TEST_F(ZkStoreTest, ContainerParentsVanishWhenEmpty) {
+  auto s = NewSession();
+  ASSERT_TRUE(s);
+  auto a = s->append("deep/er/queue", Spec("lock"), In(10s));
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  RawZk raw(hosts_);
+  ASSERT_TRUE(raw.connected());
+  Stat st{};
+  ASSERT_TRUE(raw.exists(chroot_ + "/deep/er/queue", &st));
+  EXPECT_EQ(st.ephemeralOwner, 0);
+  // Containers, not persistent nodes: the server reaps them once empty.
+  ASSERT_TRUE(s->remove("deep/er/queue", a->entry.id, In(10s)).ok());
+  EXPECT_TRUE(WaitFor([&] { return !raw.exists(chroot_ + "/deep"); }, 20s)) << "the empty lock directory stayed";
+  // Appending again re-creates the parents.
+  auto again = s->append("deep/er/queue", Spec("lock"), In(10s));
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+}
+
+TEST_F(ZkStoreTest, AppendSurvivesParentsVanishingUnderIt) {
+  // Many appends and removes racing the container reaper on one directory.
+  auto s = NewSession();
+  ASSERT_TRUE(s);
+  for (int i = 0; i < 30; ++i) {
+    auto a = s->append("churn/q", Spec("lock"), In(10s));
+    ASSERT_TRUE(a.ok()) << i << ": " << a.status().ToString();
+    ASSERT_TRUE(s->remove("churn/q", a->entry.id, In(10s)).ok());
+    if (i % 5 == 0) std::this_thread::sleep_for(250ms);  // let the reaper run
+  }
+}
+
+TEST_F(ZkStoreTest, DowngradeTakesTheWritersSequence) {
+  auto s = NewSession();
+  ASSERT_TRUE(s);
+  auto w = s->append("rw", Spec("write"), In(10s));
+  ASSERT_TRUE(w.ok()) << w.status().ToString();
+  auto behind = s->append("rw", Spec("write"), In(10s));
+  ASSERT_TRUE(behind.ok());
+  auto rspec = Spec("read");
+  rspec.sequence = w->entry.sequence;
+  auto r = s->append("rw", rspec, In(10s));
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  // Curator's CURATOR-621 fix: _c_<uuid>-__READ__<writer's seq>, plain EPHEMERAL.
+  EXPECT_EQ(r->entry.id, "_c_" + *internal::zk::AttemptIdToUuid(rspec.attempt_id) + "-__READ__" +
+                             internal::zk::FormatSequence(static_cast<std::int32_t>(w->entry.sequence)));
+  EXPECT_EQ(r->entry.sequence, w->entry.sequence);
+  ASSERT_TRUE(s->remove("rw", w->entry.id, In(10s)).ok());
+  auto listed = s->list("rw", {}, In(10s));
+  ASSERT_TRUE(listed.ok());
+  ASSERT_EQ(listed->size(), 2u);
+  EXPECT_EQ((*listed)[0].id, r->entry.id);  // still ahead of the writer queued behind
+  EXPECT_EQ((*listed)[1].id, behind->entry.id);
+  // A retried append of the same downgrade adopts its own entry.
+  auto again = s->append("rw", rspec, In(10s));
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ(again->entry.id, r->entry.id);
+  EXPECT_EQ(again->entry.token, r->entry.token);
+}
+
+TEST_F(ZkStoreTest, FindOwnFindsOnlyThisSessionsEntry) {
+  auto s = NewSession();
+  auto other = NewSession();
+  ASSERT_TRUE(s && other);
+  ASSERT_NE(s->id(), other->id());
+  auto spec = Spec("lock");
+  auto a = s->append("q", spec, In(10s));
+  ASSERT_TRUE(a.ok());
+  auto found = s->find_own("q", spec.attempt_id, In(10s));
+  ASSERT_TRUE(found.ok()) << found.status().ToString();
+  ASSERT_TRUE(*found);
+  EXPECT_EQ((*found)->id, a->entry.id);
+  EXPECT_EQ((*found)->token, a->entry.token);
+  EXPECT_EQ((*found)->attempt_id, spec.attempt_id);
+  auto none = s->find_own("q", NewAttempt(), In(10s));
+  ASSERT_TRUE(none.ok());
+  EXPECT_FALSE(*none);
+  // Another session sees the node but it is not its own.
+  auto theirs = other->find_own("q", spec.attempt_id, In(10s));
+  ASSERT_TRUE(theirs.ok());
+  EXPECT_FALSE(*theirs);
+}
+
+TEST_F(ZkStoreTest, RemoveIsIdempotentAndMayBreakOthers) {
+  auto s = NewSession();
+  auto op = NewSession();
+  ASSERT_TRUE(s && op);
+  auto a = s->append("q", Spec("lock"), In(10s));
+  ASSERT_TRUE(a.ok());
+  EXPECT_TRUE(op->remove("q", a->entry.id, In(10s)).ok());  // `dlock break`
+  EXPECT_TRUE(s->remove("q", a->entry.id, In(10s)).ok());   // already gone: OK
+  auto listed = s->list("q", {}, In(10s));
+  ASSERT_TRUE(listed.ok());
+  EXPECT_TRUE(listed->empty());
+}
+
+// ------------------------------------------------------------------ waiting
+
+TEST_F(ZkStoreTest, WaitWakesOnDelete) {
+  auto holder = NewSession();
+  auto waiter = NewSession();
+  ASSERT_TRUE(holder && waiter);
+  auto a = holder->append("q", Spec("lock"), In(10s));
+  auto b = holder->append("q", Spec("lock"), In(10s));
+  ASSERT_TRUE(a.ok() && b.ok());
+  std::atomic<bool> done{false};
+  Status result;
+  SteadyClock::time_point woke;
+  std::thread t([&] {
+    std::vector<std::string> ids{a->entry.id, b->entry.id};
+    result = waiter->wait_any_gone("q", ids, In(30s), {});
+    woke = SteadyClock::now();
+    done = true;
+  });
+  std::this_thread::sleep_for(300ms);
+  EXPECT_FALSE(done);
+  auto removed = SteadyClock::now();
+  ASSERT_TRUE(holder->remove("q", b->entry.id, In(10s)).ok());
+  t.join();
+  EXPECT_TRUE(result.ok()) << result.ToString();
+  std::printf("[   INFO   ] wake-up %.1f ms after the delete\n", zktest::Seconds(woke - removed) * 1000);
+  EXPECT_LT(woke - removed, 2s);
+}
+
+TEST_F(ZkStoreTest, WaitOnGoneEntryReturnsAtOnce) {
+  auto s = NewSession();
+  ASSERT_TRUE(s);
+  std::vector<std::string> ids{"_c_00000000-0000-0000-0000-000000000000-lock-0000000001"};
+  EXPECT_TRUE(s->wait_any_gone("q", ids, In(10s), {}).ok());
+  // Even with a deadline already past: the check still happens.
+  EXPECT_TRUE(s->wait_any_gone("q", ids, In(-1s), {}).ok());
+}
+
+TEST_F(ZkStoreTest, WaitHonoursDeadlineAndStop) {
+  auto s = NewSession();
+  ASSERT_TRUE(s);
+  auto a = s->append("q", Spec("lock"), In(10s));
+  ASSERT_TRUE(a.ok());
+  std::vector<std::string> ids{a->entry.id};
+  auto t0 = SteadyClock::now();
+  Status st = s->wait_any_gone("q", ids, In(400ms), {});
+  auto took = SteadyClock::now() - t0;
+  EXPECT_EQ(st.code(), ErrorCode::kDeadlineExceeded) << st.ToString();
+  EXPECT_GE(took, 380ms);
+  EXPECT_LT(took, 2s);
+  EXPECT_EQ(s->wait_any_gone("q", ids, In(-1s), {}).code(), ErrorCode::kDeadlineExceeded);
+
+  std::stop_source stop;
+  std::thread t([&] {
+    std::this_thread::sleep_for(200ms);
+    stop.request_stop();
+  });
+  t0 = SteadyClock::now();
+  st = s->wait_any_gone("q", ids, kNoDeadline, stop.get_token());
+  took = SteadyClock::now() - t0;
+  t.join();
+  EXPECT_EQ(st.code(), ErrorCode::kCancelled) << st.ToString();
+  EXPECT_LT(took, 2s);
+}
+
+TEST_F(ZkStoreTest, WaitIgnoresDataChangesAndManyWaitersWake) {
+  auto holder = NewSession();
+  auto waiter = NewSession();
+  ASSERT_TRUE(holder && waiter);
+  auto a = holder->append("q", Spec("lock"), In(10s));
+  ASSERT_TRUE(a.ok());
+  std::vector<std::string> ids{a->entry.id};
+  constexpr int kWaiters = 16;
+  std::atomic<int> woke{0};
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kWaiters; ++i) {
+    threads.emplace_back([&] {
+      if (waiter->wait_any_gone("q", ids, In(30s), {}).ok()) ++woke;
+    });
+  }
+  std::this_thread::sleep_for(300ms);
+  // Curator's revoker writes data into the lock node: that is not a release.
+  RawZk raw(hosts_);
+  ASSERT_TRUE(raw.connected());
+  ASSERT_EQ(raw.set(chroot_ + "/q/" + a->entry.id, "__REVOKE__"), ZOK);
+  std::this_thread::sleep_for(300ms);
+  EXPECT_EQ(woke.load(), 0);
+  ASSERT_TRUE(holder->remove("q", a->entry.id, In(10s)).ok());
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(woke.load(), kWaiters);
+}
+
+TEST_F(ZkStoreTest, WaitWakesWhenTheOwnerSessionExpires) {
+  if (std::string(DLOCK_PYTHON_KAZOO).empty()) GTEST_SKIP() << "needs python3-kazoo";
+  auto waiter = NewSession();
+  ASSERT_TRUE(waiter);
+  // The owner: another process (kazoo), whose session the server expires
+  // after we freeze it.
+  zktest::Kazoo owner(hosts_, 1.0);
+  ASSERT_TRUE(owner.ready());
+  std::string created = owner.call("ephemeral " + chroot_ + "/q/" + "x-");
+  ASSERT_EQ(created.rfind("created ", 0), 0u) << created;
+  std::string id = created.substr(created.rfind('/') + 1);
+  auto listed = waiter->list("q", {}, In(10s));
+  ASSERT_TRUE(listed.ok());
+  ASSERT_EQ(listed->size(), 1u);
+  EXPECT_EQ((*listed)[0].kind, "foreign");
+  ::kill(owner.pid(), SIGSTOP);
+  auto frozen = SteadyClock::now();
+  std::vector<std::string> ids{id};
+  Status st = waiter->wait_any_gone("q", ids, In(30s), {});
+  auto took = SteadyClock::now() - frozen;
+  ::kill(owner.pid(), SIGCONT);
+  EXPECT_TRUE(st.ok()) << st.ToString();
+  std::printf("[   INFO   ] owner's entry gone %.2f s after its process froze (session timeout 1 s)\n",
+              zktest::Seconds(took));
+  EXPECT_LT(took, 10s);
+}
+
+// ----------------------------------------------------------------- sessions
+
+TEST_F(ZkStoreTest, StoreSharesOneSessionUntilItEnds) {
+  auto store = OpenStoreOk(Url());
+  ASSERT_TRUE(store);
+  EXPECT_EQ(store->url(), Url());
+  auto a = store->open_session(In(20s));
+  auto b = store->open_session(In(20s));
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(a->get(), b->get());
+  StateLog log;
+  log.attach(**a);
+  (*a)->close();
+  (*a)->close();  // idempotent
+  EXPECT_EQ((*a)->state(), SessionState::kClosed);
+  EXPECT_EQ((*a)->append("q", Spec("lock"), In(5s)).status().code(), ErrorCode::kSessionLost);
+  EXPECT_TRUE(WaitFor([&] { return log.when(SessionState::kClosed).has_value(); }, 5s));
+  auto c = store->open_session(In(20s));
+  ASSERT_TRUE(c.ok());
+  EXPECT_NE((*c)->id(), (*a)->id());
+  EXPECT_EQ((*c)->state(), SessionState::kConnected);
+}
+
+TEST_F(ZkStoreTest, ClosingRemovesEntriesAtOnce) {
+  auto s = NewSession();
+  auto observer = NewSession();
+  ASSERT_TRUE(s && observer);
+  auto a = s->append("q", Spec("lock"), In(10s));
+  ASSERT_TRUE(a.ok());
+  std::vector<std::string> ids{a->entry.id};
+  std::thread closer([&] {
+    std::this_thread::sleep_for(200ms);
+    s->close();
+  });
+  auto t0 = SteadyClock::now();
+  Status st = observer->wait_any_gone("q", ids, In(20s), {});
+  closer.join();
+  EXPECT_TRUE(st.ok()) << st.ToString();
+  EXPECT_LT(SteadyClock::now() - t0, 3s);  // a closed session's nodes go now, not at expiry
+}
+
+TEST_F(ZkStoreTest, ConcurrentUseOfOneSession) {
+  auto s = NewSession();
+  ASSERT_TRUE(s);
+  constexpr int kThreads = 8, kRounds = 25;
+  std::atomic<int> failures{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      std::string q = "conc/" + std::to_string(t % 3);
+      for (int i = 0; i < kRounds; ++i) {
+        auto a = s->append(q, Spec(i % 2 ? "read" : "lock"), In(20s));
+        if (!a.ok()) {
+          ++failures;
+          continue;
+        }
+        auto l = s->list(q, {.with_owners = (i % 3 == 0)}, In(20s));
+        if (!l.ok()) ++failures;
+        std::vector<std::string> ids{a->entry.id};
+        if (!s->remove(q, a->entry.id, In(20s)).ok()) ++failures;
+        if (!s->wait_any_gone(q, ids, In(20s), {}).ok()) ++failures;
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(failures.load(), 0);
+}
+
+// ---------------------------------------------------------- connecting, auth
+
+TEST_F(ZkStoreTest, UnreachableServerFailsWithinConnectTimeout) {
+  // A port nobody listens on (refused at once), and a "server" that accepts
+  // connections but never answers (a blackhole), each with a 1 s timeout.
+  int closed_port;
+  {
+    zktest::TcpProxy probe(1);  // borrow a free port, then let it go
+    closed_port = probe.port();
+  }
+  zktest::TcpProxy hole(hosts_.empty() ? 1 : std::stoi(hosts_.substr(hosts_.rfind(':') + 1)));
+  hole.partition();
+  for (std::string hosts : {"127.0.0.1:" + std::to_string(closed_port), hole.hosts()}) {
+    auto store = OpenStoreOk("zk://" + hosts + "/x?connect_timeout=1s");
+    ASSERT_TRUE(store);
+    auto t0 = SteadyClock::now();
+    auto s = store->open_session(In(60s));
+    auto took = SteadyClock::now() - t0;
+    ASSERT_FALSE(s.ok()) << hosts;
+    EXPECT_EQ(s.status().code(), ErrorCode::kUnavailable) << s.status().ToString();
+    EXPECT_NE(s.status().message().find(hosts), std::string::npos) << s.status().message();
+    EXPECT_GE(took, 900ms);
+    EXPECT_LT(took, 2500ms) << hosts;
+    // The caller's own deadline, if earlier, wins.
+    t0 = SteadyClock::now();
+    s = store->open_session(In(200ms));
+    EXPECT_EQ(s.status().code(), ErrorCode::kUnavailable);
+    EXPECT_LT(SteadyClock::now() - t0, 1500ms);
+  }
+  // StoreOptions::connect_timeout is the default.
+  auto store = OpenStoreOk("zk://127.0.0.1:" + std::to_string(closed_port), {nullptr, 700ms});
+  auto t0 = SteadyClock::now();
+  EXPECT_EQ(store->open_session(In(60s)).status().code(), ErrorCode::kUnavailable);
+  EXPECT_LT(SteadyClock::now() - t0, 2s);
+}
+
+TEST_F(ZkStoreTest, UnresolvableHostFailsClearly) {
+  auto store = OpenStoreOk("zk://no-such-host.invalid:2181?connect_timeout=2s");
+  ASSERT_TRUE(store);
+  auto t0 = SteadyClock::now();
+  auto s = store->open_session(In(60s));
+  ASSERT_FALSE(s.ok());
+  EXPECT_TRUE(s.status().code() == ErrorCode::kUnavailable || s.status().code() == ErrorCode::kInvalidArgument)
+      << s.status().ToString();
+  EXPECT_NE(s.status().message().find("no-such-host.invalid"), std::string::npos) << s.status().message();
+  EXPECT_LT(SteadyClock::now() - t0, 4s);
+}
+
+TEST_F(ZkStoreTest, DigestAuthAndCreatorAcl) {
+  {  // An open chroot, so that others may connect (see UnreadableChrootFailsAtOpen).
+    RawZk setup(hosts_);
+    ASSERT_FALSE(setup.create(chroot_).empty());
+  }
+  auto alice = OpenStoreOk(Url("acl=creator", "", "alice:secret@"));
+  auto mallory = OpenStoreOk(Url("", "", "alice:wrong@"));
+  auto anonymous = OpenStoreOk(Url());
+  ASSERT_TRUE(alice && mallory && anonymous);
+  auto as = alice->open_session(In(20s));
+  ASSERT_TRUE(as.ok()) << as.status().ToString();
+  auto a = (*as)->append("secret/q", Spec("lock"), In(10s));
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+
+  RawZk raw(hosts_, 10000, "alice:secret");  // getACL needs READ
+  ASSERT_TRUE(raw.connected());
+  auto acl = raw.acl(chroot_ + "/secret/q/" + a->entry.id);
+  ASSERT_EQ(acl.size(), 1u);
+  EXPECT_EQ(acl[0].rfind("digest:alice:", 0), 0u) << acl[0];
+  EXPECT_EQ(raw.acl(chroot_ + "/secret/q"), acl);  // parents too
+
+  // A wrong password is not refused by ZooKeeper's digest scheme (it is just
+  // another identity), but it gets nothing done: every request names the path.
+  for (auto* store : {mallory.get(), anonymous.get()}) {
+    auto s = store->open_session(In(20s));
+    ASSERT_TRUE(s.ok()) << s.status().ToString();  // the chroot itself is open
+    auto l = (*s)->list("secret/q", {}, In(10s));
+    EXPECT_EQ(l.status().code(), ErrorCode::kPermissionDenied) << l.status().ToString();
+    EXPECT_NE(l.status().message().find(chroot_ + "/secret/q"), std::string::npos) << l.status().message();
+    EXPECT_EQ((*s)->remove("secret/q", a->entry.id, In(10s)).code(), ErrorCode::kPermissionDenied);
+    EXPECT_EQ((*s)->append("secret/q", Spec("lock"), In(10s)).status().code(), ErrorCode::kPermissionDenied);
+  }
+  // The right password from another session works.
+  auto again = OpenStoreOk(Url("acl=creator", "", "alice:secret@"));
+  auto s2 = again->open_session(In(20s));
+  ASSERT_TRUE(s2.ok());
+  auto l = (*s2)->list("secret/q", {.with_owners = true}, In(10s));
+  ASSERT_TRUE(l.ok()) << l.status().ToString();
+  ASSERT_EQ(l->size(), 1u);
+  EXPECT_EQ((*l)[0].owner->label, "test");
+}
+
+TEST_F(ZkStoreTest, CreatorReadAclLetsOthersLookButNotTouch) {
+  auto alice = OpenStoreOk(Url("acl=creator-read", "", "alice:secret@"));
+  auto bob = OpenStoreOk(Url("", "", "bob:pw@"));
+  auto as = alice->open_session(In(20s));
+  auto bs = bob->open_session(In(20s));
+  ASSERT_TRUE(as.ok() && bs.ok());
+  auto a = (*as)->append("shared", Spec("lock", "alice's"), In(10s));
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  auto l = (*bs)->list("shared", {.with_owners = true}, In(10s));
+  ASSERT_TRUE(l.ok()) << l.status().ToString();
+  ASSERT_EQ(l->size(), 1u);
+  EXPECT_EQ((*l)[0].owner->label, "alice's");
+  std::vector<std::string> ids{a->entry.id};
+  EXPECT_EQ((*bs)->wait_any_gone("shared", ids, In(300ms), {}).code(), ErrorCode::kDeadlineExceeded);
+  EXPECT_EQ((*bs)->remove("shared", a->entry.id, In(10s)).code(), ErrorCode::kPermissionDenied);
+  EXPECT_EQ((*bs)->append("shared", Spec("lock"), In(10s)).status().code(), ErrorCode::kPermissionDenied);
+}
+
+TEST_F(ZkStoreTest, UnreadableChrootFailsAtOpen) {
+  // The chroot exists and only alice may read it: bob learns at open time.
+  RawZk raw(hosts_, 10000, "alice:secret");
+  ASSERT_TRUE(raw.connected());
+  ASSERT_FALSE(raw.create(chroot_, "", 0, &ZOO_CREATOR_ALL_ACL).empty()) << zerror(raw.last_rc);
+  for (std::string auth : {std::string("bob:pw@"), std::string()}) {
+    auto store = OpenStoreOk(Url("connect_timeout=5s", "", auth));
+    auto t0 = SteadyClock::now();
+    auto s = store->open_session(In(60s));
+    ASSERT_FALSE(s.ok());
+    EXPECT_EQ(s.status().code(), ErrorCode::kUnauthenticated) << s.status().ToString();
+    EXPECT_NE(s.status().message().find(chroot_), std::string::npos) << s.status().message();
+    EXPECT_LT(SteadyClock::now() - t0, 5s);
+  }
+  auto ok = OpenStoreOk(Url("", "", "alice:secret@"));
+  EXPECT_TRUE(ok->open_session(In(20s)).ok());
+}
+
+// ------------------------------------------------- connection trouble, loss
+
+TEST_F(ZkStoreTest, SuspendedWhileCutOffThenReconnected) {
+  zktest::TcpProxy proxy(std::stoi(hosts_.substr(hosts_.rfind(':') + 1)));
+  auto s = NewSession("session_timeout=10s", proxy.hosts());
+  ASSERT_TRUE(s);
+  StateLog log;
+  log.attach(*s);
+  auto a = s->append("q", Spec("lock"), In(10s));
+  ASSERT_TRUE(a.ok());
+  std::string id = s->id();
+  proxy.reset();  // the connection drops; the session lives on the server
+  ASSERT_TRUE(WaitFor([&] { return log.when(SessionState::kConnected).has_value(); }, 15s))
+      << "never reconnected";
+  EXPECT_EQ(log.states().front(), SessionState::kSuspended);
+  EXPECT_EQ(s->state(), SessionState::kConnected);
+  EXPECT_EQ(s->id(), id);
+  auto listed = s->list("q", {}, In(10s));  // the entry survived
+  ASSERT_TRUE(listed.ok()) << listed.status().ToString();
+  ASSERT_EQ(listed->size(), 1u);
+}
+
+TEST_F(ZkStoreTest, RemoveAndWaitThroughADroppedConnection) {
+  zktest::TcpProxy proxy(std::stoi(hosts_.substr(hosts_.rfind(':') + 1)));
+  auto s = NewSession("session_timeout=8s", proxy.hosts());
+  auto other = NewSession();
+  ASSERT_TRUE(s && other);
+  StateLog log;
+  log.attach(*s);
+  auto mine = s->append("q", Spec("lock"), In(10s));
+  auto theirs = other->append("q", Spec("lock"), In(10s));
+  ASSERT_TRUE(mine.ok() && theirs.ok());
+
+  // A waiter keeps waiting through the suspension; the watch survives.
+  Status waited;
+  std::thread waiter([&] {
+    std::vector<std::string> ids{theirs->entry.id};
+    waited = s->wait_any_gone("q", ids, In(30s), {});
+  });
+  std::this_thread::sleep_for(200ms);
+  proxy.partition();
+  proxy.reset();  // the connection drops; reconnecting hangs in the partition
+  ASSERT_TRUE(WaitFor([&] { return s->state() == SessionState::kSuspended; }, 15s));
+  // Requests fail fast and say so; the removal is the caller's to retry.
+  auto t0 = SteadyClock::now();
+  Status removed = s->remove("q", mine->entry.id, In(10s));
+  EXPECT_EQ(removed.code(), ErrorCode::kUnavailable) << removed.ToString();
+  EXPECT_LT(SteadyClock::now() - t0, 500ms);
+  EXPECT_EQ(s->list("q", {}, In(10s)).status().code(), ErrorCode::kUnavailable);
+  // Meanwhile the entry it waits for goes.
+  ASSERT_TRUE(other->remove("q", theirs->entry.id, In(10s)).ok());
+  proxy.heal();
+  proxy.reset();  // the held connections are dead: make the client redial
+  ASSERT_TRUE(WaitFor([&] { return s->state() == SessionState::kConnected; }, 15s));
+  waiter.join();
+  EXPECT_TRUE(waited.ok()) << waited.ToString();
+  EXPECT_TRUE(s->remove("q", mine->entry.id, In(10s)).ok());
+  auto listed = other->list("q", {}, In(10s));
+  ASSERT_TRUE(listed.ok());
+  EXPECT_TRUE(listed->empty());
+  EXPECT_EQ(log.states(), (std::vector<SessionState>{SessionState::kSuspended, SessionState::kConnected}));
+}
+
+// Not a pass/fail test: what one request costs on this machine.
+TEST_F(ZkStoreTest, TimingRoundTrips) {
+  auto s = NewSession();
+  ASSERT_TRUE(s);
+  constexpr int kRounds = 200;
+  SteadyClock::duration append{}, remove{}, list{};
+  for (int i = 0; i < kRounds; ++i) {
+    auto t0 = SteadyClock::now();
+    auto a = s->append("rt", Spec("lock"), In(10s));
+    auto t1 = SteadyClock::now();
+    ASSERT_TRUE(a.ok());
+    ASSERT_TRUE(s->list("rt", {}, In(10s)).ok());
+    auto t2 = SteadyClock::now();
+    ASSERT_TRUE(s->remove("rt", a->entry.id, In(10s)).ok());
+    auto t3 = SteadyClock::now();
+    append += t1 - t0;
+    list += t2 - t1;
+    remove += t3 - t2;
+  }
+  auto client = Client::connect(Url());
+  Mutex m(client, "rt-mutex");
+  m.lock();  // warm up: session and parents
+  m.unlock();
+  auto t0 = SteadyClock::now();
+  for (int i = 0; i < kRounds; ++i) {
+    m.lock();
+    m.unlock();
+  }
+  auto mutex = SteadyClock::now() - t0;
+  auto us = [](SteadyClock::duration d) { return std::chrono::duration<double, std::micro>(d).count() / kRounds; };
+  std::printf("[   INFO   ] mean over %d: append+snapshot %.0f us, list %.0f us, remove %.0f us, "
+              "Mutex lock+unlock %.0f us\n",
+              kRounds, us(append), us(list), us(remove), us(mutex));
+}
+
+// The safety property: cut off from the server, the holder hears kLost from
+// its own timer before the server expires the session and hands the lock on.
+TEST_F(ZkStoreTest, TimingLostBeforeTheServerGivesTheLockAway) {
+  zktest::TcpProxy proxy(std::stoi(hosts_.substr(hosts_.rfind(':') + 1)));
+  constexpr auto kTimeout = 2s;
+  auto holder = NewSession("session_timeout=2s", proxy.hosts());
+  auto next = NewSession();
+  ASSERT_TRUE(holder && next);
+  StateLog log;
+  log.attach(*holder);
+  auto held = holder->append("lock", Spec("lock"), In(10s));
+  ASSERT_TRUE(held.ok());
+  std::vector<std::string> ids{held->entry.id};
+  Status waited;
+  SteadyClock::time_point granted;
+  std::thread successor([&] {
+    waited = next->wait_any_gone("lock", ids, In(60s), {});
+    granted = SteadyClock::now();
+  });
+  std::this_thread::sleep_for(500ms);
+  auto cut = SteadyClock::now();
+  proxy.partition();
+  successor.join();
+  ASSERT_TRUE(waited.ok()) << waited.ToString();
+  auto lost = log.when(SessionState::kLost);
+  auto suspended = log.when(SessionState::kSuspended);
+  ASSERT_TRUE(lost) << "the holder never heard kLost";
+  ASSERT_TRUE(suspended);
+  std::printf("[   INFO   ] cut off at 0: kSuspended at %.3f s, kLost at %.3f s, the server gave the lock away "
+              "at %.3f s (session timeout %.1f s)\n",
+              zktest::Seconds(*suspended - cut), zktest::Seconds(*lost - cut), zktest::Seconds(granted - cut),
+              zktest::Seconds(kTimeout));
+  EXPECT_LT(*lost, granted);
+  EXPECT_LE(*lost - cut, kTimeout);
+  EXPECT_EQ(holder->state(), SessionState::kLost);
+  EXPECT_EQ(holder->append("lock", Spec("lock"), In(1s)).status().code(), ErrorCode::kSessionLost);
+  proxy.heal();
+  proxy.reset();
+  std::this_thread::sleep_for(500ms);
+  EXPECT_EQ(holder->state(), SessionState::kLost);  // never connected again
+}
+
+TEST_F(ZkStoreTest, TimingLostByOwnTimerWhenTheServerFreezes) {
+  zktest::PrivateServer server;
+  ASSERT_TRUE(server.ok());
+  constexpr auto kTimeout = 2s;
+  auto store = OpenStoreOk("zk://" + server.hosts() + "/frozen?session_timeout=2s");
+  auto s = store->open_session(In(20s));
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  StateLog log;
+  log.attach(**s);
+  auto a = (*s)->append("q", Spec("lock"), In(10s));
+  ASSERT_TRUE(a.ok());
+  // A waiter blocked on another entry hears the loss too.
+  auto b = (*s)->append("q", Spec("lock"), In(10s));
+  ASSERT_TRUE(b.ok());
+  Status waited;
+  std::thread waiter([&] {
+    std::vector<std::string> ids{a->entry.id};
+    waited = (*s)->wait_any_gone("q", ids, kNoDeadline, {});
+  });
+  std::this_thread::sleep_for(500ms);
+  server.freeze();
+  auto frozen = SteadyClock::now();
+  ASSERT_TRUE(WaitFor([&] { return log.when(SessionState::kLost).has_value(); }, 10s));
+  waiter.join();
+  auto lost = *log.when(SessionState::kLost) - frozen;
+  auto suspended = log.when(SessionState::kSuspended);
+  std::printf("[   INFO   ] server frozen at 0: kSuspended at %s, kLost at %.3f s (session timeout %.1f s)\n",
+              suspended ? (std::to_string(zktest::Seconds(*suspended - frozen)) + " s").c_str() : "never",
+              zktest::Seconds(lost), zktest::Seconds(kTimeout));
+  EXPECT_LE(lost, kTimeout);
+  EXPECT_EQ(waited.code(), ErrorCode::kSessionLost) << waited.ToString();
+  server.thaw();
+  // The store opens a new session; the old one's entries go with its expiry.
+  auto fresh = store->open_session(In(20s));
+  ASSERT_TRUE(fresh.ok()) << fresh.status().ToString();
+  EXPECT_NE((*fresh)->id(), (*s)->id());
+  EXPECT_TRUE(WaitFor([&] {
+    auto l = (*fresh)->list("q", {}, In(5s));
+    return l.ok() && l->empty();
+  }, 15s));
+}
+
+TEST_F(ZkStoreTest, SessionSurvivesAServerRestartWithinTheTimeout) {
+  zktest::PrivateServer server;
+  ASSERT_TRUE(server.ok());
+  auto store = OpenStoreOk("zk://" + server.hosts() + "/restart?session_timeout=20s");
+  auto s = store->open_session(In(20s));
+  ASSERT_TRUE(s.ok());
+  StateLog log;
+  log.attach(**s);
+  auto a = (*s)->append("q", Spec("lock"), In(10s));
+  ASSERT_TRUE(a.ok());
+  server.crash();
+  ASSERT_TRUE(WaitFor([&] { return (*s)->state() == SessionState::kSuspended; }, 10s));
+  EXPECT_EQ((*s)->remove("q", a->entry.id, In(5s)).code(), ErrorCode::kUnavailable);
+  ASSERT_TRUE(server.restart());
+  ASSERT_TRUE(WaitFor([&] { return (*s)->state() == SessionState::kConnected; }, 20s)) << "did not reconnect";
+  EXPECT_TRUE((*s)->remove("q", a->entry.id, In(10s)).ok());
+  auto l = (*s)->list("q", {}, In(10s));
+  ASSERT_TRUE(l.ok());
+  EXPECT_TRUE(l->empty());
+}
+
+TEST_F(ZkStoreTest, InjectedClockDrivesTheLostTimer) {
+  auto clock = std::make_shared<ManualClock>();
+  auto store = OpenStoreOk(Url("session_timeout=4s"), {clock, std::chrono::milliseconds(10'000)});
+  ASSERT_TRUE(store);
+  // open_session waits on the injected clock: its deadline is "never" here.
+  auto s = store->open_session(kNoDeadline);
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  auto observer = NewSession();
+  ASSERT_TRUE(observer);
+  StateLog log;
+  log.attach(**s);
+  auto a = (*s)->append("q", Spec("lock"), kNoDeadline);
+  ASSERT_TRUE(a.ok());
+  std::this_thread::sleep_for(200ms);
+  EXPECT_EQ((*s)->state(), SessionState::kConnected);
+  // Idle for most of the timeout: the session thread's heartbeat, answered
+  // by the server, keeps it alive.
+  clock->advance(3s);
+  std::this_thread::sleep_for(300ms);
+  EXPECT_EQ((*s)->state(), SessionState::kConnected);
+  EXPECT_FALSE(log.when(SessionState::kLost));
+  clock->advance(4s);  // no answer for the whole timeout, as far as the clock says
+  ASSERT_TRUE(WaitFor([&] { return log.when(SessionState::kLost).has_value(); }, 5s));
+  // Declaring the session lost closed its handle: the entry is gone now.
+  std::vector<std::string> ids{a->entry.id};
+  EXPECT_TRUE(observer->wait_any_gone("q", ids, In(10s), {}).ok());
+}
+
+}  // namespace
+}  // namespace dlock

@@ -1,0 +1,462 @@
+// Test support for the zk:// store: where the test server is, a plain
+// ZooKeeper client for looking behind the store's back, a private server a
+// test may freeze or kill, a TCP proxy that can cut a client off, and a
+// kazoo (Python) process to interoperate with.
+#ifndef DLOCK_TESTS_ZOOKEEPER_ZK_TEST_SUPPORT_HPP_
+#define DLOCK_TESTS_ZOOKEEPER_ZK_TEST_SUPPORT_HPP_
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <zookeeper/zookeeper.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <mutex>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "dlock/dlock.hpp"
+
+namespace dlock::zktest {
+
+using namespace std::chrono_literals;
+using SteadyClock = std::chrono::steady_clock;
+
+// "127.0.0.1:PORT" of the shared test server: $DLOCK_TEST_ZK, or the port in
+// the file $DLOCK_ZK_PORT_FILE (written by the CTest fixture). Empty if none.
+inline std::string SharedServer() {
+  if (const char* hp = std::getenv("DLOCK_TEST_ZK"); hp && *hp) return hp;
+  if (const char* file = std::getenv("DLOCK_ZK_PORT_FILE"); file && *file) {
+    std::ifstream in(file);
+    std::string port;
+    if (in >> port) return "127.0.0.1:" + port;
+  }
+  return "";
+}
+
+#define DLOCK_REQUIRE_ZK_SERVER()                                                                    \
+  do {                                                                                               \
+    if (::dlock::zktest::SharedServer().empty())                                                     \
+      GTEST_SKIP() << "no ZooKeeper server: set DLOCK_TEST_ZK=host:port or run the tests with ctest"; \
+  } while (0)
+
+// A chroot of its own for each test, so tests never see each other's nodes.
+// (EnsureTestRoot, below, makes their common parent open and persistent.)
+inline std::string UniqueChroot(const std::string& test) {
+  static std::atomic<int> counter{0};
+  return "/dlock-test/" + test + "-" + std::to_string(::getpid()) + "-" + std::to_string(counter++);
+}
+
+inline double Seconds(SteadyClock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+// Waits, bounded, for `cond`.
+template <typename F>
+bool WaitFor(F cond, std::chrono::milliseconds limit = 20s) {
+  auto end = SteadyClock::now() + limit;
+  while (SteadyClock::now() < end) {
+    if (cond()) return true;
+    std::this_thread::sleep_for(5ms);
+  }
+  return cond();
+}
+
+// --------------------------------------------------------------------- RawZk
+// The C client's synchronous API, for setting up and checking znodes.
+class RawZk {
+ public:
+  explicit RawZk(const std::string& hosts, int timeout_ms = 10000, const std::string& digest = "") {
+    zh_ = zookeeper_init2(hosts.c_str(), &RawZk::Watch, timeout_ms, nullptr, this, ZOO_NO_LOG_CLIENTENV,
+                          [](const char*) {});
+    if (!zh_) return;
+    if (!digest.empty()) zoo_add_auth(zh_, "digest", digest.data(), static_cast<int>(digest.size()), nullptr, nullptr);
+    for (int i = 0; i < 1000 && zoo_state(zh_) != ZOO_CONNECTED_STATE; ++i) std::this_thread::sleep_for(10ms);
+  }
+  ~RawZk() {
+    if (zh_) zookeeper_close(zh_);
+  }
+  RawZk(const RawZk&) = delete;
+  RawZk& operator=(const RawZk&) = delete;
+
+  bool connected() const { return zh_ && zoo_state(zh_) == ZOO_CONNECTED_STATE; }
+  zhandle_t* handle() const { return zh_; }
+
+  // Creates `path` (and missing parents as persistent nodes); returns the
+  // created path or "" on failure.
+  std::string create(const std::string& path, const std::string& data = "", int mode = 0,
+                     const ACL_vector* acl = &ZOO_OPEN_ACL_UNSAFE) {
+    for (std::size_t i = path.find('/', 1); i != std::string::npos; i = path.find('/', i + 1)) {
+      zoo_create(zh_, path.substr(0, i).c_str(), "", 0, &ZOO_OPEN_ACL_UNSAFE, 0, nullptr, 0);
+    }
+    char buf[1024] = {};
+    int rc = zoo_create(zh_, path.c_str(), data.data(), static_cast<int>(data.size()), acl, mode, buf, sizeof buf);
+    last_rc = rc;
+    return rc == ZOK ? std::string(buf) : std::string();
+  }
+  bool exists(const std::string& path, Stat* stat = nullptr) {
+    Stat s{};
+    last_rc = zoo_exists(zh_, path.c_str(), 0, &s);
+    if (stat) *stat = s;
+    return last_rc == ZOK;
+  }
+  std::optional<std::string> get(const std::string& path, Stat* stat = nullptr) {
+    std::vector<char> buf(1 << 16);
+    int len = static_cast<int>(buf.size());
+    Stat s{};
+    last_rc = zoo_get(zh_, path.c_str(), 0, buf.data(), &len, &s);
+    if (last_rc != ZOK) return std::nullopt;
+    if (stat) *stat = s;
+    return std::string(buf.data(), len > 0 ? static_cast<std::size_t>(len) : 0);
+  }
+  int set(const std::string& path, const std::string& data) {
+    return last_rc = zoo_set(zh_, path.c_str(), data.data(), static_cast<int>(data.size()), -1);
+  }
+  std::vector<std::string> children(const std::string& path) {
+    String_vector v{0, nullptr};
+    std::vector<std::string> out;
+    last_rc = zoo_get_children(zh_, path.c_str(), 0, &v);
+    if (last_rc == ZOK) {
+      for (int i = 0; i < v.count; ++i) out.emplace_back(v.data[i]);
+      deallocate_String_vector(&v);
+    }
+    return out;
+  }
+  int remove(const std::string& path) { return last_rc = zoo_delete(zh_, path.c_str(), -1); }
+  // "scheme:id:perms" for each ACL entry of `path`.
+  std::vector<std::string> acl(const std::string& path) {
+    ACL_vector v{0, nullptr};
+    Stat s{};
+    std::vector<std::string> out;
+    last_rc = zoo_get_acl(zh_, path.c_str(), &v, &s);
+    if (last_rc == ZOK) {
+      for (int i = 0; i < v.count; ++i) {
+        out.push_back(std::string(v.data[i].id.scheme) + ":" + v.data[i].id.id + ":" +
+                      std::to_string(v.data[i].perms));
+      }
+      deallocate_ACL_vector(&v);
+    }
+    return out;
+  }
+  std::int64_t session_id() const { return zoo_client_id(zh_)->client_id; }
+
+  int last_rc = ZOK;
+
+ private:
+  static void Watch(zhandle_t*, int, int, const char*, void*) {}
+  zhandle_t* zh_ = nullptr;
+};
+
+// Makes /dlock-test an open, persistent node, so that a test creating its
+// chroot with a restrictive ACL (acl=creator) cannot lock the others out.
+inline void EnsureTestRoot(const std::string& hosts) {
+  RawZk raw(hosts);
+  if (raw.connected() && !raw.exists("/dlock-test")) raw.create("/dlock-test");
+}
+
+// ------------------------------------------------------------- PrivateServer
+// A server of the test's own, for tests that stop, freeze or kill it.
+class PrivateServer {
+ public:
+  PrivateServer() {
+    char tmpl[] = "/tmp/dlock-zk-XXXXXX";
+    const char* made = ::mkdtemp(tmpl);
+    dir_ = made ? made : "/tmp/dlock-zk-fallback";
+    ok_ = Script("start") == 0;
+    if (ok_) {
+      std::ifstream in(dir_ + "/port");
+      in >> port_;
+      std::ifstream pin(dir_ + "/pid");
+      pin >> pid_;
+    }
+  }
+  ~PrivateServer() { Script("stop"); }
+  PrivateServer(const PrivateServer&) = delete;
+  PrivateServer& operator=(const PrivateServer&) = delete;
+
+  bool ok() const { return ok_; }
+  std::string hosts() const { return "127.0.0.1:" + std::to_string(port_); }
+  int port() const { return port_; }
+
+  void freeze() { ::kill(pid_, SIGSTOP); }
+  void thaw() { ::kill(pid_, SIGCONT); }
+  // Kills the JVM at once (no clean shutdown), keeping its data.
+  void crash() {
+    ::kill(pid_, SIGKILL);
+    for (int i = 0; i < 500 && ::kill(pid_, 0) == 0; ++i) std::this_thread::sleep_for(10ms);
+  }
+  // Starts it again on the same port and data: sessions survive if their
+  // clients come back within their timeout.
+  bool restart() {
+    ::unlink((dir_ + "/pid").c_str());
+    ok_ = Script("start", std::to_string(port_)) == 0;
+    std::ifstream pin(dir_ + "/pid");
+    pin >> pid_;
+    return ok_;
+  }
+
+ private:
+  int Script(const std::string& verb, const std::string& extra = "") {
+    std::string cmd = std::string(DLOCK_ZK_SERVER_SCRIPT) + " " + verb + " " + dir_ + " " + extra + " >/dev/null";
+    return std::system(cmd.c_str());
+  }
+  std::string dir_;
+  bool ok_ = false;
+  int port_ = 0;
+  pid_t pid_ = 0;
+};
+
+// ------------------------------------------------------------------ TcpProxy
+// Forwards 127.0.0.1:port() to a server. partition() stops forwarding in both
+// directions while keeping the connections open (a silent network); heal()
+// resumes; reset() closes every connection (the client sees it at once).
+class TcpProxy {
+ public:
+  explicit TcpProxy(int target_port) : target_(target_port) {
+    listen_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int one = 1;
+    ::setsockopt(listen_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ::bind(listen_, reinterpret_cast<sockaddr*>(&a), sizeof a);
+    ::listen(listen_, 64);
+    socklen_t len = sizeof a;
+    ::getsockname(listen_, reinterpret_cast<sockaddr*>(&a), &len);
+    port_ = ntohs(a.sin_port);
+    thread_ = std::thread([this] { Loop(); });
+  }
+  ~TcpProxy() {
+    stop_ = true;
+    thread_.join();
+    for (auto& p : pairs_) {
+      ::close(p.first);
+      if (p.second >= 0) ::close(p.second);
+    }
+    ::close(listen_);
+  }
+  TcpProxy(const TcpProxy&) = delete;
+  TcpProxy& operator=(const TcpProxy&) = delete;
+
+  int port() const { return port_; }
+  std::string hosts() const { return "127.0.0.1:" + std::to_string(port_); }
+  void partition() { partitioned_ = true; }
+  void heal() { partitioned_ = false; }
+  void reset() { reset_ = true; }
+
+ private:
+  int Connect() {
+    int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons(static_cast<std::uint16_t>(target_));
+    if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+      ::close(fd);
+      return -1;
+    }
+    return fd;
+  }
+  void Loop() {
+    std::vector<char> buf(1 << 16);
+    while (!stop_) {
+      if (reset_.exchange(false)) {
+        for (auto& p : pairs_) {
+          ::close(p.first);
+          if (p.second >= 0) ::close(p.second);
+        }
+        pairs_.clear();
+      }
+      std::vector<pollfd> fds;
+      fds.push_back({listen_, POLLIN, 0});
+      bool silent = partitioned_;
+      if (!silent) {
+        for (auto& p : pairs_) {
+          fds.push_back({p.first, POLLIN, 0});
+          fds.push_back({p.second, POLLIN, 0});
+        }
+      }
+      ::poll(fds.data(), fds.size(), 10);
+      const std::size_t polled = silent ? 0 : pairs_.size();  // fds has entries for these only
+      if (fds[0].revents & POLLIN) {
+        int c = ::accept4(listen_, nullptr, nullptr, SOCK_CLOEXEC);
+        // Connections made during a partition are held but never connected
+        // upstream: like a network that swallows the handshake.
+        if (c >= 0) pairs_.emplace_back(c, silent ? -1 : Connect());
+      }
+      if (silent) continue;
+      std::vector<std::size_t> dead;
+      for (std::size_t i = 0; i < polled; ++i) {
+        auto [a, b] = pairs_[i];
+        if (b < 0) {
+          dead.push_back(i);
+          continue;
+        }
+        for (int dir = 0; dir < 2; ++dir) {
+          const pollfd& pf = fds[1 + 2 * i + static_cast<std::size_t>(dir)];
+          if (!(pf.revents & (POLLIN | POLLHUP | POLLERR))) continue;
+          int from = dir == 0 ? a : b, to = dir == 0 ? b : a;
+          ssize_t n = ::read(from, buf.data(), buf.size());
+          if (n <= 0 || ::write(to, buf.data(), static_cast<std::size_t>(n)) != n) {
+            dead.push_back(i);
+            break;
+          }
+        }
+      }
+      for (auto it = dead.rbegin(); it != dead.rend(); ++it) {
+        ::close(pairs_[*it].first);
+        if (pairs_[*it].second >= 0) ::close(pairs_[*it].second);
+        pairs_.erase(pairs_.begin() + static_cast<std::ptrdiff_t>(*it));
+      }
+    }
+  }
+
+  int target_;
+  int listen_ = -1;
+  int port_ = 0;
+  std::atomic<bool> stop_{false}, partitioned_{false}, reset_{false};
+  std::vector<std::pair<int, int>> pairs_;  // client, server (-1: held, never connected)
+  std::thread thread_;
+};
+
+// -------------------------------------------------------------------- Kazoo
+// A Python process running kazoo, driven line by line over its stdin/stdout.
+// Commands (one per line) and answers:
+//   lock KIND PATH TIMEOUT  KIND: lock|read|write; extra_lock_patterns cover
+//                           Curator's and dlock's tags -> "acquired NODE" | "timeout"
+//   release                 -> "released"
+//   ephemeral PATH          an EPHEMERAL_SEQUENTIAL node -> "created PATH"
+//   exit
+class Kazoo {
+ public:
+  // `timeout` is kazoo's session timeout in seconds.
+  explicit Kazoo(const std::string& hosts, double timeout = 10.0) {
+    int in[2], out[2];
+    if (::pipe2(in, O_CLOEXEC) != 0 || ::pipe2(out, O_CLOEXEC) != 0) return;
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      ::dup2(in[0], 0);
+      ::dup2(out[1], 1);
+      std::string t = std::to_string(timeout);
+      ::execl(DLOCK_PYTHON_KAZOO, DLOCK_PYTHON_KAZOO, "-u", "-c", kScript, hosts.c_str(), t.c_str(),
+              static_cast<char*>(nullptr));
+      ::_exit(127);
+    }
+    ::close(in[0]);
+    ::close(out[1]);
+    to_ = in[1];
+    from_ = out[0];
+    ready_ = read_line(30s) == "ready";
+  }
+  ~Kazoo() {
+    if (pid_ > 0) {
+      ::kill(pid_, SIGCONT);
+      send("exit");
+      ::close(to_);
+      int status = 0;
+      for (int i = 0; i < 300 && ::waitpid(pid_, &status, WNOHANG) == 0; ++i) std::this_thread::sleep_for(10ms);
+      if (::waitpid(pid_, &status, WNOHANG) == 0) {
+        ::kill(pid_, SIGKILL);
+        ::waitpid(pid_, &status, 0);
+      }
+      ::close(from_);
+    }
+  }
+  Kazoo(const Kazoo&) = delete;
+  Kazoo& operator=(const Kazoo&) = delete;
+
+  bool ready() const { return ready_; }
+  pid_t pid() const { return pid_; }
+  void send(const std::string& line) {
+    std::string l = line + "\n";
+    [[maybe_unused]] auto n = ::write(to_, l.data(), l.size());
+  }
+  // The next line, or "" after `limit`.
+  std::string read_line(std::chrono::milliseconds limit = 30s) {
+    auto end = SteadyClock::now() + limit;
+    while (true) {
+      auto nl = pending_.find('\n');
+      if (nl != std::string::npos) {
+        std::string line = pending_.substr(0, nl);
+        pending_.erase(0, nl + 1);
+        return line;
+      }
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(end - SteadyClock::now()).count();
+      if (left <= 0) return "";
+      pollfd p{from_, POLLIN, 0};
+      if (::poll(&p, 1, static_cast<int>(left)) <= 0) continue;
+      char buf[4096];
+      ssize_t n = ::read(from_, buf, sizeof buf);
+      if (n <= 0) return "";
+      pending_.append(buf, static_cast<std::size_t>(n));
+    }
+  }
+  std::string call(const std::string& line, std::chrono::milliseconds limit = 30s) {
+    send(line);
+    return read_line(limit);
+  }
+
+ private:
+  static constexpr const char* kScript = R"PY(
+import sys, logging
+logging.basicConfig(level=logging.CRITICAL)
+from kazoo.client import KazooClient
+from kazoo.exceptions import LockTimeout
+from kazoo.recipe.lock import Lock, ReadLock, WriteLock
+hosts, timeout = sys.argv[1], float(sys.argv[2])
+zk = KazooClient(hosts=hosts, timeout=timeout)
+zk.start(timeout=30)
+print("ready")
+# Curator's and dlock's tags, so that kazoo sees their entries as contenders.
+patterns = {"lock": ["-lock-", "__WRIT__"], "write": ["-lock-", "__WRIT__", "__READ__"], "read": ["-lock-", "__WRIT__"]}
+held = None
+for line in sys.stdin:
+    words = line.split()
+    if not words:
+        continue
+    cmd = words[0]
+    if cmd == "lock":
+        kind, path, t = words[1], words[2], float(words[3])
+        cls = {"lock": Lock, "read": ReadLock, "write": WriteLock}[kind]
+        held = cls(zk, path, "kazoo-" + kind, extra_lock_patterns=patterns[kind])
+        try:
+            got = held.acquire(timeout=t)
+        except LockTimeout:
+            got = False
+        if got:
+            print("acquired", held.node)
+        else:
+            held = None
+            print("timeout")
+    elif cmd == "release":
+        held.release()
+        held = None
+        print("released")
+    elif cmd == "ephemeral":
+        print("created", zk.create(words[1], b"kazoo", ephemeral=True, sequence=True, makepath=True))
+    elif cmd == "exit":
+        break
+zk.stop()
+zk.close()
+)PY";
+
+  pid_t pid_ = -1;
+  int to_ = -1, from_ = -1;
+  bool ready_ = false;
+  std::string pending_;
+};
+
+}  // namespace dlock::zktest
+
+#endif  // DLOCK_TESTS_ZOOKEEPER_ZK_TEST_SUPPORT_HPP_
