@@ -19,6 +19,7 @@
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <iostream>
 #include <map>
@@ -44,6 +45,10 @@ using namespace std::chrono_literals;
 namespace fs = std::filesystem;
 
 std::string Str(std::int64_t v) { return std::to_string(v); }
+
+// Set by SIGINT/SIGTERM in the runner: end the run early, but clean up
+// (workers, servers) and check what was recorded.
+volatile std::sig_atomic_t g_interrupted = 0;
 
 // ---------------------------------------------------------------- worker
 
@@ -168,14 +173,121 @@ bool RedisPing(int port) {
   return ok;
 }
 
-pid_t Spawn(const std::vector<std::string>& args) {
+// Starts `args`; with a `log`, in its own session with stdout and stderr
+// there (servers: a signal to the runner's group does not reach them).
+pid_t Spawn(const std::vector<std::string>& args, const std::string& log = "") {
   std::vector<char*> argv;
   for (const auto& s : args) argv.push_back(const_cast<char*>(s.c_str()));
   argv.push_back(nullptr);
+  posix_spawn_file_actions_t fa;
+  posix_spawnattr_t attr;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawnattr_init(&attr);
+  if (!log.empty()) {
+    posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0600);
+    posix_spawn_file_actions_adddup2(&fa, 1, 2);
+    posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSID);
+  }
   pid_t pid = -1;
-  if (posix_spawnp(&pid, argv[0], nullptr, nullptr, argv.data(), environ) != 0) return -1;
+  if (posix_spawnp(&pid, argv[0], &fa, &attr, argv.data(), environ) != 0) pid = -1;
+  posix_spawn_file_actions_destroy(&fa);
+  posix_spawnattr_destroy(&attr);
   return pid;
 }
+
+// A ZooKeeper four-letter command's answer ("" if none).
+std::string FourLetters(int port, const char* cmd) {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(static_cast<std::uint16_t>(port));
+  timeval tv{2, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  std::string out;
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 && ::write(fd, cmd, 4) == 4) {
+    char buf[4096];
+    ssize_t n;
+    while ((n = ::read(fd, buf, sizeof buf)) > 0) out.append(buf, static_cast<std::size_t>(n));
+  }
+  ::close(fd);
+  return out;
+}
+
+// ZooKeeper from Debian's jars, run with `java` directly: one standalone
+// server or a three-server ensemble on loopback. Data persists in DIR, so a
+// restarted server keeps its znodes and sessions (if back within the timeout).
+class ZkCluster {
+ public:
+  ZkCluster(std::string dir, int size) : dir_(std::move(dir)) {
+    for (int i = 0; i < size; ++i) servers_.push_back({FreePort(), FreePort(), FreePort(), -1});
+    for (int i = 0; i < size; ++i) {
+      const std::string d = dir_ + "/zk" + Str(i + 1);
+      fs::create_directories(d + "/data");
+      std::ofstream cfg(d + "/zoo.cfg");
+      cfg << "tickTime=200\ninitLimit=100\nsyncLimit=10\ndataDir=" << d << "/data\nclientPort=" << servers_[i].client
+          << "\nclientPortAddress=127.0.0.1\nmaxSessionTimeout=120000\nmaxClientCnxns=0\n"
+          << "4lw.commands.whitelist=*\nadmin.enableServer=false\n";
+      if (size > 1) {
+        for (int j = 0; j < size; ++j)
+          cfg << "server." << j + 1 << "=127.0.0.1:" << servers_[j].peer << ":" << servers_[j].election << "\n";
+        std::ofstream(d + "/data/myid") << i + 1 << "\n";
+      }
+    }
+  }
+  ~ZkCluster() {
+    for (std::size_t i = 0; i < servers_.size(); ++i) kill(i);
+  }
+  std::size_t size() const { return servers_.size(); }
+  int client_port(std::size_t i) const { return servers_[i].client; }
+  bool running(std::size_t i) const { return servers_[i].pid > 0; }
+
+  bool start_all() {
+    for (std::size_t i = 0; i < servers_.size(); ++i) launch(i);
+    for (std::size_t i = 0; i < servers_.size(); ++i)
+      if (!wait_serving(i)) return false;
+    return true;
+  }
+  void launch(std::size_t i) {
+    const std::string d = dir_ + "/zk" + Str(static_cast<std::int64_t>(i) + 1);
+    const std::string jars = "/usr/share/java/zookeeper.jar:/usr/share/java/slf4j-simple.jar";
+    servers_[i].pid = Spawn({"java", "-Xmx192m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
+                             "-Dzookeeper.jmx.log4j.disable=true", "-Dzookeeper.admin.enableServer=false",
+                             "-Dorg.slf4j.simpleLogger.defaultLogLevel=warn", "-cp", jars,
+                             "org.apache.zookeeper.server.quorum.QuorumPeerMain", d + "/zoo.cfg"},
+                            d + "/server.log");
+  }
+  // Until the server answers as standalone, leader or follower (60s at most: a cold JVM).
+  bool wait_serving(std::size_t i) {
+    for (int n = 0; n < 300; ++n) {
+      const std::string srvr = FourLetters(servers_[i].client, "srvr");
+      if (srvr.find("Mode: ") != std::string::npos) return true;
+      std::this_thread::sleep_for(200ms);
+    }
+    return false;
+  }
+  void kill(std::size_t i) {
+    if (servers_[i].pid <= 0) return;
+    ::kill(servers_[i].pid, SIGKILL);
+    ::waitpid(servers_[i].pid, nullptr, 0);
+    servers_[i].pid = -1;
+  }
+  // The index of the server that says it leads, if any.
+  std::optional<std::size_t> leader() const {
+    for (std::size_t i = 0; i < servers_.size(); ++i)
+      if (servers_[i].pid > 0 && FourLetters(servers_[i].client, "srvr").find("Mode: leader") != std::string::npos)
+        return i;
+    return std::nullopt;
+  }
+
+ private:
+  struct Server {
+    int client, peer, election;
+    pid_t pid;
+  };
+  std::string dir_;
+  std::vector<Server> servers_;
+};
 
 // A private redis-server without persistence: a restart loses every key.
 class RedisServer {
@@ -268,21 +380,38 @@ class Runner {
       url_ = "redis://127.0.0.1:" + Str(proxy_->port()) + q;
       direct_url_ = "redis://127.0.0.1:" + Str(redis_->port()) + q;
       kinds = {"kill", "stop", "restart", "cut", "drop", "delay"};
+    } else if (a_.store == "zk" || a_.store == "zk3") {
+      zk_ = std::make_unique<ZkCluster>(a_.out, a_.store == "zk" ? 1 : 3);
+      if (!zk_->start_all()) {
+        std::cerr << "dlock-chaos: ZooKeeper did not start (see " << a_.out << "/zk*/server.log)\n";
+        return 2;
+      }
+      std::string via, direct;
+      for (std::size_t i = 0; i < zk_->size(); ++i) {
+        zk_proxies_.push_back(std::make_unique<TcpProxy>(zk_->client_port(i)));
+        via += (i ? ",127.0.0.1:" : "127.0.0.1:") + Str(zk_proxies_.back()->port());
+        direct += (i ? ",127.0.0.1:" : "127.0.0.1:") + Str(zk_->client_port(i));
+      }
+      const std::string q = "?session_timeout=" + Str(a_.ttl_ms) + "ms&connect_timeout=" + Str(a_.ttl_ms) + "ms";
+      url_ = "zk://" + via + q;
+      direct_url_ = "zk://" + direct + q;
+      kinds = {"kill", "stop", "restart", "cut", "drop", "delay"};
+      if (zk_->size() > 1) kinds.push_back("leader");
     } else {
-      std::cerr << "dlock-chaos: unknown store " << a_.store << " (file, redis)\n";
+      std::cerr << "dlock-chaos: unknown store " << a_.store << " (file, redis, zk, zk3)\n";
       return 2;
     }
     if (!a_.faults.empty()) kinds = a_.faults;
     AppendLine(fd_, "C store=" + a_.store + " url=" + url_ + " workers=" + Str(a_.workers) +
                         " duration_s=" + Str(static_cast<std::int64_t>(a_.duration_s)) + " seed=" + Str(static_cast<std::int64_t>(a_.seed)) +
                         " acquire_timeout_ms=" + Str(a_.acquire_timeout_ms) + " hold_max_ms=" + Str(a_.hold_max_ms) +
-                        " ttl_ms=" + Str(a_.store == "redis" ? a_.ttl_ms : 0) + "\n");
+                        " ttl_ms=" + Str(a_.store == "file" ? 0 : a_.ttl_ms) + "\n");
     std::cerr << "dlock-chaos: " << a_.store << " store at " << url_ << ", ledger " << ledger_ << "\n";
 
     for (int s = 0; s < a_.workers; ++s) spawn_worker(s);
     const auto t_end = std::chrono::steady_clock::now() + std::chrono::milliseconds(static_cast<std::int64_t>(a_.duration_s * 1000));
     auto next_fault = std::chrono::steady_clock::now() + gap();
-    while (std::chrono::steady_clock::now() < t_end) {
+    while (std::chrono::steady_clock::now() < t_end && !g_interrupted) {
       reap();
       run_due_actions(false);
       if (std::chrono::steady_clock::now() >= next_fault) {
@@ -295,6 +424,8 @@ class Runner {
     const int stopped_ok = stop_workers();
     const std::int64_t orphans = count_orphans();
     if (redis_) redis_->stop();
+    zk_proxies_.clear();
+    zk_.reset();
     ::close(fd_);
     CheckOptions opts;
     opts.orphans = orphans;
@@ -342,6 +473,13 @@ class Runner {
     return pids.empty() ? -1 : pids[rng_() % pids.size()];
   }
 
+  std::vector<TcpProxy*> proxies() {
+    std::vector<TcpProxy*> out;
+    if (proxy_) out.push_back(proxy_.get());
+    for (auto& p : zk_proxies_) out.push_back(p.get());
+    return out;
+  }
+
   void later(std::chrono::milliseconds after, std::function<void()> fn) {
     actions_.push_back({std::chrono::steady_clock::now() + after, std::move(fn)});
   }
@@ -370,7 +508,7 @@ class Runner {
       pid_t pid = random_worker();
       if (pid <= 0) return;
       // Longer than the session lease, so the store gives the lock away meanwhile.
-      const int base = a_.store == "redis" ? a_.ttl_ms : 1000;
+      const int base = a_.store == "file" ? 1000 : a_.ttl_ms;
       ::kill(pid, SIGSTOP);
       stopped_.insert(pid);
       later(between(base * 3 / 2, base * 5 / 2), [this, pid, t0] {
@@ -384,19 +522,41 @@ class Runner {
         if (!redis_->start()) std::cerr << "dlock-chaos: redis-server did not restart\n";
         AppendLine(fd_, "F restart -1 " + Str(t0) + " " + Str(MonotonicNanos()) + "\n");
       });
-    } else if ((kind == "cut" || kind == "delay") && proxy_ && !network_fault_) {
+    } else if (kind == "restart" && zk_ && zk_->size() == 1 && zk_->running(0)) {
+      zk_->kill(0);
+      later(between(0, 1500), [this, t0] {
+        zk_->launch(0);
+        if (!zk_->wait_serving(0)) std::cerr << "dlock-chaos: ZooKeeper did not restart\n";
+        AppendLine(fd_, "F restart -1 " + Str(t0) + " " + Str(MonotonicNanos()) + "\n");
+      });
+    } else if ((kind == "restart" || kind == "leader") && zk_ && zk_->size() > 1 && !server_down_) {
+      // One server at a time, so that a quorum stays possible.
+      std::optional<std::size_t> victim = kind == "leader" ? zk_->leader() : std::optional<std::size_t>(rng_() % 3);
+      if (!victim) return;
+      server_down_ = true;
+      zk_->kill(*victim);
+      later(between(500, 3000), [this, kind, t0, i = *victim] {
+        zk_->launch(i);
+        if (!zk_->wait_serving(i)) std::cerr << "dlock-chaos: ZooKeeper server " << i << " did not restart\n";
+        server_down_ = false;
+        AppendLine(fd_, "F " + kind + " -1 " + Str(t0) + " " + Str(MonotonicNanos()) + "\n");
+      });
+    } else if ((kind == "cut" || kind == "delay") && !proxies().empty() && !network_fault_) {
       network_fault_ = true;
-      if (kind == "cut") proxy_->set_mode(TcpProxy::Mode::kBlackHole);
-      else proxy_->set_mode(TcpProxy::Mode::kDelay, between(20, a_.ttl_ms / 3));
-      // A cut sometimes outlasts the lease (the session is lost), sometimes not.
+      const auto delay = between(20, a_.ttl_ms / 3);
+      for (auto* p : proxies()) {
+        if (kind == "cut") p->set_mode(TcpProxy::Mode::kBlackHole);
+        else p->set_mode(TcpProxy::Mode::kDelay, delay);
+      }
+      // A cut sometimes outlasts the session (it is lost), sometimes not.
       const auto len = kind == "cut" ? between(a_.ttl_ms / 4, a_.ttl_ms * 2) : between(500, 3000);
       later(len, [this, kind, t0] {
-        proxy_->set_mode(TcpProxy::Mode::kPass);
+        for (auto* p : proxies()) p->set_mode(TcpProxy::Mode::kPass);
         network_fault_ = false;
         AppendLine(fd_, "F " + kind + " -1 " + Str(t0) + " " + Str(MonotonicNanos()) + "\n");
       });
-    } else if (kind == "drop" && proxy_) {
-      proxy_->drop_all();
+    } else if (kind == "drop" && !proxies().empty()) {
+      for (auto* p : proxies()) p->drop_all();
       AppendLine(fd_, "F drop -1 " + Str(t0) + " " + Str(t0) + "\n");
     }
   }
@@ -468,7 +628,10 @@ class Runner {
   int fd_ = -1;
   std::unique_ptr<RedisServer> redis_;
   std::unique_ptr<TcpProxy> proxy_;
+  std::unique_ptr<ZkCluster> zk_;
+  std::vector<std::unique_ptr<TcpProxy>> zk_proxies_;
   bool network_fault_ = false;
+  bool server_down_ = false;
   std::map<pid_t, int> workers_;
   std::set<pid_t> stopped_, killed_by_us_;
   std::vector<Action> actions_;
@@ -490,16 +653,16 @@ int main(int argc, char** argv) {
 
   RunArgs run;
   auto* run_cmd = app.add_subcommand("run", "start workers, inject faults, check the ledger");
-  run_cmd->add_option("--store", run.store, "file or redis")->required();
+  run_cmd->add_option("--store", run.store, "file, redis, zk (one server) or zk3 (a three-server ensemble)")->required();
   run_cmd->add_option("--duration", run.duration_s, "seconds");
   run_cmd->add_option("--workers", run.workers);
   run_cmd->add_option("--seed", run.seed);
   run_cmd->add_option("--out", run.out, "directory for the ledger and the store (default: a new /tmp dir)");
   run_cmd->add_option("--hold-max-ms", run.hold_max_ms);
   run_cmd->add_option("--acquire-timeout-ms", run.acquire_timeout_ms);
-  run_cmd->add_option("--ttl-ms", run.ttl_ms, "redis session lease");
+  run_cmd->add_option("--ttl-ms", run.ttl_ms, "redis session lease, zk session timeout");
   run_cmd->add_option("--fault-every-ms", run.fault_every_ms, "mean gap between faults");
-  run_cmd->add_option("--faults", run.faults, "kinds to inject: kill stop restart cut drop delay")->delimiter(',');
+  run_cmd->add_option("--faults", run.faults, "kinds to inject: kill stop restart cut drop delay leader")->delimiter(',');
 
   std::string ledger;
   auto* check_cmd = app.add_subcommand("check", "check a ledger");
@@ -520,6 +683,8 @@ int main(int argc, char** argv) {
   if (*check_cmd) return CheckLedger(ledger, {}, std::cout) == 0 ? 0 : 1;
   if (run.seed == 0) run.seed = std::random_device{}();
   std::signal(SIGPIPE, SIG_IGN);
+  std::signal(SIGINT, [](int) { g_interrupted = 1; });
+  std::signal(SIGTERM, [](int) { g_interrupted = 1; });
   std::cerr << "dlock-chaos: seed " << run.seed << "\n";
   return Runner(run, SelfPath(argv[0])).run();
 }

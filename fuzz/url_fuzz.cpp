@@ -1,0 +1,26 @@
+// ParseUrl: any bytes; a parsed URL is consistent and its redacted form
+// never shows the password.
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+
+#include "core/url.hpp"
+#include "fuzz_check.hpp"
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  const std::string_view text(reinterpret_cast<const char*>(data), size);
+  auto url = dlock::internal::ParseUrl(text);
+  if (!url.ok()) {
+    DLOCK_FUZZ_CHECK(url.status().code() == dlock::ErrorCode::kInvalidArgument);
+    DLOCK_FUZZ_CHECK(!url.status().message().empty());
+    return 0;
+  }
+  DLOCK_FUZZ_CHECK(!url->scheme.empty());
+  DLOCK_FUZZ_CHECK(url->path.empty() || url->path[0] == '/');
+  const std::string redacted = url->Redacted();
+  if (url->password && url->password->size() >= 8)  // short ones may occur elsewhere by chance
+    DLOCK_FUZZ_CHECK(redacted.find(*url->password) == std::string::npos);
+  (void)dlock::internal::QueryDuration(*url, "ttl", std::chrono::milliseconds(1));
+  (void)dlock::internal::QueryInt(*url, "db", 0, 0, 100);
+  return 0;
+}
