@@ -179,7 +179,7 @@ INSTANTIATE_TEST_SUITE_P(
                                          Garbage{"BinaryNoise", std::string("\x00\xff\x13\x37\x00\x00\x00\x10zz", 12), false},
                                          Garbage{"HugeLength", "$999999999999\r\n", false},
                                          Garbage{"Nothing", "", false})),
-    [](const auto& info) { return std::get<0>(info.param) + "_" + std::get<1>(info.param).label; });
+    [](const auto& p) { return std::get<0>(p.param) + "_" + std::get<1>(p.param).label; });
 
 }  // namespace
 }  // namespace dlock
