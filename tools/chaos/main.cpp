@@ -69,7 +69,7 @@ int RunWorker(const WorkerArgs& a) {
   sigaddset(&usr1, SIGUSR1);
   pthread_sigmask(SIG_BLOCK, &usr1, nullptr);
   std::stop_source stop;
-  std::thread([&stop, usr1] {
+  std::thread([stop, usr1]() mutable {  // a copy: shares the state, outlives this frame
     int sig = 0;
     sigwait(&usr1, &sig);
     stop.request_stop();
