@@ -466,6 +466,24 @@ class Runner {
     }
   }
 
+  // The worker that holds the lock now, by the owner record in the store
+  // (read directly, not through the proxy); -1 if unknown.
+  pid_t holder() {
+    if (!inspect_client_) {
+      auto c = Client::open(direct_url_);
+      if (!c.ok()) return -1;
+      inspect_client_ = std::move(*c);
+    }
+    auto entries = Inspect(*inspect_client_, name_);
+    if (!entries.ok()) return -1;
+    for (const auto& e : *entries) {
+      if (!e.holds || !e.entry.owner) continue;
+      const auto pid = static_cast<pid_t>(e.entry.owner->pid);
+      if (workers_.count(pid) && !stopped_.count(pid)) return pid;
+    }
+    return -1;
+  }
+
   pid_t random_worker() {
     std::vector<pid_t> pids;
     for (auto& [pid, slot] : workers_)
@@ -505,7 +523,9 @@ class Runner {
       ::kill(pid, SIGKILL);
       AppendLine(fd_, "F kill " + Str(pid) + " " + Str(t0) + " " + Str(t0) + "\n");
     } else if (kind == "stop") {
-      pid_t pid = random_worker();
+      // Half of the time the current holder: that is where a pause matters.
+      pid_t pid = rng_() % 2 ? holder() : -1;
+      if (pid <= 0) pid = random_worker();
       if (pid <= 0) return;
       // Longer than the session lease, so the store gives the lock away meanwhile.
       const int base = a_.store == "file" ? 1000 : a_.ttl_ms;
@@ -635,6 +655,7 @@ class Runner {
   std::map<pid_t, int> workers_;
   std::set<pid_t> stopped_, killed_by_us_;
   std::vector<Action> actions_;
+  std::optional<Client> inspect_client_;
 };
 
 std::string SelfPath(const char* argv0) {
