@@ -173,26 +173,32 @@ bool RedisPing(int port) {
   return ok;
 }
 
-// Starts `args`; with a `log`, in its own session with stdout and stderr
-// there (servers: a signal to the runner's group does not reach them).
+// Starts `args`; it dies with the runner (PR_SET_PDEATHSIG), even if the
+// runner crashes. With a `log`, stdout and stderr go there and it gets its
+// own session (servers: a Ctrl-C to the runner's group does not reach them,
+// and they do not hold the runner's output open).
 pid_t Spawn(const std::vector<std::string>& args, const std::string& log = "") {
   std::vector<char*> argv;
   for (const auto& s : args) argv.push_back(const_cast<char*>(s.c_str()));
   argv.push_back(nullptr);
-  posix_spawn_file_actions_t fa;
-  posix_spawnattr_t attr;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawnattr_init(&attr);
+  const pid_t parent = ::getpid();
+  const pid_t pid = ::fork();
+  if (pid != 0) return pid;
+  // The child: only async-signal-safe calls until exec.
+  ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (::getppid() != parent) ::_exit(127);  // the runner is already gone
   if (!log.empty()) {
-    posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0600);
-    posix_spawn_file_actions_adddup2(&fa, 1, 2);
-    posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSID);
+    ::setsid();
+    int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0600);
+    if (fd >= 0) {
+      ::dup2(fd, 1);
+      ::dup2(fd, 2);
+    }
+    int null = ::open("/dev/null", O_RDONLY);
+    if (null >= 0) ::dup2(null, 0);
   }
-  pid_t pid = -1;
-  if (posix_spawnp(&pid, argv[0], &fa, &attr, argv.data(), environ) != 0) pid = -1;
-  posix_spawn_file_actions_destroy(&fa);
-  posix_spawnattr_destroy(&attr);
-  return pid;
+  ::execvp(argv[0], argv.data());
+  ::_exit(127);
 }
 
 // A ZooKeeper four-letter command's answer ("" if none).
@@ -299,7 +305,8 @@ class RedisServer {
     for (int attempt = 0; attempt < 100; ++attempt) {  // the port may linger a moment after a kill
       pid_ = Spawn({"redis-server", "--port", Str(port_), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
                     "--dir", dir_, "--daemonize", "no", "--protected-mode", "no", "--logfile",
-                    dir_ + "/redis.log"});
+                    dir_ + "/redis.log"},
+                   dir_ + "/redis.out");
       for (int i = 0; i < 100 && pid_ > 0; ++i) {
         if (RedisPing(port_)) return true;
         if (::waitpid(pid_, nullptr, WNOHANG) == pid_) { pid_ = -1; break; }

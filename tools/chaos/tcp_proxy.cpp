@@ -117,9 +117,11 @@ void TcpProxy::run() {
       for (auto& c : conns) close_conn(c);
     }
     std::vector<pollfd> fds;
+    std::vector<Conn*> polled;  // in fds order; connections accepted below wait for the next round
     fds.push_back({listen_fd_, POLLIN, 0});
     for (auto& c : conns) {
       if (c.dead) continue;
+      polled.push_back(&c);
       const bool flow = mode != Mode::kBlackHole;
       // A black hole reads nothing (the kernel buffers fill, as on a partition).
       short cev = static_cast<short>(flow ? POLLIN : 0);
@@ -150,11 +152,9 @@ void TcpProxy::run() {
         conns.push_back(Conn{cfd, sfd, {}, {}, false});
       }
     }
-    std::size_t i = 1;
-    for (auto& c : conns) {
-      if (c.dead) continue;
-      const short cre = fds[i].revents, sre = fds[i + 1].revents;
-      i += 2;
+    for (std::size_t k = 0; k < polled.size(); ++k) {
+      Conn& c = *polled[k];
+      const short cre = fds[1 + 2 * k].revents, sre = fds[2 + 2 * k].revents;
       bool ok = true;
       if (mode != Mode::kBlackHole) {
         if (cre & (POLLIN | POLLHUP | POLLERR)) ok = ok && Pump(c.client, c.up, due);
