@@ -11,6 +11,7 @@
 #include <atomic>
 #include <chrono>
 #include <filesystem>
+#include <ostream>
 #include <string>
 #include <thread>
 
@@ -138,6 +139,9 @@ struct Garbage {
   std::string reply;
   bool hang_up;
 };
+
+// Test names show the label, not the bytes.
+void PrintTo(const Garbage& g, std::ostream* os) { *os << g.label; }
 
 class GarbageServerTest : public ::testing::TestWithParam<std::tuple<std::string, Garbage>> {};
 
