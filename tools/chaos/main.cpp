@@ -1,14 +1,13 @@
 // dlock-chaos: runs worker processes that contend for one lock while faults
 // are injected, records every hold in a ledger and checks it. See docs/chaos.md.
 //
-//   dlock-chaos run --store file|redis [--duration 60] [--workers 4] [--seed N] [--out DIR]
+//   dlock-chaos run --store file|redis|zk|zk3 [--duration 60] [--workers 4] [--seed N] [--out DIR]
 //   dlock-chaos check LEDGER           re-checks a ledger (without the orphan check)
 //   dlock-chaos worker ...             (started by `run`)
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -36,7 +35,6 @@
 #include "ledger.hpp"
 #include "tcp_proxy.hpp"
 
-extern char** environ;
 
 namespace dlock::chaos {
 namespace {
