@@ -35,7 +35,6 @@
 #include "ledger.hpp"
 #include "tcp_proxy.hpp"
 
-
 namespace dlock::chaos {
 namespace {
 
