@@ -595,7 +595,8 @@ class Runner {
       int status = 0;
       pid_t pid = ::waitpid(-1, &status, WNOHANG);
       if (pid > 0) {
-        if (workers_.erase(pid) && !(WIFEXITED(status) && WEXITSTATUS(status) == 0))
+        const bool killed = WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL && killed_by_us_.count(pid);
+        if (workers_.erase(pid) && !killed && !(WIFEXITED(status) && WEXITSTATUS(status) == 0))
           AppendLine(fd_, "D " + Str(pid) + " " + Str(status) + "\n");
         continue;
       }
