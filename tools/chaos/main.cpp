@@ -456,12 +456,18 @@ class Runner {
 
   // Collects workers that ended: a killed one is replaced; one that exited
   // on its own is a crash.
+  // Waits only for workers: the servers are waited for by their own classes.
+  pid_t wait_any_worker(int& status) {
+    for (const auto& [pid, slot] : workers_)
+      if (::waitpid(pid, &status, WNOHANG) == pid) return pid;
+    return -1;
+  }
+
   void reap() {
     int status = 0;
     pid_t pid;
-    while ((pid = ::waitpid(-1, &status, WNOHANG)) > 0) {
+    while ((pid = wait_any_worker(status)) > 0) {
       auto it = workers_.find(pid);
-      if (it == workers_.end()) continue;
       const int slot = it->second;
       workers_.erase(it);
       if (!(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL && killed_by_us_.count(pid)))
@@ -593,7 +599,7 @@ class Runner {
     const auto limit = std::chrono::steady_clock::now() + std::chrono::milliseconds(a_.acquire_timeout_ms) + 20s;
     while (!workers_.empty()) {
       int status = 0;
-      pid_t pid = ::waitpid(-1, &status, WNOHANG);
+      pid_t pid = wait_any_worker(status);
       if (pid > 0) {
         const bool killed = WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL && killed_by_us_.count(pid);
         if (workers_.erase(pid) && !killed && !(WIFEXITED(status) && WEXITSTATUS(status) == 0))
