@@ -90,12 +90,32 @@ Result<HostPort> ParseHostPort(std::string_view text) {
   return hp;
 }
 
+// The inverse of PercentDecode for the characters that would change how
+// the text parses back (`special`), '%' itself and anything not printable.
+std::string PercentEncode(std::string_view in, std::string_view special) {
+  static constexpr char kHex[] = "0123456789ABCDEF";
+  std::string out;
+  for (char c : in) {
+    const auto u = static_cast<unsigned char>(c);
+    if (c == '%' || u <= 0x20 || u >= 0x7f || special.find(c) != std::string_view::npos) {
+      out += '%';
+      out += kHex[u >> 4];
+      out += kHex[u & 15];
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 std::string ParsedUrl::Redacted() const {
   std::string out = scheme + "://";
   if (user) {
-    out += *user;
+    // Escaped, so that a ':' or '@' in a user name cannot make part of it
+    // read as a password (or a host) when the redacted URL is parsed again.
+    out += PercentEncode(*user, ":@/?#[],");
     if (password) out += ":***";
     out += "@";
   }
@@ -111,10 +131,10 @@ std::string ParsedUrl::Redacted() const {
       out += std::to_string(*hosts[i].port);
     }
   }
-  out += path;
+  out += PercentEncode(path, "?#");
   char sep = '?';
   for (const auto& [k, v] : query) {
-    out += sep + k + "=" + v;
+    out += sep + PercentEncode(k, "&=#") + "=" + PercentEncode(v, "&=#");
     sep = '&';
   }
   return out;

@@ -131,6 +131,9 @@ std::optional<std::int32_t> ParseSequence(std::string_view text) {
 }
 
 std::optional<Entry> ParseChildName(std::string_view name) {
+  // A server never lists such a name, but an id that remove() would refuse
+  // must not become an entry (found by fuzz/zk_child_name_fuzz.cpp).
+  if (!ValidateEntryId(name).ok()) return std::nullopt;
   Entry e;
   e.id = std::string(name);
   bool known = false;

@@ -1,0 +1,272 @@
+#include "ledger.hpp"
+
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+#include <vector>
+
+namespace dlock::chaos {
+
+std::int64_t MonotonicNanos() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_MONOTONIC, &ts);
+  return std::int64_t{ts.tv_sec} * 1'000'000'000 + ts.tv_nsec;
+}
+
+void AppendLine(int fd, const std::string& line) {
+  if (::write(fd, line.data(), line.size()) != static_cast<ssize_t>(line.size())) std::perror("dlock-chaos: ledger");
+}
+
+namespace {
+
+struct HoldRec {
+  int slot = 0;
+  long pid = 0;
+  std::uint64_t token = 0;
+  std::int64_t wait_begin = 0, start = 0, end = 0, uncertain = -1, lost = -1;
+  std::string state;
+  bool told() const { return uncertain >= 0 || lost >= 0; }
+};
+
+struct WaitRec {
+  int slot = 0;
+  long pid = 0;
+  std::int64_t begin = 0, end = -1;
+  std::string outcome;
+};
+
+struct Interval {
+  std::int64_t t0 = 0, t1 = 0;
+};
+
+// How long [a, b] overlaps the pauses of `pid`.
+std::int64_t PausedWithin(const std::multimap<long, Interval>& stops, long pid, std::int64_t a, std::int64_t b) {
+  std::int64_t total = 0;
+  auto [lo, hi] = stops.equal_range(pid);
+  for (auto it = lo; it != hi; ++it) {
+    std::int64_t s = std::max(a, it->second.t0), e = std::min(b, it->second.t1);
+    if (e > s) total += e - s;
+  }
+  return total;
+}
+
+}  // namespace
+
+int CheckLedger(const std::string& path, const CheckOptions& options, std::ostream& out) {
+  std::ifstream in(path);
+  if (!in) {
+    out << "cannot read ledger " << path << "\n";
+    return 1;
+  }
+  std::vector<HoldRec> holds;
+  std::map<std::pair<long, std::int64_t>, WaitRec> waits;  // by (pid, begin)
+  std::map<std::string, int> faults;
+  std::multimap<long, Interval> stops;
+  std::set<long> killed;
+  std::map<std::string, std::string> config;
+  std::vector<std::string> crashes, hung;
+  int malformed = 0;
+  for (std::string line; std::getline(in, line);) {
+    std::istringstream f(line);
+    std::string tag;
+    f >> tag;
+    if (tag == "C") {
+      for (std::string kv; f >> kv;) {
+        auto eq = kv.find('=');
+        if (eq != std::string::npos) config[kv.substr(0, eq)] = kv.substr(eq + 1);
+      }
+    } else if (tag == "B") {
+      WaitRec w;
+      if (!(f >> w.slot >> w.pid >> w.begin)) { ++malformed; continue; }
+      waits.emplace(std::make_pair(w.pid, w.begin), w);
+    } else if (tag == "W") {
+      WaitRec w;
+      if (!(f >> w.slot >> w.pid >> w.begin >> w.end >> w.outcome)) { ++malformed; continue; }
+      waits[{w.pid, w.begin}] = w;
+    } else if (tag == "H") {
+      HoldRec h;
+      if (!(f >> h.slot >> h.pid >> h.token >> h.wait_begin >> h.start >> h.end >> h.uncertain >> h.lost >> h.state)) {
+        ++malformed;
+        continue;
+      }
+      holds.push_back(h);
+    } else if (tag == "F") {
+      std::string kind;
+      long pid = 0;
+      Interval iv;
+      if (!(f >> kind >> pid >> iv.t0 >> iv.t1)) { ++malformed; continue; }
+      ++faults[kind];
+      if (kind == "stop") stops.emplace(pid, iv);
+      if (kind == "kill") killed.insert(pid);
+    } else if (tag == "D") {
+      crashes.push_back(line);
+    } else if (tag == "HUNG") {
+      hung.push_back(line);
+    } else if (!tag.empty()) {
+      ++malformed;
+    }
+  }
+  std::int64_t timeout_ms = options.acquire_timeout_ms;
+  if (timeout_ms == 0 && config.count("acquire_timeout_ms")) timeout_ms = std::stoll(config["acquire_timeout_ms"]);
+
+  std::sort(holds.begin(), holds.end(), [](const HoldRec& a, const HoldRec& b) { return a.start < b.start; });
+  auto paused = [&](const HoldRec& h) { return PausedWithin(stops, h.pid, h.wait_begin, h.end) > 0; };
+
+  // Fencing: a resource that remembers the largest token it has seen and
+  // accepts a write only with a token at least as large. Each hold writes at
+  // its start and at its end.
+  struct Write {
+    std::int64_t t;
+    std::size_t hold;
+  };
+  std::vector<Write> writes;
+  for (std::size_t i = 0; i < holds.size(); ++i) {
+    writes.push_back({holds[i].start, i});
+    writes.push_back({holds[i].end, i});
+  }
+  std::sort(writes.begin(), writes.end(), [](const Write& a, const Write& b) { return a.t < b.t; });
+  std::vector<bool> accepted(holds.size(), true);
+  std::uint64_t max_token = 0;
+  int rejected_writes = 0;
+  for (const auto& w : writes) {
+    if (holds[w.hold].token < max_token) {
+      accepted[w.hold] = false;
+      ++rejected_writes;
+    }
+    max_token = std::max(max_token, holds[w.hold].token);
+  }
+
+  // Overlapping pairs. The stale one is the one with the smaller token.
+  int overlaps = 0, overlap_paused = 0, overlap_told = 0, overlap_unexplained = 0, fencing_violations = 0;
+  int duplicate_tokens = 0;
+  std::vector<std::string> details;
+  for (std::size_t i = 0; i < holds.size(); ++i) {
+    for (std::size_t j = i + 1; j < holds.size() && holds[j].start < holds[i].end; ++j) {
+      const HoldRec& a = holds[i];
+      const HoldRec& b = holds[j];
+      ++overlaps;
+      if (a.token == b.token) ++duplicate_tokens;
+      if (accepted[i] && accepted[j]) {
+        ++fencing_violations;
+        details.push_back("fencing: tokens " + std::to_string(a.token) + " and " + std::to_string(b.token) +
+                          " overlapped and both were accepted");
+      }
+      const HoldRec& stale = a.token < b.token ? a : b;
+      if (paused(stale)) {
+        ++overlap_paused;
+      } else if (stale.told()) {
+        ++overlap_told;
+      } else {
+        ++overlap_unexplained;
+        details.push_back("overlap not explained by a pause or a notice: pid " + std::to_string(stale.pid) +
+                          " token " + std::to_string(stale.token) + " [" + std::to_string(stale.start) + ", " +
+                          std::to_string(stale.end) + "] vs pid " + std::to_string((&stale == &a ? b : a).pid) +
+                          " token " + std::to_string((&stale == &a ? b : a).token));
+      }
+    }
+  }
+
+  // Token order: a hold that began after another ended must have a larger
+  // token, unless it was paused between getting its token and starting.
+  int out_of_order = 0, out_of_order_explained = 0;
+  {
+    std::vector<std::size_t> by_end(holds.size());
+    for (std::size_t i = 0; i < holds.size(); ++i) by_end[i] = i;
+    std::sort(by_end.begin(), by_end.end(), [&](std::size_t x, std::size_t y) { return holds[x].end < holds[y].end; });
+    std::size_t k = 0;
+    std::uint64_t max_ended = 0;
+    bool any_ended = false;
+    for (const auto& b : holds) {  // by start
+      while (k < by_end.size() && holds[by_end[k]].end <= b.start) {
+        max_ended = std::max(max_ended, holds[by_end[k]].token);
+        any_ended = true;
+        ++k;
+      }
+      if (any_ended && b.token <= max_ended) {
+        if (b.token != max_ended && (paused(b) || b.told())) {
+          ++out_of_order_explained;
+        } else {
+          ++out_of_order;
+          details.push_back("token order: pid " + std::to_string(b.pid) + " token " + std::to_string(b.token) +
+                            " began after a hold with token " + std::to_string(max_ended) + " ended");
+        }
+      }
+    }
+  }
+
+  // Liveness: every acquire attempt ends within its timeout plus slack (not
+  // counting time the worker spent stopped), unless its worker was killed.
+  int waits_total = 0, waits_unended = 0, waits_too_long = 0;
+  std::map<std::string, int> outcomes;
+  std::int64_t longest_ms = 0;
+  for (const auto& [key, w] : waits) {
+    ++waits_total;
+    if (w.end < 0) {
+      if (!killed.count(w.pid)) {
+        ++waits_unended;
+        details.push_back("liveness: pid " + std::to_string(w.pid) + "'s wait from " + std::to_string(w.begin) +
+                          " never ended");
+      }
+      continue;
+    }
+    ++outcomes[w.outcome];
+    const std::int64_t ms = (w.end - w.begin - PausedWithin(stops, w.pid, w.begin, w.end)) / 1'000'000;
+    longest_ms = std::max(longest_ms, ms);
+    if (timeout_ms > 0 && ms > timeout_ms + options.liveness_slack_ms) {
+      ++waits_too_long;
+      details.push_back("liveness: pid " + std::to_string(w.pid) + " waited " + std::to_string(ms) + " ms (" +
+                        w.outcome + ")");
+    }
+  }
+
+  int lost_holds = 0, uncertain_holds = 0;
+  for (const auto& h : holds) {
+    if (h.lost >= 0) ++lost_holds;
+    else if (h.uncertain >= 0) ++uncertain_holds;
+  }
+
+  const int violations = fencing_violations + overlap_unexplained + out_of_order + duplicate_tokens +
+                         waits_unended + waits_too_long + static_cast<int>(crashes.size() + hung.size()) +
+                         (options.orphans > 0 ? 1 : 0) + (malformed > 0 ? 1 : 0);
+  out << "ledger: " << path << "\n";
+  for (const auto& [k, v] : config) out << "  " << k << " = " << v << "\n";
+  out << "holds: " << holds.size() << " (told uncertain: " << uncertain_holds << ", told lost: " << lost_holds
+      << ")\n";
+  out << "faults:";
+  int nfaults = 0;
+  for (const auto& [k, v] : faults) {
+    out << " " << k << "=" << v;
+    nfaults += v;
+  }
+  out << " (total " << nfaults << ")\n";
+  out << "acquire attempts: " << waits_total;
+  for (const auto& [k, v] : outcomes) out << " " << k << "=" << v;
+  out << ", longest " << longest_ms << " ms not counting pauses\n";
+  out << "CHECK fencing: overlapping holds both accepted by a token-checking resource: " << fencing_violations
+      << " (writes rejected: " << rejected_writes << ")\n";
+  out << "CHECK wall-clock overlaps: " << overlaps << " (stale holder paused: " << overlap_paused
+      << ", stale holder told uncertain/lost: " << overlap_told << ", unexplained: " << overlap_unexplained << ")\n";
+  out << "CHECK duplicate tokens among overlapping holds: " << duplicate_tokens << "\n";
+  out << "CHECK tokens out of order: " << out_of_order << " (explained by a pause or a notice: "
+      << out_of_order_explained << ")\n";
+  out << "CHECK liveness: waits never ended: " << waits_unended << ", waits over the bound: " << waits_too_long
+      << ", hung workers: " << hung.size() << "\n";
+  out << "CHECK worker crashes: " << crashes.size() << "\n";
+  out << "CHECK orphans: " << (options.orphans < 0 ? std::string("not checked") : std::to_string(options.orphans))
+      << "\n";
+  if (malformed) out << "CHECK malformed ledger lines: " << malformed << "\n";
+  for (const auto& l : crashes) out << "  crash: " << l << "\n";
+  for (const auto& l : hung) out << "  hung: " << l << "\n";
+  const std::size_t shown = std::min<std::size_t>(details.size(), 20);
+  for (std::size_t i = 0; i < shown; ++i) out << "  " << details[i] << "\n";
+  out << (violations == 0 ? "RESULT: OK\n" : "RESULT: " + std::to_string(violations) + " violation(s)\n");
+  return violations;
+}
+
+}  // namespace dlock::chaos

@@ -1,0 +1,42 @@
+// The chaos ledger and its checker.
+//
+// One line per event, appended with a single write(2) by whoever saw it;
+// times are CLOCK_MONOTONIC nanoseconds of the host (all processes share it):
+//
+//   C key=value ...                               the run's settings (runner)
+//   B slot pid begin                              an acquire attempt begins (worker)
+//   W slot pid begin end outcome                  it ended: ok, timeout, cancelled, error:Code
+//   H slot pid token wait_begin start end uncertain lost state
+//                                                 one hold: writes to the resource happen at
+//                                                 start and end; uncertain/lost are when the
+//                                                 holder was told (-1: never); state at end
+//   F kind pid t0 t1                              a fault: kill, stop, restart, cut, drop, delay
+//                                                 (pid -1 when it hit the server or the network)
+//   D pid status                                  a worker died on its own (a crash)
+//   HUNG pid t                                    a worker did not stop when asked
+#ifndef DLOCK_TOOLS_CHAOS_LEDGER_HPP_
+#define DLOCK_TOOLS_CHAOS_LEDGER_HPP_
+
+#include <cstdint>
+#include <ostream>
+#include <string>
+
+namespace dlock::chaos {
+
+std::int64_t MonotonicNanos();
+
+// Appends `line` (ending in '\n') to the ledger in one write.
+void AppendLine(int fd, const std::string& line);
+
+struct CheckOptions {
+  std::int64_t acquire_timeout_ms = 0;  // 0: read from the C line
+  std::int64_t liveness_slack_ms = 15'000;  // beyond the timeout a wait may take (round trips, restarts)
+  std::int64_t orphans = -1;            // entries left in the store (-1: not checked)
+};
+
+// Reads the ledger, writes the report to `out`; returns the number of violations.
+int CheckLedger(const std::string& path, const CheckOptions& options, std::ostream& out);
+
+}  // namespace dlock::chaos
+
+#endif  // DLOCK_TOOLS_CHAOS_LEDGER_HPP_

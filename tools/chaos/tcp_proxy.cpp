@@ -1,0 +1,171 @@
+#include "tcp_proxy.hpp"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <deque>
+#include <list>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace dlock::chaos {
+namespace {
+
+using SteadyClock = std::chrono::steady_clock;
+
+void SetNonBlocking(int fd) { ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK); }
+
+sockaddr_in Loopback(int port) {
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(static_cast<std::uint16_t>(port));
+  return a;
+}
+
+struct Chunk {
+  SteadyClock::time_point due;
+  std::string bytes;
+};
+
+// One direction of a connection: bytes read from `from`, waiting for `to`.
+struct Pipe {
+  std::deque<Chunk> pending;
+};
+
+struct Conn {
+  int client = -1;
+  int server = -1;
+  Pipe up;    // client -> server
+  Pipe down;  // server -> client
+  bool dead = false;
+};
+
+// Reads what `from` has into `pipe`; false on EOF or error.
+bool Pump(int from, Pipe& pipe, SteadyClock::time_point due) {
+  char buf[16384];
+  ssize_t n = ::read(from, buf, sizeof buf);
+  if (n > 0) {
+    pipe.pending.push_back({due, std::string(buf, static_cast<std::size_t>(n))});
+    return true;
+  }
+  return n < 0 && (errno == EAGAIN || errno == EINTR);
+}
+
+// Writes the chunks that are due; false on error.
+bool Flush(int to, Pipe& pipe, SteadyClock::time_point now) {
+  while (!pipe.pending.empty() && pipe.pending.front().due <= now) {
+    auto& c = pipe.pending.front();
+    ssize_t n = ::send(to, c.bytes.data(), c.bytes.size(), MSG_NOSIGNAL);
+    if (n < 0) return errno == EAGAIN || errno == EINTR;
+    c.bytes.erase(0, static_cast<std::size_t>(n));
+    if (!c.bytes.empty()) return true;
+    pipe.pending.pop_front();
+  }
+  return true;
+}
+
+}  // namespace
+
+TcpProxy::TcpProxy(int upstream_port) : upstream_port_(upstream_port) {
+  listen_fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  int one = 1;
+  ::setsockopt(listen_fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  sockaddr_in a = Loopback(0);
+  socklen_t len = sizeof a;
+  if (listen_fd_ < 0 || ::bind(listen_fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
+      ::listen(listen_fd_, 128) != 0 || ::getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+    if (listen_fd_ >= 0) ::close(listen_fd_);
+    throw std::runtime_error("tcp proxy: cannot listen on 127.0.0.1");
+  }
+  port_ = ntohs(a.sin_port);
+  SetNonBlocking(listen_fd_);
+  thread_ = std::thread([this] { run(); });
+}
+
+TcpProxy::~TcpProxy() {
+  stop_.store(true);
+  thread_.join();
+  ::close(listen_fd_);
+}
+
+void TcpProxy::set_mode(Mode mode, std::chrono::milliseconds delay) noexcept {
+  delay_ms_.store(delay.count());
+  mode_.store(mode);
+}
+
+void TcpProxy::run() {
+  std::list<Conn> conns;
+  auto close_conn = [](Conn& c) {
+    if (c.client >= 0) ::close(c.client);
+    if (c.server >= 0) ::close(c.server);
+    c.client = c.server = -1;
+    c.dead = true;
+  };
+  while (!stop_.load()) {
+    const Mode mode = mode_.load();
+    const auto now = SteadyClock::now();
+    const auto due = now + std::chrono::milliseconds(mode == Mode::kDelay ? delay_ms_.load() : 0);
+    if (drop_.exchange(false)) {
+      for (auto& c : conns) close_conn(c);
+    }
+    std::vector<pollfd> fds;
+    std::vector<Conn*> polled;  // in fds order; connections accepted below wait for the next round
+    fds.push_back({listen_fd_, POLLIN, 0});
+    for (auto& c : conns) {
+      if (c.dead) continue;
+      polled.push_back(&c);
+      const bool flow = mode != Mode::kBlackHole;
+      // A black hole reads nothing (the kernel buffers fill, as on a partition).
+      short cev = static_cast<short>(flow ? POLLIN : 0);
+      short sev = cev;
+      if (flow && !c.up.pending.empty() && c.up.pending.front().due <= now) sev |= POLLOUT;
+      if (flow && !c.down.pending.empty() && c.down.pending.front().due <= now) cev |= POLLOUT;
+      fds.push_back({c.client, cev, 0});
+      fds.push_back({c.server, sev, 0});
+    }
+    ::poll(fds.data(), fds.size(), 10);  // short: delayed chunks become due without an event
+    const auto after = SteadyClock::now();
+    if (fds[0].revents & POLLIN) {
+      while (true) {
+        int cfd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+        if (cfd < 0) break;
+        int sfd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        sockaddr_in up = Loopback(upstream_port_);
+        // Loopback: a blocking connect ends at once (refused while the server is down).
+        if (sfd < 0 || ::connect(sfd, reinterpret_cast<sockaddr*>(&up), sizeof up) != 0) {
+          if (sfd >= 0) ::close(sfd);
+          ::close(cfd);
+          continue;
+        }
+        int one = 1;
+        ::setsockopt(sfd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+        ::setsockopt(cfd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+        SetNonBlocking(sfd);
+        conns.push_back(Conn{cfd, sfd, {}, {}, false});
+      }
+    }
+    for (std::size_t k = 0; k < polled.size(); ++k) {
+      Conn& c = *polled[k];
+      const short cre = fds[1 + 2 * k].revents, sre = fds[2 + 2 * k].revents;
+      bool ok = true;
+      if (mode != Mode::kBlackHole) {
+        if (cre & (POLLIN | POLLHUP | POLLERR)) ok = ok && Pump(c.client, c.up, due);
+        if (sre & (POLLIN | POLLHUP | POLLERR)) ok = ok && Pump(c.server, c.down, due);
+        ok = ok && Flush(c.server, c.up, after) && Flush(c.client, c.down, after);
+      }
+      if (!ok) close_conn(c);
+    }
+    conns.remove_if([](const Conn& c) { return c.dead; });
+  }
+  for (auto& c : conns) close_conn(c);
+}
+
+}  // namespace dlock::chaos
