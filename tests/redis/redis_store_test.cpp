@@ -703,6 +703,18 @@ TEST_F(RedisSessionTest, DatabaseNumberSelectsTheDatabase) {
 
 // ---------------------------------------------------------------- faults
 
+// Waits on `id` in `waiter` until it is subscribed, removes the entry
+// through `remover`, and expects the wait to end OK: waits work.
+void ExpectRemoveWakesWait(RedisServer& server, Session& waiter, Session& remover, const std::string& queue,
+                           const std::string& id) {
+  std::vector<std::string> ids = {id};
+  auto wait = std::async(std::launch::async, [&] { return waiter.wait_any_gone(queue, ids, In(30s), {}); });
+  ASSERT_TRUE(Eventually([&] { return server.NumSub(Channel(queue)) == 1; }));
+  ASSERT_TRUE(remover.remove(queue, id, In(5s)).ok());
+  ASSERT_EQ(wait.wait_for(5s), std::future_status::ready);
+  EXPECT_TRUE(wait.get().ok());
+}
+
 TEST(RedisFaults, LostIsDeclaredBeforeTheServerLeaseEndsWhenTheServerFreezes) {
   auto server = RedisServer::Start();
   ASSERT_TRUE(server);
@@ -785,12 +797,7 @@ TEST(RedisFaults, AShortOutageSuspendsAndRecovers) {
   ASSERT_TRUE(listed.ok()) << listed.status().ToString();
   ASSERT_EQ(Ids(*listed), std::vector<std::string>{e->entry.id});
   EXPECT_EQ((*listed)[0].token, e->entry.token);
-  std::vector<std::string> ids = {e->entry.id};
-  auto waiter = std::async(std::launch::async, [&] { return b->wait_any_gone("outage/q", ids, In(30s), {}); });
-  ASSERT_TRUE(Eventually([&] { return server->NumSub(Channel("outage/q")) == 1; }));
-  ASSERT_TRUE(a->remove("outage/q", e->entry.id, In(5s)).ok());
-  ASSERT_EQ(waiter.wait_for(5s), std::future_status::ready);
-  EXPECT_TRUE(waiter.get().ok());
+  ExpectRemoveWakesWait(*server, *b, *a, "outage/q", e->entry.id);
 }
 
 TEST(RedisFaults, ServerRestartWithoutDataLosesSessionsAndThenWorks) {
@@ -830,12 +837,7 @@ TEST(RedisFaults, ServerRestartWithoutDataLosesSessionsAndThenWorks) {
   EXPECT_EQ(Ids(*listed), std::vector<std::string>{e->entry.id});
   // Waits work again too (the subscriber reconnected).
   auto d = MustSession(*store);
-  std::vector<std::string> ids2 = {e->entry.id};
-  auto waiter2 = std::async(std::launch::async, [&] { return d->wait_any_gone("restart/q", ids2, In(30s), {}); });
-  ASSERT_TRUE(Eventually([&] { return server->NumSub(Channel("restart/q")) == 1; }));
-  ASSERT_TRUE(c->remove("restart/q", e->entry.id, In(5s)).ok());
-  ASSERT_EQ(waiter2.wait_for(5s), std::future_status::ready);
-  EXPECT_TRUE(waiter2.get().ok());
+  ExpectRemoveWakesWait(*server, *d, *c, "restart/q", e->entry.id);
 }
 
 TEST(RedisFaults, OpenSessionOnADownServerIsUnavailable) {

@@ -751,6 +751,18 @@ void AddChildren(Batch& b, std::string path) {
     return zoo_aget_children(zh, path.c_str(), 0, OnStrings, s);
   });
 }
+
+// The children of `base` in one round trip; nullopt if the node does not exist.
+Result<std::optional<std::vector<std::string>>> ListChildren(Core& c, const std::string& base,
+                                                             Clock::time_point until) {
+  auto b = c.NewBatch();
+  AddChildren(*b, base);
+  c.Send(b);
+  if (Status s = c.Await(*b, until, "getChildren " + base); !s.ok()) return s;
+  if ((*b)[0].rc == ZNONODE) return std::optional<std::vector<std::string>>();
+  if ((*b)[0].rc != ZOK) return c.Error((*b)[0].rc, "getChildren", base);
+  return std::optional<std::vector<std::string>>(std::move((*b)[0].names));
+}
 void AddGet(Batch& b, std::string path, watcher_fn watcher, void* ctx) {
   b.ops.push_back([path = std::move(path), watcher, ctx](zhandle_t* zh, Slot* s) {
     return zoo_awget(zh, path.c_str(), watcher, ctx, OnData, s);
@@ -941,13 +953,10 @@ Result<std::vector<Entry>> ZkSession::list(std::string_view queue, const ListOpt
   Core& c = *core_;
   const std::string base = QueuePath(c.cfg().chroot, queue);
   const Clock::time_point until = c.ReplyDeadline(deadline);
-  auto b = c.NewBatch();
-  AddChildren(*b, base);
-  c.Send(b);
-  if (Status s = c.Await(*b, until, "getChildren " + base); !s.ok()) return s;
-  if ((*b)[0].rc == ZNONODE) return std::vector<Entry>{};  // no queue: empty
-  if ((*b)[0].rc != ZOK) return c.Error((*b)[0].rc, "getChildren", base);
-  std::vector<Entry> entries = ParseChildren((*b)[0].names);
+  auto children = ListChildren(c, base, until);
+  if (!children.ok()) return children.status();
+  if (!*children) return std::vector<Entry>{};  // no queue: empty
+  std::vector<Entry> entries = ParseChildren(**children);
   if (!options.with_owners || entries.empty()) return entries;
 
   auto d = c.NewBatch();  // one getData per entry, all in one round trip
@@ -1117,14 +1126,11 @@ Result<std::optional<Entry>> ZkSession::find_own(std::string_view queue, std::st
   Core& c = *core_;
   const std::string base = QueuePath(c.cfg().chroot, queue);
   const Clock::time_point until = c.ReplyDeadline(deadline);
-  auto b = c.NewBatch();
-  AddChildren(*b, base);
-  c.Send(b);
-  if (Status s = c.Await(*b, until, "getChildren " + base); !s.ok()) return s;
-  if ((*b)[0].rc == ZNONODE) return std::optional<Entry>();
-  if ((*b)[0].rc != ZOK) return c.Error((*b)[0].rc, "getChildren", base);
+  auto children = ListChildren(c, base, until);
+  if (!children.ok()) return children.status();
+  if (!*children) return std::optional<Entry>();
   std::vector<std::string> candidates;
-  for (const auto& name : (*b)[0].names) {
+  for (const auto& name : **children) {
     if (name.compare(0, prefix->size(), *prefix) == 0) candidates.push_back(name);
   }
   if (candidates.empty()) return std::optional<Entry>();
