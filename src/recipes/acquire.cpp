@@ -51,7 +51,7 @@ class Attempt {
       }
       PassEnd end = Pass(session);
       switch (end) {
-        case PassEnd::kGranted: return std::optional<Acquired>(Acquired{session, entry_});
+        case PassEnd::kGranted: return std::optional<Acquired>(Acquired{session, entry_, std::move(granted_queue_)});
         case PassEnd::kGaveUp: return std::optional<Acquired>();
         case PassEnd::kError: return error_;
         case PassEnd::kRequeue:
@@ -153,9 +153,13 @@ class Attempt {
         // Our entry is gone: the session ended, or an operator removed it.
         return PassEnd::kRequeue;
       }
-      if (req_.sequence) return PassEnd::kGranted;  // granted by what the caller holds
-      Verdict v = req_.rule(queue, static_cast<std::size_t>(ours - queue.begin()));
-      if (v.granted) return PassEnd::kGranted;
+      // A given sequence (downgrade) is granted by what the caller holds.
+      const Verdict v =
+          req_.sequence ? Verdict{true, {}} : req_.rule(queue, static_cast<std::size_t>(ours - queue.begin()));
+      if (v.granted) {
+        granted_queue_ = std::move(queue);
+        return PassEnd::kGranted;
+      }
       if (req_.try_only || Expired()) return GiveUp(session, true, attempt);
       Status waited = session->wait_any_gone(req_.queue, v.wait_for, req_.deadline, req_.stop);
       switch (waited.code()) {
@@ -184,6 +188,7 @@ class Attempt {
   ClientCore& client_;
   const AcquireRequest& req_;
   Entry entry_;
+  std::vector<Entry> granted_queue_;
   Status error_;
 };
 

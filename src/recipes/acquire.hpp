@@ -57,6 +57,7 @@ struct AcquireRequest {
 struct Acquired {
   std::shared_ptr<Session> session;
   Entry entry;  // with its token
+  std::vector<Entry> queue;  // the queue as it was read when the entry was granted
 };
 
 // nullopt: the deadline passed, `stop` was requested, or try_only found the

@@ -73,6 +73,7 @@ std::optional<Lease> Semaphore::acquire_impl(std::uint32_t count, Clock::duratio
     // 2. Our leases, on the same session.
     std::vector<HeldEntry> mine;
     std::uint64_t token = 0;
+    std::optional<std::vector<Entry>> seen;  // the leases as the last append read them
     auto give_back = [&] {
       for (auto& e : mine) core.remove_guaranteed(session, leases, e.id);
       mine.clear();
@@ -98,11 +99,15 @@ std::optional<Lease> Semaphore::acquire_impl(std::uint32_t count, Clock::duratio
       }
       mine.push_back({leases, (*got)->entry.id, (*got)->entry.sequence});
       token = std::max(token, (*got)->entry.token.value_or(0));
+      seen = std::move((*got)->queue);
     }
 
     // 3. Wait until the leases fit the permits.
     while (mine.size() == count) {
-      auto listed = session->list(leases, {}, deadline);
+      // The first look reuses what the last append read: no second round trip.
+      Result<std::vector<Entry>> listed = seen ? Result<std::vector<Entry>>(std::move(*seen))
+                                               : session->list(leases, {}, deadline);
+      seen.reset();
       if (!listed.ok()) {
         ErrorCode code = listed.status().code();
         if (code == ErrorCode::kUnavailable && !expired() &&
