@@ -3,7 +3,7 @@
 //   <worker> <pid> <recipe> <token> <start_ns> <end_ns>
 // With --hold-forever it writes "ACQUIRED <pid> <token>" once it holds the
 // lock, then waits to be killed. With --report-lost it writes the same line,
-// then waits (at most a minute) for its lost signal and writes
+// then waits (at most a minute) until its hold is lost and writes
 // "LOST <pid> <token> <state>".
 #include <fcntl.h>
 #include <time.h>
@@ -12,6 +12,7 @@
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <condition_variable>
+#include <memory>
 #include <mutex>
 #include <shared_mutex>
 #include <thread>
@@ -69,10 +70,19 @@ int main(int argc, char** argv) {
       if (hold_forever || report_lost) {
         Append(fd, "ACQUIRED " + std::to_string(::getpid()) + " " + std::to_string(hold->fencing_token()) + "\n");
         while (hold_forever) ::pause();
-        std::mutex mu;
-        std::condition_variable_any cv;
-        std::unique_lock<std::mutex> lock(mu);
-        cv.wait_for(lock, hold->lost_token(), std::chrono::minutes(1), [] { return false; });
+        // The lost signal fires already on kUncertain (contact lost); report
+        // once the hold is known lost, which follows (bounded by a minute).
+        struct Waker {
+          std::mutex mu;
+          std::condition_variable_any cv;
+        };
+        auto waker = std::make_shared<Waker>();
+        auto sub = hold->on_state_change([waker](dlock::HoldState) {
+          std::lock_guard<std::mutex> g(waker->mu);
+          waker->cv.notify_all();
+        });
+        std::unique_lock<std::mutex> lock(waker->mu);
+        waker->cv.wait_for(lock, std::chrono::minutes(1), [&] { return hold->state() == dlock::HoldState::kLost; });
         Append(fd, "LOST " + std::to_string(::getpid()) + " " + std::to_string(hold->fencing_token()) + " " +
                        std::string(dlock::HoldStateName(hold->state())) + "\n");
         return 0;
