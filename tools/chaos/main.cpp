@@ -174,7 +174,8 @@ bool RedisPing(int port) {
 // runner crashes. With a `log`, stdout and stderr go there and it gets its
 // own session (servers: a Ctrl-C to the runner's group does not reach them,
 // and they do not hold the runner's output open).
-pid_t Spawn(const std::vector<std::string>& args, const std::string& log = "") {
+// `block`: signals the child starts with blocked (kept across exec).
+pid_t Spawn(const std::vector<std::string>& args, const std::string& log = "", const sigset_t* block = nullptr) {
   std::vector<char*> argv;
   for (const auto& s : args) argv.push_back(const_cast<char*>(s.c_str()));
   argv.push_back(nullptr);
@@ -184,6 +185,7 @@ pid_t Spawn(const std::vector<std::string>& args, const std::string& log = "") {
   // The child: only async-signal-safe calls until exec.
   ::prctl(PR_SET_PDEATHSIG, SIGKILL);
   if (::getppid() != parent) ::_exit(127);  // the runner is already gone
+  if (block) ::sigprocmask(SIG_BLOCK, block, nullptr);
   if (!log.empty()) {
     ::setsid();
     int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0600);
@@ -448,9 +450,15 @@ class Runner {
   }
 
   void spawn_worker(int slot) {
+    // SIGUSR1 ("stop") is blocked from birth: a worker spawned just before
+    // the end of a run would otherwise die of it before its main() blocks it.
+    sigset_t stop_signal;
+    sigemptyset(&stop_signal);
+    sigaddset(&stop_signal, SIGUSR1);
     pid_t pid = Spawn({self_, "worker", "--url", url_, "--name", name_, "--ledger", ledger_, "--slot", Str(slot),
                        "--hold-max-ms", Str(a_.hold_max_ms), "--acquire-timeout-ms", Str(a_.acquire_timeout_ms),
-                       "--seed", Str(static_cast<std::int64_t>(rng_() >> 1))});
+                       "--seed", Str(static_cast<std::int64_t>(rng_() >> 1))},
+                      "", &stop_signal);
     if (pid > 0) workers_[pid] = slot;
   }
 
