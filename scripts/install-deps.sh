@@ -8,6 +8,7 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   nlohmann-json3-dev libcli11-dev
   libzookeeper-mt-dev zookeeper default-jre-headless python3-kazoo
+  libcurator-recipes-java default-jdk-headless
   libhiredis-dev redis-server python3-redis
   procps iproute2
 )

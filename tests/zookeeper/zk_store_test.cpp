@@ -399,7 +399,7 @@ TEST_F(ZkStoreTest, WaitWakesWhenTheOwnerSessionExpires) {
   ASSERT_TRUE(waiter);
   // The owner: another process (kazoo), whose session the server expires
   // after we freeze it.
-  zktest::Kazoo owner(hosts_, 1.0);
+  zktest::PeerClient owner(zktest::PeerKind::kKazoo, hosts_, 1.0);
   ASSERT_TRUE(owner.ready());
   std::string created = owner.call("ephemeral " + chroot_ + "/q/" + "x-");
   ASSERT_EQ(created.rfind("created ", 0), 0u) << created;

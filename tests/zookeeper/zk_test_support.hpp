@@ -1,7 +1,7 @@
 // Test support for the zk:// store: where the test server is, a plain
 // ZooKeeper client for looking behind the store's back, a private server a
 // test may freeze or kill, a TCP proxy that can cut a client off, and a
-// kazoo (Python) process to interoperate with.
+// kazoo (Python) or Curator (Java) process to interoperate with.
 #ifndef DLOCK_TESTS_ZOOKEEPER_ZK_TEST_SUPPORT_HPP_
 #define DLOCK_TESTS_ZOOKEEPER_ZK_TEST_SUPPORT_HPP_
 
@@ -357,42 +357,72 @@ class TcpProxy {
   std::thread thread_;
 };
 
-// -------------------------------------------------------------------- Kazoo
-// A Python process running kazoo, driven line by line over its stdin/stdout.
-// Commands (one per line) and answers:
-//   lock KIND PATH TIMEOUT  KIND: lock|read|write; extra_lock_patterns cover
-//                           Curator's and dlock's tags -> "acquired NODE" | "timeout"
+// ------------------------------------------------------------ peer clients
+// Another ZooKeeper lock client in a process of its own (kazoo in Python,
+// Curator in Java), driven line by line over its stdin/stdout. Commands (one
+// per line) and answers, the same for both:
+//   lock KIND PATH TIMEOUT  KIND: lock|read|write -> "acquired NODE" | "timeout"
+//                           (kazoo: Lock, ReadLock, WriteLock, given the
+//                           extra_lock_patterns of Curator's tags; Curator:
+//                           InterProcessMutex, InterProcessReadWriteLock)
 //   release                 -> "released"
-//   ephemeral PATH          an EPHEMERAL_SEQUENTIAL node -> "created PATH"
+//   cycles KIND PATH N LEDGER TAG
+//                           N rounds of acquire, append "enter KIND TAG" to
+//                           the file LEDGER, append "exit KIND TAG", release
+//                           -> "done ROUNDS"
 //   exit
-class Kazoo {
+// kazoo only: ephemeral PATH (an EPHEMERAL_SEQUENTIAL node) -> "created PATH".
+// Curator only: semaphore PATH MAX TIMEOUT (a lease of InterProcessSemaphoreV2)
+//                           -> "acquired NODE" | "timeout".
+enum class PeerKind { kKazoo, kCurator };
+
+inline const char* PeerName(PeerKind kind) { return kind == PeerKind::kKazoo ? "kazoo" : "curator"; }
+inline void PrintTo(PeerKind kind, std::ostream* os) { *os << PeerName(kind); }
+
+// Why the peer cannot run here, or "" if it can.
+inline std::string PeerMissing(PeerKind kind) {
+  if (kind == PeerKind::kKazoo)
+    return std::string(DLOCK_PYTHON_KAZOO).empty() ? "needs python3-kazoo" : "";
+  return std::string(DLOCK_CURATOR_CLASSPATH).empty() ? "needs libcurator-recipes-java and a JDK" : "";
+}
+
+class PeerClient {
  public:
-  // `timeout` is kazoo's session timeout in seconds.
-  explicit Kazoo(const std::string& hosts, double timeout = 10.0) {
+  // `timeout` is the peer's session timeout in seconds.
+  PeerClient(PeerKind kind, const std::string& hosts, double timeout = 10.0) {
+    std::string t = std::to_string(timeout);
+    std::vector<std::string> argv;
+    if (kind == PeerKind::kKazoo) {
+      argv = {DLOCK_PYTHON_KAZOO, "-u", "-c", kKazooScript, hosts, t};
+    } else {
+      argv = {DLOCK_JAVA, "-Xshare:auto", "-XX:TieredStopAtLevel=1", "-cp", DLOCK_CURATOR_CLASSPATH,
+              "CuratorDriver", hosts, t};
+    }
     int in[2], out[2];
     if (::pipe2(in, O_CLOEXEC) != 0 || ::pipe2(out, O_CLOEXEC) != 0) return;
+    std::vector<char*> args;
+    for (auto& a : argv) args.push_back(a.data());
+    args.push_back(nullptr);
     pid_ = ::fork();
     if (pid_ == 0) {
       ::dup2(in[0], 0);
       ::dup2(out[1], 1);
-      std::string t = std::to_string(timeout);
-      ::execl(DLOCK_PYTHON_KAZOO, DLOCK_PYTHON_KAZOO, "-u", "-c", kScript, hosts.c_str(), t.c_str(),
-              static_cast<char*>(nullptr));
+      ::execv(args[0], args.data());
       ::_exit(127);
     }
     ::close(in[0]);
     ::close(out[1]);
     to_ = in[1];
     from_ = out[0];
-    ready_ = read_line(30s) == "ready";
+    ready_ = read_line(60s) == "ready";  // a JVM on a loaded machine is slow to start
   }
-  ~Kazoo() {
+  ~PeerClient() {
     if (pid_ > 0) {
       ::kill(pid_, SIGCONT);
       send("exit");
       ::close(to_);
       int status = 0;
-      for (int i = 0; i < 300 && ::waitpid(pid_, &status, WNOHANG) == 0; ++i) std::this_thread::sleep_for(10ms);
+      for (int i = 0; i < 500 && ::waitpid(pid_, &status, WNOHANG) == 0; ++i) std::this_thread::sleep_for(10ms);
       if (::waitpid(pid_, &status, WNOHANG) == 0) {
         ::kill(pid_, SIGKILL);
         ::waitpid(pid_, &status, 0);
@@ -400,8 +430,8 @@ class Kazoo {
       ::close(from_);
     }
   }
-  Kazoo(const Kazoo&) = delete;
-  Kazoo& operator=(const Kazoo&) = delete;
+  PeerClient(const PeerClient&) = delete;
+  PeerClient& operator=(const PeerClient&) = delete;
 
   bool ready() const { return ready_; }
   pid_t pid() const { return pid_; }
@@ -435,8 +465,8 @@ class Kazoo {
   }
 
  private:
-  static constexpr const char* kScript = R"PY(
-import sys, logging
+  static constexpr const char* kKazooScript = R"PY(
+import os, sys, time, logging
 logging.basicConfig(level=logging.CRITICAL)
 from kazoo.client import KazooClient
 from kazoo.exceptions import LockTimeout
@@ -447,6 +477,14 @@ zk.start(timeout=30)
 print("ready")
 # Curator's and dlock's tags, so that kazoo sees their entries as contenders.
 patterns = {"lock": ["-lock-", "__WRIT__"], "write": ["-lock-", "__WRIT__", "__READ__"], "read": ["-lock-", "__WRIT__"]}
+def new_lock(kind, path):
+    cls = {"lock": Lock, "read": ReadLock, "write": WriteLock}[kind]
+    return cls(zk, path, "kazoo-" + kind, extra_lock_patterns=patterns[kind])
+def append(ledger, line):
+    # One write(2) on an O_APPEND file: lines of concurrent writers never mix.
+    fd = os.open(ledger, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    os.write(fd, (line + "\n").encode())
+    os.close(fd)
 held = None
 for line in sys.stdin:
     words = line.split()
@@ -454,11 +492,9 @@ for line in sys.stdin:
         continue
     cmd = words[0]
     if cmd == "lock":
-        kind, path, t = words[1], words[2], float(words[3])
-        cls = {"lock": Lock, "read": ReadLock, "write": WriteLock}[kind]
-        held = cls(zk, path, "kazoo-" + kind, extra_lock_patterns=patterns[kind])
+        held = new_lock(words[1], words[2])
         try:
-            got = held.acquire(timeout=t)
+            got = held.acquire(timeout=float(words[3]))
         except LockTimeout:
             got = False
         if got:
@@ -470,6 +506,23 @@ for line in sys.stdin:
         held.release()
         held = None
         print("released")
+    elif cmd == "cycles":
+        kind, path, n, ledger, tag = words[1], words[2], int(words[3]), words[4], words[1] + " " + words[5]
+        lock, done = new_lock(kind, path), 0
+        while done < n:
+            try:
+                if not lock.acquire(timeout=60):
+                    break
+            except LockTimeout:
+                break
+            try:
+                append(ledger, "enter " + tag)
+                time.sleep(0.0002)  # let another contender try to get in
+                append(ledger, "exit " + tag)
+            finally:
+                lock.release()
+            done += 1
+        print("done", done)
     elif cmd == "ephemeral":
         print("created", zk.create(words[1], b"kazoo", ephemeral=True, sequence=True, makepath=True))
     elif cmd == "exit":
@@ -483,6 +536,45 @@ zk.close()
   bool ready_ = false;
   std::string pending_;
 };
+
+// Checks a ledger written by lock holders ("enter KIND TAG" / "exit KIND TAG"
+// lines, KIND one of lock, read, write): nobody enters while a writer or a
+// lock holder is inside, and a writer or lock holder enters only an empty
+// room. Returns "" or the first violation, with its line number.
+// `entries` counts the holds; `handoffs` the holds whose tag's first word
+// (the client: "dlock", "peer") differs from the previous hold's.
+inline std::string CheckLedger(const std::string& path, std::size_t* entries = nullptr,
+                               std::size_t* handoffs = nullptr) {
+  std::ifstream in(path);
+  std::string line, last_client;
+  std::size_t number = 0, readers = 0, entered = 0, switched = 0;
+  bool exclusive_inside = false;
+  while (std::getline(in, line)) {
+    ++number;
+    std::istringstream words(line);
+    std::string what, kind, tag;
+    words >> what >> kind >> tag;
+    bool shared = kind == "read";
+    std::string where = "line " + std::to_string(number) + " (" + line + ")";
+    if (what == "enter") {
+      ++entered;
+      std::string client = tag.substr(0, tag.find('-'));
+      if (!last_client.empty() && client != last_client) ++switched;
+      last_client = client;
+      if (exclusive_inside) return where + ": entered while an exclusive holder was inside";
+      if (!shared && readers > 0) return where + ": entered while readers were inside";
+      if (shared) ++readers; else exclusive_inside = true;
+    } else if (what == "exit") {
+      if (shared ? readers == 0 : !exclusive_inside) return where + ": exit of no one inside";
+      if (shared) --readers; else exclusive_inside = false;
+    } else {
+      return where + ": not a ledger line";
+    }
+  }
+  if (entries) *entries = entered;
+  if (handoffs) *handoffs = switched;
+  return "";
+}
 
 }  // namespace dlock::zktest
 
