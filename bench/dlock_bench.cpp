@@ -7,8 +7,12 @@
 // thread or client, and the workers write their records into an anonymous
 // shared mapping; all times are CLOCK_MONOTONIC, which every process on the
 // host shares, so one holder's release and the next one's acquire compare.
+#include <dirent.h>
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -452,6 +456,66 @@ json Cycles(const Options& o) {
           {"requests", Requests(counter, before, n)}};
 }
 
+// 1'. The floor of a host-local lock, in plain system calls on the same
+// file system. --floor flock: what flock(1) does, the kernel's own lock on
+// one file (no queue, no token, no record of the holder). Otherwise the
+// operations a cycle of a queue with fencing tokens and visible holders
+// needs: draw a token from a counter file under flock, create the entry
+// file exclusively with the owner record and lock it (so that a waiter can
+// tell a live holder from a dead one), list the queue, unlink and close.
+json FileFloor(const Options& o) {
+  const std::string root = o.url.substr(std::string("file://").size());
+  const std::string dir = root + "/bench-floor-" + std::to_string(::getpid());
+  ::mkdir(root.c_str(), 0755);
+  if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) throw std::runtime_error("floor: cannot create " + dir);
+  auto fail = [](const std::string& what) { throw std::runtime_error("floor: " + what + ": " + std::strerror(errno)); };
+  std::function<void(std::int64_t)> cycle;
+  std::string ops;
+  const std::string lock_path = dir + "/lock", counter_path = dir + "/counter";
+  const std::string record(120, 'x');  // about the size of dlock's owner record
+  if (o.floor == "flock") {
+    cycle = [&](std::int64_t) {
+      int fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+      if (fd < 0) fail("open");
+      if (::flock(fd, LOCK_EX) != 0 || ::flock(fd, LOCK_UN) != 0) fail("flock");
+      ::close(fd);
+    };
+    ops = "open + flock(LOCK_EX) + flock(LOCK_UN) + close";
+  } else {
+    cycle = [&](std::int64_t n) {
+      int counter = ::open(counter_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+      if (counter < 0 || ::flock(counter, LOCK_EX) != 0) fail("counter");
+      std::uint64_t token = 0;
+      if (::pread(counter, &token, sizeof token, 0) < 0) fail("pread");
+      ++token;
+      if (::pwrite(counter, &token, sizeof token, 0) != sizeof token) fail("pwrite");
+      ::flock(counter, LOCK_UN);
+      ::close(counter);
+      const std::string entry = dir + "/e-" + std::to_string(n);
+      int fd = ::open(entry.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+      if (fd < 0) fail("create " + entry);
+      if (::write(fd, record.data(), record.size()) != static_cast<ssize_t>(record.size())) fail("write");
+      if (::flock(fd, LOCK_EX | LOCK_NB) != 0) fail("flock");
+      DIR* d = ::opendir(dir.c_str());
+      if (d == nullptr) fail("opendir");
+      while (::readdir(d) != nullptr) {
+      }
+      ::closedir(d);
+      if (::unlink(entry.c_str()) != 0) fail("unlink");
+      ::close(fd);
+    };
+    ops = "token (flock, pread, pwrite on a counter) + create entry O_EXCL, write, flock + readdir + unlink";
+  }
+  const std::int64_t start = NowNs(), until = start + static_cast<std::int64_t>(o.seconds * 1e9);
+  std::int64_t n = 0;
+  while (n < o.max_ops && NowNs() < until) cycle(n++);
+  const double secs = static_cast<double>(NowNs() - start) / 1e9;
+  ::unlink(lock_path.c_str());
+  ::unlink(counter_path.c_str());
+  ::rmdir(dir.c_str());
+  return {{"cycles", n}, {"seconds", secs}, {"cycles_per_sec", static_cast<double>(n) / secs}, {"ops", ops}};
+}
+
 // 1'. The protocol floor: the bare store operations one cycle needs, with
 // the store's official C client and nothing else.
 json Floor(const Options& o) {
@@ -573,6 +637,7 @@ json Floor(const Options& o) {
             {"requests", Requests(counter, before, n)}};
   }
 #endif
+  if (Scheme(o.url) == "file") return FileFloor(o);
   throw std::runtime_error("floor: no floor loop for " + Scheme(o.url));
 }
 
@@ -755,8 +820,10 @@ int main(int argc, char** argv) {
   app.add_option("--scenario", o.scenario)
       ->required()
       ->check(CLI::IsMember({"cycles", "floor", "contend", "waiters", "footprint"}));
-  app.add_option("--floor", o.floor, "redis floor: dlock's scripts, or SET NX PX + compare-and-delete")
-      ->check(CLI::IsMember({"scripts", "setnx"}));
+  app.add_option("--floor", o.floor,
+                 "redis: dlock's scripts, or SET NX PX + compare-and-delete (setnx); "
+                 "file: the queue's system calls, or one flock (flock)")
+      ->check(CLI::IsMember({"scripts", "setnx", "flock"}));
   app.add_option("--name", o.name, "lock name (prefix for footprint)");
   app.add_option("--seconds", o.seconds, "time budget of a timed loop");
   app.add_option("--max-ops", o.max_ops, "record / cycle budget of a loop");
@@ -768,7 +835,7 @@ int main(int argc, char** argv) {
   app.add_option("--locks", o.locks, "locks waited on at once (footprint)");
   CLI11_PARSE(app, argc, argv);
 
-  json out{{"store", Scheme(o.url)}, {"scenario", o.scenario}, {"impl", o.scenario != "floor" ? "dlock" : o.floor == "setnx" ? "floor-setnx" : "floor"}};
+  json out{{"store", Scheme(o.url)}, {"scenario", o.scenario}, {"impl", o.scenario != "floor" ? "dlock" : o.floor == "scripts" ? "floor" : "floor-" + o.floor}};
   try {
     json r;
     if (o.scenario == "cycles") r = Cycles(o);

@@ -105,7 +105,7 @@ def format_table(rows):
     return "\n".join(out)
 
 
-COLORS = {"dlock": "#3b6fb6", "floor": "#888888", "floor-setnx": "#bbbbbb"}
+COLORS = {"dlock": "#3b6fb6", "floor": "#888888", "floor-setnx": "#bbbbbb", "floor-flock": "#bbbbbb"}
 PEER_COLOR = "#d9822b"
 
 

@@ -135,10 +135,12 @@ def main():
                                  "--hold-us", sh_["hold_us"])
             for _ in range(rounds):
                 r.dlock("cycles", url, "cycles", "--seconds", secs)
-                if store in ("redis", "zk"):
+                if store in ("redis", "zk", "file"):
                     r.dlock("cycles", url, "floor", "--seconds", secs)
                 if store == "redis":
                     r.dlock("cycles", url, "floor", "--floor", "setnx", "--seconds", secs)
+                if store == "file":
+                    r.dlock("cycles", url, "floor", "--floor", "flock", "--seconds", secs)
                 if peer:
                     r.peer("cycles", peer, url, "cycles", "--seconds", secs)
             for _ in range(rounds):

@@ -288,38 +288,35 @@ Result<UniqueFd> OpenQueueDir(const StoreDir& dir, const std::string& qdir) {
 }
 
 // The live entries of a queue, sorted; deletes what dead processes left.
-Result<std::vector<Entry>> ReadQueue(const StoreDir& dir, const std::string& qdir, bool with_owners) {
+// `held` names an entry the caller holds locked, alive without a probe.
+Result<std::vector<Entry>> ReadQueue(const StoreDir& dir, const std::string& qdir, bool with_owners,
+                                     std::string_view held = {}) {
   std::vector<Entry> out;
   auto qdir_fd = OpenQueueDir(dir, qdir);
   if (!qdir_fd.ok()) return qdir_fd.status();
   if (!qdir_fd->valid()) return out;
+  // The stream owns the descriptor from here on; dirfd() lends it back.
+  std::unique_ptr<DIR, int (*)(DIR*)> stream(fdopendir(qdir_fd->get()), &closedir);
+  if (!stream) return ErrnoStatus(errno, "cannot read", dir.PathOf(qdir));
+  [[maybe_unused]] int owned_by_stream = qdir_fd->release();
+  const int qfd = dirfd(stream.get());
   std::vector<std::string> names;
-  {
-    // fdopendir owns the descriptor it is given: give it a duplicate.
-    int dup_fd = fcntl(qdir_fd->get(), F_DUPFD_CLOEXEC, 0);
-    if (dup_fd < 0) return ErrnoStatus(errno, "cannot read", dir.PathOf(qdir));
-    std::unique_ptr<DIR, int (*)(DIR*)> stream(fdopendir(dup_fd), &closedir);
-    if (!stream) {
-      int err = errno;
-      close(dup_fd);
-      return ErrnoStatus(err, "cannot read", dir.PathOf(qdir));
-    }
-    errno = 0;
-    while (dirent* d = readdir(stream.get())) names.emplace_back(d->d_name);
-    if (errno != 0) return ErrnoStatus(errno, "cannot read", dir.PathOf(qdir));
-  }
+  errno = 0;
+  while (dirent* d = readdir(stream.get())) names.emplace_back(d->d_name);
+  if (errno != 0) return ErrnoStatus(errno, "cannot read", dir.PathOf(qdir));
   for (const std::string& name : names) {
     std::string shown = dir.PathOf(qdir + "/" + name);
     if (std::string_view(name).starts_with(kTempPrefix)) {
       std::string_view nonce = std::string_view(name).substr(kTempPrefix.size());
       if (!IsNonce(nonce)) continue;
-      auto probe = ProbeFile(dir, qdir_fd->get(), name, nonce, shown);  // deletes a dead append's leftovers
+      auto probe = ProbeFile(dir, qfd, name, nonce, shown);  // deletes a dead append's leftovers
       if (!probe.ok()) return probe.status();
       continue;
     }
     auto parsed = ParseEntryName(name);
     if (!parsed) continue;  // not ours ("." and "..", stray files)
-    auto probe = ProbeFile(dir, qdir_fd->get(), name, parsed->nonce, shown);
+    Result<Probe> probe = Probe{Liveness::kAlive, UniqueFd()};
+    if (name != held || with_owners) probe = ProbeFile(dir, qfd, name, parsed->nonce, shown);
     if (!probe.ok()) return probe.status();
     if (probe->liveness == Liveness::kGone) continue;
     Entry entry;
@@ -510,7 +507,7 @@ class FileSession final : public Session {
     }
     // Still under the counter lock: the queue as it is right after the append.
     // If reading it fails, the append stands; the caller can list again.
-    if (auto queue_now = ReadQueue(dir, qdir, /*with_owners=*/false); queue_now.ok()) {
+    if (auto queue_now = ReadQueue(dir, qdir, /*with_owners=*/false, out.entry.id); queue_now.ok()) {
       out.queue = std::move(*queue_now);
     }
     return out;
