@@ -30,7 +30,6 @@
 #include <array>
 #include <atomic>
 #include <cerrno>
-#include <charconv>
 #include <condition_variable>
 #include <map>
 #include <mutex>
@@ -41,6 +40,7 @@
 #include <nlohmann/json.hpp>
 
 #include "stores/redis/redis_conn.hpp"
+#include "stores/redis/redis_entries.hpp"
 #include "stores/redis/redis_scripts.hpp"
 #include "stores/redis/redis_subscriber.hpp"
 
@@ -78,19 +78,6 @@ std::string RandomHex(std::size_t bytes) {
   return out;
 }
 
-template <typename T>
-bool ParseNumber(std::string_view s, T& out) {
-  auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), out);
-  return ec == std::errc() && end == s.data() + s.size();
-}
-
-std::string KnownKind(std::string_view kind) {
-  for (auto k : {entry_kind::kLock, entry_kind::kRead, entry_kind::kWrite, entry_kind::kLease}) {
-    if (kind == k) return std::string(k);
-  }
-  return "foreign";
-}
-
 Status ValidateQueue(std::string_view queue) {
   if (queue.empty()) return InvalidArgumentError("queue name is empty");
   if (queue.size() > kMaxQueueName) return InvalidArgumentError("queue name longer than 1024 bytes");
@@ -120,35 +107,6 @@ QueueKeys KeysFor(std::string_view queue, int db) {
 }
 
 std::string SessionKey(std::string_view sid) { return "dlock:session:" + std::string(sid); }
-
-// Entries as the scripts emit them: id, seq, token, kind, attempt (+ owner).
-Result<std::vector<Entry>> ParseEntries(const Reply& r, std::size_t from, bool owners) {
-  const std::size_t width = owners ? 6 : 5;
-  if (!r.is_array() || r.size() < from || (r.size() - from) % width != 0) {
-    return InternalError("redis store: malformed entry list from a script");
-  }
-  std::vector<Entry> out;
-  out.reserve((r.size() - from) / width);
-  for (std::size_t i = from; i < r.size(); i += width) {
-    Entry e;
-    e.id = std::string(ElementStr(r.element(i)));
-    std::uint64_t token = 0;
-    if (!ParseNumber(ElementStr(r.element(i + 1)), e.sequence) ||
-        !ParseNumber(ElementStr(r.element(i + 2)), token)) {
-      return InternalError("redis store: malformed sequence or token of entry " + e.id);
-    }
-    e.token = token;
-    e.kind = KnownKind(ElementStr(r.element(i + 3)));
-    e.attempt_id = std::string(ElementStr(r.element(i + 4)));
-    if (owners) {
-      auto owner = DecodeOwnerRecord(ElementStr(r.element(i + 5)));
-      if (owner.ok()) e.owner = std::move(*owner);
-    }
-    out.push_back(std::move(e));
-  }
-  std::sort(out.begin(), out.end(), QueueOrder);
-  return out;
-}
 
 void SignalFd(int fd) noexcept {
   std::uint64_t one = 1;
