@@ -65,6 +65,29 @@ class ZkInterop : public ::testing::Test {
     return zktest::WaitFor([&] { return raw_->children(Path(queue)).size() == n; }, limit);
   }
   std::size_t Children(const std::string& queue) { return raw_->children(Path(queue)).size(); }
+  // The peer, already queued, is still waiting; once `let_go` has run it
+  // gets in, and then releases.
+  void ExpectPeerGetsInAfter(PeerClient& peer, const std::function<void()>& let_go) {
+    EXPECT_EQ(peer.read_line(500ms), "");
+    let_go();
+    std::string got = peer.read_line(20s);
+    ASSERT_TRUE(Acquired(got)) << got;
+    EXPECT_EQ(peer.call("release"), "released");
+  }
+  // The session waits for the peer's held node `node`: its getData watch
+  // shows in the server's watch list (wchp), and the wait ends when the peer
+  // releases.
+  void ExpectWaitEndsWhenPeerReleases(PeerClient& peer, const std::string& queue, const std::string& node) {
+    Status waited;
+    std::thread t([&] {
+      std::vector<std::string> ids{node};
+      waited = session_->wait_any_gone(queue, ids, In(30s), {});
+    });
+    EXPECT_TRUE(zktest::WaitFor([&] { return zktest::FourLetters(hosts_, "wchp").find(node) != std::string::npos; }));
+    EXPECT_EQ(peer.call("release"), "released");
+    t.join();
+    EXPECT_TRUE(waited.ok()) << waited.ToString();
+  }
 
   PeerKind peer_ = PeerKind::kKazoo;
   std::string hosts_, chroot_, url_;
@@ -108,16 +131,7 @@ TEST_F(ZkKazooTest, KazooHolderIsListedAndDlockQueuesBehindIt) {
   EXPECT_EQ((*a->queue)[1].id, a->entry.id);
 
   // dlock waits for kazoo's node, and wakes when kazoo releases.
-  Status waited;
-  std::thread t([&] {
-    std::vector<std::string> ids{node};
-    waited = session_->wait_any_gone("q", ids, In(30s), {});
-  });
-  // dlock's getData watch on kazoo's node, as the server lists it (wchp).
-  EXPECT_TRUE(zktest::WaitFor([&] { return zktest::FourLetters(hosts_, "wchp").find(node) != std::string::npos; }));
-  EXPECT_EQ(kazoo.call("release"), "released");
-  t.join();
-  EXPECT_TRUE(waited.ok()) << waited.ToString();
+  ExpectWaitEndsWhenPeerReleases(kazoo, "q", node);
 }
 
 TEST_F(ZkKazooTest, DlockEntryBlocksKazooUntilRemoved) {
@@ -226,21 +240,13 @@ TEST_P(ZkPeerTest, DlockWriterExcludesPeerReadAndWriteLocks) {
   // ReadLock has no such bug.)
   reader->send("lock read " + Path("rw") + " 20");
   ASSERT_TRUE(AwaitChildren("rw", 2));
-  EXPECT_EQ(reader->read_line(500ms), "");  // still waiting
-  w->release();
-  std::string got = reader->read_line(20s);
-  ASSERT_TRUE(Acquired(got)) << got;
-  EXPECT_EQ(reader->call("release"), "released");
+  ExpectPeerGetsInAfter(*reader, [&] { w->release(); });
 
   w = rw.acquire_write(10s);
   ASSERT_TRUE(w);
   writer->send("lock write " + Path("rw") + " 20");
   ASSERT_TRUE(AwaitChildren("rw", 2));
-  EXPECT_EQ(writer->read_line(500ms), "");  // still waiting
-  w->release();
-  got = writer->read_line(20s);
-  ASSERT_TRUE(Acquired(got)) << got;
-  EXPECT_EQ(writer->call("release"), "released");
+  ExpectPeerGetsInAfter(*writer, [&] { w->release(); });
 }
 
 TEST_P(ZkPeerTest, DlockReaderSharesWithPeerReadLockAndExcludesWriteLock) {
@@ -259,11 +265,7 @@ TEST_P(ZkPeerTest, DlockReaderSharesWithPeerReadLockAndExcludesWriteLock) {
   ASSERT_TRUE(AwaitChildren("rw", 3));
   // The peer's writer needs both readers gone, dlock's included.
   EXPECT_EQ(reader->call("release"), "released");
-  EXPECT_EQ(writer->read_line(500ms), "");
-  r->release();
-  got = writer->read_line(20s);
-  ASSERT_TRUE(Acquired(got)) << got;
-  EXPECT_EQ(writer->call("release"), "released");
+  ExpectPeerGetsInAfter(*writer, [&] { r->release(); });
 }
 
 TEST_P(ZkPeerTest, PeerWriteLockExcludesDlockReaderAndWriter) {
@@ -353,15 +355,7 @@ TEST_F(ZkCuratorTest, CuratorHolderIsListedAndDlockQueuesBehindIt) {
   EXPECT_EQ(node.rfind("_c_" + *uuid + "-lock-", 0), 0u) << node;
   EXPECT_LT(first.sequence, a->entry.sequence);
 
-  Status waited;
-  std::thread t([&] {
-    std::vector<std::string> ids{node};
-    waited = session_->wait_any_gone("q", ids, In(30s), {});
-  });
-  EXPECT_TRUE(zktest::WaitFor([&] { return zktest::FourLetters(hosts_, "wchp").find(node) != std::string::npos; }));
-  EXPECT_EQ(curator.call("release"), "released");
-  t.join();
-  EXPECT_TRUE(waited.ok()) << waited.ToString();
+  ExpectWaitEndsWhenPeerReleases(curator, "q", node);
 }
 
 // dlock's Semaphore and Curator's InterProcessSemaphoreV2 share one count of
