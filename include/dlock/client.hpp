@@ -11,6 +11,9 @@
 // Sessions: a Client opens one store session lazily, on the first acquire,
 // and shares it among all locks and threads. If that session is lost, every
 // hold made through it reports kLost, and the next acquire opens a new one.
+// Connect once per store and process and pass copies around: dlock keeps no
+// process-wide registry, so two connect() calls are two connections and two
+// sessions (as two CuratorFramework or KazooClient instances would be).
 //
 // Thread-safety: all methods are thread-safe.
 #ifndef DLOCK_CLIENT_HPP_
