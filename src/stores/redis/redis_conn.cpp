@@ -25,7 +25,46 @@ bool StartsWith(std::string_view s, std::string_view prefix) {
   return s.substr(0, prefix.size()) == prefix;
 }
 
+// hiredis's own reply functions, read off a reader it builds (the table is
+// static inside hiredis, so the pointer outlives the reader).
+const redisReplyObjectFunctions* HiredisReplyFunctions() noexcept {
+  static const redisReplyObjectFunctions* const functions = [] {
+    redisReader* r = redisReaderCreate();
+    const redisReplyObjectFunctions* fn = r ? r->fn : nullptr;
+    if (r) redisReaderFree(r);
+    return fn;
+  }();
+  return functions;
+}
+
+void* CreateBoundedArray(const redisReadTask* task, int elements) {
+  if (elements > kMaxReplyElements) return nullptr;  // the reader fails: "Out of memory"
+  return HiredisReplyFunctions()->createArray(task, elements);
+}
+
+// Why the reader failed, in words for an error message.
+std::string ReaderError(const redisReader* reader) {
+  std::string why = reader->errstr;
+  if (why == "Out of memory") {
+    why = "a reply too large (an array of more than " + std::to_string(kMaxReplyElements) +
+          " elements), or out of memory";
+  }
+  return why;
+}
+
 }  // namespace
+
+void BoundArrayReplies(redisReader* reader) noexcept {
+  const redisReplyObjectFunctions* defaults = HiredisReplyFunctions();
+  if (reader == nullptr || defaults == nullptr) return;
+  // Never written after it is made; hiredis wants a pointer to non-const.
+  static redisReplyObjectFunctions bounded = [defaults] {
+    redisReplyObjectFunctions table = *defaults;
+    table.createArray = &CreateBoundedArray;
+    return table;
+  }();
+  reader->fn = &bounded;
+}
 
 // --- Reply
 
@@ -97,6 +136,7 @@ Result<std::unique_ptr<Conn>> Conn::Open(const Endpoint& ep, IoClock::time_point
     redisFree(c);
     return UnavailableError("cannot connect to redis at " + where + ": " + err);
   }
+  BoundArrayReplies(c->reader);
   std::unique_ptr<Conn> conn(new Conn(c, where, interrupt_fd));
   auto ready = conn->Await(POLLOUT, deadline);
   if (!ready.ok()) return ready.status();
@@ -212,7 +252,7 @@ Result<std::optional<Reply>> Conn::Buffered() {
   if (broken_) return UnavailableError("redis at " + where_ + ": connection is broken");
   void* reply = nullptr;
   if (redisReaderGetReply(c_->reader, &reply) != REDIS_OK) {
-    return Fail("protocol error in a reply");
+    return Fail("protocol error in a reply: " + ReaderError(c_->reader));
   }
   if (reply == nullptr) return std::optional<Reply>();
   return std::optional<Reply>(Reply(static_cast<redisReply*>(reply)));
@@ -234,7 +274,7 @@ Result<std::optional<Reply>> Conn::ReadOne(IoClock::time_point deadline) {
       continue;
     }
     if (redisReaderFeed(c_->reader, buf, static_cast<std::size_t>(n)) != REDIS_OK) {
-      return Fail("protocol error");
+      return Fail("protocol error: " + ReaderError(c_->reader));
     }
   }
 }

@@ -22,6 +22,7 @@
 #include "dlock/status.hpp"
 
 struct redisContext;
+struct redisReader;
 struct redisReply;
 
 namespace dlock::internal::redis {
@@ -38,6 +39,17 @@ struct Endpoint {
   std::optional<std::string> password;  // AUTH
   int db = 0;                           // SELECT, unless 0
 };
+
+// The most elements an array reply may have. hiredis 0.14 allocates an
+// array's element table from its header, before any element arrives, and
+// has no limit of its own: a hostile server could ask for gigabytes with a
+// dozen bytes. dlock's longest replies are queue listings (a few elements
+// per entry).
+inline constexpr int kMaxReplyElements = 1 << 20;
+
+// Makes `reader` refuse longer arrays: it then fails with hiredis's
+// "Out of memory" error, which Conn reports as a reply too large.
+void BoundArrayReplies(redisReader* reader) noexcept;
 
 // A parsed reply; owns the hiredis reply object.
 class Reply {
