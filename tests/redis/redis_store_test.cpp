@@ -41,6 +41,14 @@ SteadyTime Now() { return std::chrono::steady_clock::now(); }
 Clock::time_point In(milliseconds d) { return Now() + d; }
 long long MsSince(SteadyTime t) { return std::chrono::duration_cast<milliseconds>(Now() - t).count(); }
 
+// `session` waits for any of `ids` in `queue`, on a thread of its own.
+std::future<Status> WaitInBackground(Session& session, std::string queue, std::vector<std::string> ids,
+                                     Clock::time_point deadline, std::stop_token stop = {}) {
+  return std::async(std::launch::async, [&session, queue = std::move(queue), ids = std::move(ids), deadline, stop] {
+    return session.wait_any_gone(queue, ids, deadline, stop);
+  });
+}
+
 std::string Hex(std::size_t n) {
   static thread_local std::mt19937_64 rng{std::random_device{}()};
   std::string out;
@@ -391,7 +399,7 @@ TEST_F(RedisSessionTest, WaitIsWokenByReleaseThroughPubSub) {
   auto held = a->append(queue_, Spec(), In(5s));
   ASSERT_TRUE(held.ok());
   std::vector<std::string> ids = {held->entry.id};
-  auto waiter = std::async(std::launch::async, [&] { return b->wait_any_gone(queue_, ids, In(30s), {}); });
+  auto waiter = WaitInBackground(*b, queue_, ids, In(30s));
   ASSERT_TRUE(Eventually([&] { return server_->NumSub(Channel(queue_)) == 1; }));
   EXPECT_EQ(waiter.wait_for(300ms), std::future_status::timeout);  // still waiting
   auto t0 = Now();
@@ -414,7 +422,7 @@ TEST_F(RedisSessionTest, WaitingDoesNotPoll) {
   auto before = server_->CommandCalls();
   std::vector<std::future<Status>> waiters;
   for (int i = 0; i < 8; ++i) {
-    waiters.push_back(std::async(std::launch::async, [&] { return b->wait_any_gone(queue_, ids, In(60s), {}); }));
+    waiters.push_back(WaitInBackground(*b, queue_, ids, In(60s)));
   }
   ASSERT_TRUE(Eventually([&] { return server_->CommandCalls()["evalsha"] - before["evalsha"] >= 8; }));
   auto settled = server_->CommandCalls();
@@ -453,7 +461,7 @@ TEST_F(RedisSessionTest, WaitDeadlineAndStop) {
   EXPECT_LT(took, 800);
 
   std::stop_source stop;
-  auto waiter = std::async(std::launch::async, [&] { return b->wait_any_gone(queue_, ids, kNoDeadline, stop.get_token()); });
+  auto waiter = WaitInBackground(*b, queue_, ids, kNoDeadline, stop.get_token());
   ASSERT_TRUE(Eventually([&] { return server_->NumSub(Channel(queue_)) == 1; }));
   EXPECT_EQ(waiter.wait_for(200ms), std::future_status::timeout);
   auto t1 = Now();
@@ -472,7 +480,7 @@ TEST_F(RedisSessionTest, ClosingTheWaitingSessionEndsItsWait) {
   auto held = a->append(queue_, Spec(), In(5s));
   ASSERT_TRUE(held.ok());
   std::vector<std::string> ids = {held->entry.id};
-  auto waiter = std::async(std::launch::async, [&] { return b->wait_any_gone(queue_, ids, In(30s), {}); });
+  auto waiter = WaitInBackground(*b, queue_, ids, In(30s));
   ASSERT_TRUE(Eventually([&] { return server_->NumSub(Channel(queue_)) == 1; }));
   auto t0 = Now();
   b->close();
@@ -491,7 +499,7 @@ TEST_F(RedisSessionTest, CloseRemovesEntriesAndSessionKeyAndWakesWaiters) {
   auto e2 = a->append(q2, Spec(), In(5s));
   ASSERT_TRUE(e1.ok() && e2.ok());
   std::vector<std::string> ids = {e1->entry.id};
-  auto waiter = std::async(std::launch::async, [&] { return b->wait_any_gone(queue_, ids, In(30s), {}); });
+  auto waiter = WaitInBackground(*b, queue_, ids, In(30s));
   ASSERT_TRUE(Eventually([&] { return server_->NumSub(Channel(queue_)) == 1; }));
   StateLog log(*a);
   std::string sid = a->id();
@@ -540,7 +548,7 @@ TEST_F(RedisSessionTest, WaitIsWokenWhenACrashedHoldersLeaseRunsOut) {
   ASSERT_TRUE(listed.ok());
   ASSERT_EQ(Ids(*listed), ids);
   auto before = server_->CommandCalls();
-  auto waiter = std::async(std::launch::async, [&] { return b->wait_any_gone(queue_, ids, In(20s), {}); });
+  auto waiter = WaitInBackground(*b, queue_, ids, In(20s));
   ASSERT_TRUE(Eventually([&] { return server_->NumSub(Channel(queue_)) == 1; }));
   EXPECT_EQ(waiter.wait_for(200ms), std::future_status::timeout);
   auto killed = Now();
@@ -576,7 +584,7 @@ TEST_F(RedisSessionTest, FallbackRecheckRunsAboutOncePerLeaseForAllWaiters) {
   auto before = server_->CommandCalls();
   std::vector<std::future<Status>> waiters;
   for (int i = 0; i < 4; ++i) {
-    waiters.push_back(std::async(std::launch::async, [&] { return b->wait_any_gone(queue_, ids, In(60s), {}); }));
+    waiters.push_back(WaitInBackground(*b, queue_, ids, In(60s)));
   }
   // Checks, counted by the one ZRANGE each check script runs (commandstats
   // counts the commands scripts call; the holder's renewals run none).
@@ -627,7 +635,7 @@ TEST_F(RedisSessionTest, SubscriberRecoversFromAKilledConnection) {
   auto held = a->append(queue_, Spec(), In(5s));
   ASSERT_TRUE(held.ok());
   std::vector<std::string> ids = {held->entry.id};
-  auto waiter = std::async(std::launch::async, [&] { return b->wait_any_gone(queue_, ids, In(30s), {}); });
+  auto waiter = WaitInBackground(*b, queue_, ids, In(30s));
   ASSERT_TRUE(Eventually([&] { return server_->NumSub(Channel(queue_)) == 1; }));
   // Cut the subscriber's connection, then release at once: the message may
   // well be lost. The re-subscription re-checks the queue.
@@ -694,7 +702,7 @@ TEST_F(RedisSessionTest, DatabaseNumberSelectsTheDatabase) {
   // A waiter on the same database hears the release (its channel names db 3).
   auto b = MustSession(*store);
   std::vector<std::string> ids = {r->entry.id};
-  auto waiter = std::async(std::launch::async, [&] { return b->wait_any_gone(queue_, ids, In(30s), {}); });
+  auto waiter = WaitInBackground(*b, queue_, ids, In(30s));
   ASSERT_TRUE(Eventually([&] { return server_->NumSub(Channel(queue_) + ":3") == 1; }));
   ASSERT_TRUE(s->remove(queue_, r->entry.id, In(5s)).ok());
   ASSERT_EQ(waiter.wait_for(5s), std::future_status::ready);
@@ -708,7 +716,7 @@ TEST_F(RedisSessionTest, DatabaseNumberSelectsTheDatabase) {
 void ExpectRemoveWakesWait(RedisServer& server, Session& waiter, Session& remover, const std::string& queue,
                            const std::string& id) {
   std::vector<std::string> ids = {id};
-  auto wait = std::async(std::launch::async, [&] { return waiter.wait_any_gone(queue, ids, In(30s), {}); });
+  auto wait = WaitInBackground(waiter, queue, ids, In(30s));
   ASSERT_TRUE(Eventually([&] { return server.NumSub(Channel(queue)) == 1; }));
   ASSERT_TRUE(remover.remove(queue, id, In(5s)).ok());
   ASSERT_EQ(wait.wait_for(5s), std::future_status::ready);
@@ -811,7 +819,7 @@ TEST(RedisFaults, ServerRestartWithoutDataLosesSessionsAndThenWorks) {
   ASSERT_TRUE(held.ok());
   ASSERT_TRUE(b->append("restart/q", Spec(), In(5s)).ok());  // b queues behind a, as a lock would
   std::vector<std::string> ids = {held->entry.id};
-  auto waiter = std::async(std::launch::async, [&] { return b->wait_any_gone("restart/q", ids, In(30s), {}); });
+  auto waiter = WaitInBackground(*b, "restart/q", ids, In(30s));
   ASSERT_TRUE(Eventually([&] { return server->NumSub(Channel("restart/q")) == 1; }));
 
   server->Kill();

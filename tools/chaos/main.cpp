@@ -141,9 +141,7 @@ int RunWorker(const WorkerArgs& a) {
 
 int FreePort() {
   int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  sockaddr_in a = Loopback(0);
   socklen_t len = sizeof a;
   int port = -1;
   if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
@@ -153,16 +151,26 @@ int FreePort() {
   return port;
 }
 
-bool RedisPing(int port) {
+// A socket connected to 127.0.0.1:`port` whose reads give up after
+// `read_timeout_s`, or -1.
+int ConnectLoopback(int port, int read_timeout_s) {
   int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = htons(static_cast<std::uint16_t>(port));
-  timeval tv{1, 0};
+  if (fd < 0) return -1;
+  sockaddr_in a = Loopback(port);
+  timeval tv{read_timeout_s, 0};
   ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+bool RedisPing(int port) {
+  int fd = ConnectLoopback(port, 1);
+  if (fd < 0) return false;
   bool ok = false;
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 && ::write(fd, "PING\r\n", 6) == 6) {
+  if (::write(fd, "PING\r\n", 6) == 6) {
     char buf[16] = {};
     ok = ::read(fd, buf, sizeof buf - 1) >= 5 && std::string(buf).starts_with("+PONG");
   }
@@ -202,15 +210,10 @@ pid_t Spawn(const std::vector<std::string>& args, const std::string& log = "", c
 
 // A ZooKeeper four-letter command's answer ("" if none).
 std::string FourLetters(int port, const char* cmd) {
-  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = htons(static_cast<std::uint16_t>(port));
-  timeval tv{2, 0};
-  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  int fd = ConnectLoopback(port, 2);
+  if (fd < 0) return "";
   std::string out;
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 && ::write(fd, cmd, 4) == 4) {
+  if (::write(fd, cmd, 4) == 4) {
     char buf[4096];
     ssize_t n;
     while ((n = ::read(fd, buf, sizeof buf)) > 0) out.append(buf, static_cast<std::size_t>(n));

@@ -22,14 +22,6 @@ using SteadyClock = std::chrono::steady_clock;
 
 void SetNonBlocking(int fd) { ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK); }
 
-sockaddr_in Loopback(int port) {
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = htons(static_cast<std::uint16_t>(port));
-  return a;
-}
-
 struct Chunk {
   SteadyClock::time_point due;
   std::string bytes;
@@ -166,6 +158,14 @@ void TcpProxy::run() {
     conns.remove_if([](const Conn& c) { return c.dead; });
   }
   for (auto& c : conns) close_conn(c);
+}
+
+sockaddr_in Loopback(int port) {
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(static_cast<std::uint16_t>(port));
+  return a;
 }
 
 }  // namespace dlock::chaos

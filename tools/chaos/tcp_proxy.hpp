@@ -5,12 +5,17 @@
 #ifndef DLOCK_TOOLS_CHAOS_TCP_PROXY_HPP_
 #define DLOCK_TOOLS_CHAOS_TCP_PROXY_HPP_
 
+#include <netinet/in.h>
+
 #include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <thread>
 
 namespace dlock::chaos {
+
+// 127.0.0.1:`port` (0: any free port, for bind).
+sockaddr_in Loopback(int port);
 
 class TcpProxy {
  public:

@@ -295,10 +295,9 @@ Result<std::vector<Entry>> ReadQueue(const StoreDir& dir, const std::string& qdi
   auto qdir_fd = OpenQueueDir(dir, qdir);
   if (!qdir_fd.ok()) return qdir_fd.status();
   if (!qdir_fd->valid()) return out;
-  // The stream owns the descriptor from here on; dirfd() lends it back.
   std::unique_ptr<DIR, int (*)(DIR*)> stream(fdopendir(qdir_fd->get()), &closedir);
   if (!stream) return ErrnoStatus(errno, "cannot read", dir.PathOf(qdir));
-  [[maybe_unused]] int owned_by_stream = qdir_fd->release();
+  static_cast<void>(qdir_fd->release());  // closedir() closes it now; dirfd() lends it back
   const int qfd = dirfd(stream.get());
   std::vector<std::string> names;
   errno = 0;
