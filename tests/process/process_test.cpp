@@ -149,7 +149,11 @@ TEST_P(ProcessTest, MutexExcludesAcrossProcessesAndTokensGrow) {
 }
 
 TEST_P(ProcessTest, SemaphoreAdmitsAtMostItsPermits) {
-  for (int w = 0; w < 5; ++w) Spawn(w, "semaphore", 6, 5, {"--permits", "2"});
+  // Holds long enough (40 ms) that a second acquirer gets in while the first
+  // still holds, even on ZooKeeper under a sanitizer (an acquire there is a
+  // few fsync'd round trips; with 5 ms holds both permits were sometimes
+  // never in use at once).
+  for (int w = 0; w < 5; ++w) Spawn(w, "semaphore", 6, 40, {"--permits", "2"});
   ASSERT_TRUE(WaitAll());
   auto holds = Ledger();
   ASSERT_EQ(holds.size(), 30u);
