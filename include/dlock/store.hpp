@@ -25,6 +25,11 @@
 //    kernel); it never sleeps and polls.
 //
 // Stores are thread-safe: every method may be called from any thread at once.
+//
+// Queue names are lock names (ValidateLockName below, which every store
+// applies); the recipes add suffixes such as "/locks" and "/leases", which
+// are lock names too. Queues whose names nest ("a" and "a/b") are unrelated:
+// no entry of one is ever listed in, or waited for by, the other.
 #ifndef DLOCK_STORE_HPP_
 #define DLOCK_STORE_HPP_
 
@@ -125,18 +130,27 @@ class Session {
 
   // A short printable id ("0x1000a3c9e5f0001", "pid 4242 #3").
   virtual std::string id() const = 0;
+
+  // The state now. It folds in the session's own clock: once the moment at
+  // which the session counts itself lost has passed, this returns kLost even
+  // if no store thread has noticed yet (a process resumed after a pause reads
+  // kLost at once, before any subscriber has been told).
   virtual SessionState state() const noexcept = 0;
 
-  // Calls `fn(state)` on every state change after this call, in order. `fn`
-  // runs on a store thread (or the thread that injected a fault), must be
-  // cheap, and must not block or call blocking methods of this session. The
-  // returned handle unsubscribes when destroyed; it does not wait for a call
-  // already running, so `fn` should capture weak references. Implementations
-  // call `fn` without holding their own locks.
+  // Calls `fn(state)` on every state change after this call, in order, one
+  // call at a time. `fn` runs on a store thread (or on the thread that closed
+  // the session or injected a fault) without any lock of the store held, so
+  // it may call back into the store and the library, close() included: a
+  // change that such a call causes is delivered after `fn` returns. `fn` must
+  // not block for long. An exception thrown by `fn` is caught and dropped.
+  // The returned handle unsubscribes when destroyed; it does not wait for a
+  // call already running, so `fn` should capture weak references.
   virtual std::shared_ptr<void> subscribe(std::function<void(SessionState)> fn) = 0;
 
   // Appends an entry for this session. Errors: kUnavailable (outcome unknown:
-  // the entry may exist; see find_own), kSessionLost, kPermissionDenied.
+  // the entry may exist; see find_own), kAborted (the store did not keep the
+  // entry, e.g. too few replicas acknowledged it in time, and nothing is
+  // left of it: retrying will not help soon), kSessionLost, kPermissionDenied.
   virtual Result<Appended> append(std::string_view queue, const EntrySpec& spec,
                                   Clock::time_point deadline) = 0;
 
@@ -158,12 +172,18 @@ class Session {
                         Clock::time_point deadline) = 0;
 
   // The entry this session appended with `attempt_id`, if it exists and is
-  // still owned by this very session; nullopt otherwise.
+  // still owned by this very session; nullopt otherwise. An entry it returns
+  // is as durable as one a successful append returns (kAborted as for
+  // append otherwise). Once it has returned nullopt, no append with
+  // `attempt_id` still in flight can make the entry afterwards.
   virtual Result<std::optional<Entry>> find_own(std::string_view queue,
                                                 std::string_view attempt_id,
                                                 Clock::time_point deadline) = 0;
 
-  // Ends the session and its entries. Idempotent; never throws.
+  // Ends the session and its entries. Every subscriber hears kClosed, and has
+  // returned, before any entry of the session can be seen as gone by another
+  // session. Called from inside a subscriber, the close completes after that
+  // subscriber returns. Idempotent; never throws.
   virtual void close() noexcept = 0;
 };
 
