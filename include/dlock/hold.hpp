@@ -61,6 +61,10 @@ class Hold {
   // True while the state is kHeld or kUncertain.
   bool held() const noexcept;
   explicit operator bool() const noexcept { return held(); }
+  // The state now. It reads the session's own clock at the moment of the
+  // call: a process that was paused past its session's end reads kLost at
+  // once, before any dlock thread has had time to notice and tell the
+  // on_state_change listeners.
   HoldState state() const noexcept;
 
   // The fencing token: larger than that of every earlier hold of the same
@@ -72,12 +76,20 @@ class Hold {
   std::uint32_t permits() const noexcept;
 
   // Requested the first time the hold becomes kUncertain or kLost, and never
-  // reset: pass it to the work done under the lock.
+  // reset: pass it to the work done under the lock. Like state(), this call
+  // checks the session's clock, and requests the stop itself if the hold is
+  // already uncertain or lost (a std::stop_callback on the token then runs
+  // on the calling thread; otherwise on a dlock thread).
   std::stop_token lost_token() const noexcept;
 
   // Calls `fn(state)` on every later state change (kUncertain, kHeld again,
-  // kLost; not kReleased). Runs on a dlock thread; must be quick and must not
-  // block. The returned handle unsubscribes when destroyed.
+  // kLost; not kReleased), in order, one call at a time, on a dlock thread
+  // (or the thread that closed the session), with no lock of dlock's held:
+  // `fn` may call into dlock, release() and Client::close_session()
+  // included. It must be quick and must not block. An exception it throws is
+  // caught and dropped. The returned handle unsubscribes when destroyed; it
+  // does not wait for a call already running, so capture what `fn` uses by
+  // value or weak reference.
   std::shared_ptr<void> on_state_change(std::function<void(HoldState)> fn) const;
 
   // Gives the lock back. Never throws and never blocks for longer than one

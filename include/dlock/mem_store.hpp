@@ -80,7 +80,7 @@ class MemStore final : public Store, public std::enable_shared_from_this<MemStor
   // Moves a session to `next` and calls its listeners in order, without the
   // store's mutex; then runs `then` under the mutex.
   static void Transition(const std::shared_ptr<State>& state, std::string_view id, SessionState next,
-                         const std::function<void()>& then = {});
+                         const std::function<void(State&)>& then = {});
   std::shared_ptr<State> state_;
   std::shared_ptr<void> clock_subscription_;
 };

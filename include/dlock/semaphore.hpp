@@ -16,6 +16,11 @@
 //
 // dlock::SemaphoreMutex is a Semaphore of one permit with the Lockable
 // interface. Unlike Mutex it is not reentrant and any thread may unlock it.
+// Like a std::mutex, the object itself is locked from lock() to unlock(): a
+// second lock() through the same object waits for that unlock() even if the
+// store session of the first hold was lost meanwhile, so every unlock() ends
+// exactly the hold its lock() took, and fencing_token() is always that
+// hold's.
 //
 // Thread-safety: all methods are thread-safe; acquire() blocks the calling
 // thread and throws dlock::Error when the store fails.
@@ -24,7 +29,6 @@
 
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <stop_token>
 #include <string>
@@ -34,6 +38,10 @@
 #include "dlock/timeout.hpp"
 
 namespace dlock {
+
+namespace internal {
+class SemaphoreMutexCore;
+}  // namespace internal
 
 class Semaphore {
  public:
@@ -82,20 +90,22 @@ class SemaphoreMutex {
     return lock_for(ToTimeout(deadline), {});
   }
   bool lock_for(Clock::duration timeout, std::stop_token stop);
-  // Any thread may unlock. A no-op if not locked.
+  // Any thread may unlock. A no-op (reported to on_background_error) if not
+  // locked.
   void unlock() noexcept;
 
-  // The current hold's token and lost signal; nullopt / empty if unlocked.
+  // The current hold's token, state and lost signal; nullopt / empty if
+  // unlocked.
   std::optional<std::uint64_t> fencing_token() const;
+  std::optional<HoldState> hold_state() const;
   std::stop_token lost_token() const;
 
-  // A hold owned by the caller rather than by this object.
+  // A hold owned by the caller rather than by this object (it does not lock
+  // the object).
   std::optional<Hold> acquire(Clock::duration timeout = kForever, std::stop_token stop = {});
 
  private:
-  Semaphore semaphore_;
-  mutable std::mutex mu_;
-  Hold hold_;  // guarded by mu_
+  std::unique_ptr<internal::SemaphoreMutexCore> impl_;
 };
 
 }  // namespace dlock

@@ -30,6 +30,13 @@ bool LocalGate::enter(const Clock& clock, Clock::time_point deadline, std::stop_
   return ok;
 }
 
+bool LocalGate::try_enter() noexcept {
+  std::lock_guard<std::mutex> g(mu_);
+  if (busy_ || !line_.empty()) return false;
+  busy_ = true;
+  return true;
+}
+
 void LocalGate::leave() noexcept {
   std::lock_guard<std::mutex> g(mu_);
   busy_ = false;
@@ -137,18 +144,36 @@ SessionState ClientCore::await_not_suspended(Session& session, Clock::time_point
   return session.state();
 }
 
+void ClientCore::sleep_until(Clock::time_point until, std::stop_token stop) {
+  struct Waker {  // shared with the clock subscription, which may outlive this call
+    std::mutex mu;
+    std::condition_variable_any cv;
+  };
+  auto waker = std::make_shared<Waker>();
+  auto advanced = clock_->on_advance([waker] {
+    std::lock_guard<std::mutex> g(waker->mu);
+    waker->cv.notify_all();
+  });
+  std::unique_lock<std::mutex> lock(waker->mu);
+  clock_->wait_until(waker->cv, lock, stop, until, [] { return false; });
+}
+
 bool ClientCore::try_pending(Pending& p) noexcept {
-  SessionState s = p.session->state();
-  if (s == SessionState::kLost || s == SessionState::kClosed) return true;  // gone with the session
-  Clock::time_point deadline = DeadlineAfter(now(), kRequestTimeout);
-  if (p.id.empty()) {
-    auto found = p.session->find_own(p.queue, p.attempt_id, deadline);
-    if (!found.ok()) return false;
-    if (!*found) return true;  // the append never happened
-    p.id = (*found)->id;
+  try {
+    SessionState s = p.session->state();
+    if (s == SessionState::kLost || s == SessionState::kClosed) return true;  // gone with the session
+    Clock::time_point deadline = DeadlineAfter(now(), kRequestTimeout);
+    if (p.id.empty()) {
+      auto found = p.session->find_own(p.queue, p.attempt_id, deadline);
+      if (!found.ok()) return found.status().code() == ErrorCode::kAborted;  // aborted: removed again
+      if (!*found) return true;  // the append never happened, and now never will
+      p.id = (*found)->id;
+    }
+    Status st = p.session->remove(p.queue, p.id, deadline);
+    return st.ok() || st.code() == ErrorCode::kSessionLost || st.code() == ErrorCode::kNotFound;
+  } catch (...) {
+    return false;  // out of memory in the store, at worst: try again later
   }
-  Status st = p.session->remove(p.queue, p.id, deadline);
-  return st.ok() || st.code() == ErrorCode::kSessionLost || st.code() == ErrorCode::kNotFound;
 }
 
 void ClientCore::remove_guaranteed(const std::shared_ptr<Session>& session, const std::string& queue,
@@ -171,7 +196,7 @@ void ClientCore::forget_attempt(const std::shared_ptr<Session>& session, const s
   }
 }
 
-void ClientCore::enqueue(Pending p) noexcept {
+void ClientCore::enqueue(Pending p) {
   std::lock_guard<std::mutex> g(mu_);
   pending_.push_back(std::move(p));
   if (!retry_thread_.joinable()) {
@@ -190,20 +215,29 @@ void ClientCore::retry_loop(std::stop_token stop) {
       if (stop.stop_requested()) return;
       work.swap(pending_);
     }
-    std::deque<Pending> again;
-    for (auto& p : work) {
-      if (try_pending(p)) continue;
+    // Whatever fails stays in `work` and goes back to the queue.
+    std::erase_if(work, [this](Pending& p) {
+      if (try_pending(p)) return true;
       if (++p.failures == 5) {
-        report(UnavailableError("still retrying the removal of an entry in " + p.queue));
+        try {
+          report(UnavailableError("still retrying the removal of an entry in " + p.queue));
+        } catch (...) {  // no memory for the message: the retry matters more
+        }
       }
-      again.push_back(std::move(p));
-    }
-    if (again.empty()) {
+      return false;
+    });
+    if (work.empty()) {
       backoff = std::chrono::milliseconds(50);
       continue;
     }
     std::unique_lock<std::mutex> lock(mu_);
-    for (auto& p : again) pending_.push_back(std::move(p));
+    // The older ones first. If memory runs out here the newer ones are
+    // dropped, and their entries stay until their session ends.
+    try {
+      for (auto& p : pending_) work.push_back(std::move(p));
+    } catch (...) {
+    }
+    pending_.swap(work);
     // Back off before the next round: these are error-recovery retries, not waits.
     auto until = DeadlineAfter(now(), backoff);
     clock_->wait_until(pending_cv_, lock, stop, until, [] { return false; });

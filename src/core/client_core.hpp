@@ -26,6 +26,8 @@ class LocalGate {
  public:
   // Blocks until it is the caller's turn. False on deadline or stop.
   bool enter(const Clock& clock, Clock::time_point deadline, std::stop_token stop);
+  // Enters only if nobody is inside or waiting; never blocks.
+  bool try_enter() noexcept;
   // Lets the next thread in. Call once after a successful enter().
   void leave() noexcept;
   // Wakes waiters so they re-read a clock that was moved by hand.
@@ -62,6 +64,13 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
   // Returns the state it ended in.
   SessionState await_not_suspended(Session& session, Clock::time_point deadline, std::stop_token stop);
 
+  // Runs `fn` whenever the injected clock is moved by hand (see
+  // Clock::on_advance); the handle unsubscribes.
+  std::shared_ptr<void> on_clock_advance(std::function<void()> fn) { return clock_->on_advance(std::move(fn)); }
+
+  // Sleeps on the injected clock until `until` or `stop`.
+  void sleep_until(Clock::time_point until, std::stop_token stop);
+
   // Removes an entry now; if the store cannot be reached, keeps retrying in
   // the background until done or the session ends. Never throws.
   void remove_guaranteed(const std::shared_ptr<Session>& session, const std::string& queue,
@@ -92,7 +101,7 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
     int failures = 0;
   };
   bool try_pending(Pending& p) noexcept;
-  void enqueue(Pending p) noexcept;
+  void enqueue(Pending p);  // may throw std::bad_alloc (callers catch)
   void retry_loop(std::stop_token stop);
 
   // Constant after construction.

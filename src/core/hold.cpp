@@ -33,18 +33,41 @@ HoldCore::HoldCore(std::shared_ptr<ClientCore> client, std::shared_ptr<Session> 
 
 HoldCore::~HoldCore() { release(); }
 
+namespace {
+
+HoldState FromSession(SessionState s) {
+  switch (s) {
+    case SessionState::kConnected: return HoldState::kHeld;
+    case SessionState::kSuspended: return HoldState::kUncertain;
+    default: return HoldState::kLost;
+  }
+}
+
+}  // namespace
+
 HoldState HoldCore::state() const noexcept {
-  std::lock_guard<std::mutex> g(mu_);
-  return state_;
+  HoldState told;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    told = state_;
+  }
+  if (told == HoldState::kReleased || told == HoldState::kLost) return told;
+  // What the session says now (its own clock included) may be newer than
+  // what its listeners have told us so far; the worse of the two counts.
+  const HoldState now = FromSession(session_->state());
+  if (now == HoldState::kLost) return now;
+  if (told == HoldState::kUncertain) return told;  // a reconnect not yet delivered
+  return now;
+}
+
+std::stop_token HoldCore::lost_token() const noexcept {
+  HoldState s = state();
+  if (s == HoldState::kUncertain || s == HoldState::kLost) lost_.request_stop();
+  return lost_.get_token();
 }
 
 void HoldCore::on_session_state(SessionState s) {
-  HoldState next;
-  switch (s) {
-    case SessionState::kConnected: next = HoldState::kHeld; break;
-    case SessionState::kSuspended: next = HoldState::kUncertain; break;
-    default: next = HoldState::kLost; break;
-  }
+  const HoldState next = FromSession(s);
   {
     std::lock_guard<std::mutex> g(mu_);
     // Released and lost are final; lost is never un-lost by a reconnect.

@@ -37,7 +37,9 @@ class HoldCore : public std::enable_shared_from_this<HoldCore> {
   std::uint64_t token() const noexcept { return token_; }
   const std::string& name() const noexcept { return name_; }
   std::uint32_t permits() const noexcept { return permits_; }
-  std::stop_token lost_token() const noexcept { return lost_.get_token(); }
+  // Both fold in the session's state at the moment they are read (see
+  // hold.hpp); lost_token() requests the stop itself if need be.
+  std::stop_token lost_token() const noexcept;
   const std::shared_ptr<Session>& session() const noexcept { return session_; }
   const std::vector<HeldEntry>& entries() const noexcept { return entries_; }
 
@@ -56,7 +58,7 @@ class HoldCore : public std::enable_shared_from_this<HoldCore> {
   const std::vector<HeldEntry> entries_;
   const std::uint64_t token_;
   const std::uint32_t permits_;
-  std::stop_source lost_;
+  mutable std::stop_source lost_;  // requested from lost_token() too
   ListenerList<HoldState> listeners_;
 
   mutable std::mutex mu_;

@@ -26,10 +26,16 @@ std::string ThisThreadLabel() {
 
 namespace {
 
-bool Retryable(const Status& s) { return s.code() == ErrorCode::kUnavailable; }
+// How one pass on one session ended.
+enum class PassEnd {
+  kGranted,  // entry_ is granted
+  kGaveUp,   // deadline or stop; our entry is removed (or going)
+  kRequeue,  // the session ended, or our entry vanished: start again
+  kError,    // error_ says why; our entry is removed (or going)
+};
 
-// Why one pass on one session ended.
-enum class PassEnd { kGranted, kGaveUp, kRequeue, kError };
+// What a look for our own entry, after an append of unknown outcome, found.
+enum class Found { kYes, kNo, kEnded };
 
 class Attempt {
  public:
@@ -38,20 +44,16 @@ class Attempt {
   Result<std::optional<Acquired>> Run() {
     while (true) {
       if (Expired()) return std::optional<Acquired>();
-      std::shared_ptr<Session> session = req_.session;
-      if (!session) {
-        auto opened = client_.session(req_.deadline);
-        if (!opened.ok()) {
-          // The caller's time ran out before the store answered: that is a
-          // timeout, not proof that the store is down.
-          if (opened.status().code() == ErrorCode::kDeadlineExceeded || Expired()) return std::optional<Acquired>();
-          return opened.status();
-        }
-        session = *opened;
+      auto session = SessionForPass();
+      if (!session.ok()) {
+        // The caller's time ran out before the store answered: that is a
+        // timeout, not proof that the store is down.
+        if (session.status().code() == ErrorCode::kDeadlineExceeded || Expired()) return std::optional<Acquired>();
+        return session.status();
       }
-      PassEnd end = Pass(session);
-      switch (end) {
-        case PassEnd::kGranted: return std::optional<Acquired>(Acquired{session, entry_, std::move(granted_queue_)});
+      switch (Pass(*session)) {
+        case PassEnd::kGranted:
+          return std::optional<Acquired>(Acquired{*session, entry_, std::move(granted_queue_)});
         case PassEnd::kGaveUp: return std::optional<Acquired>();
         case PassEnd::kError: return error_;
         case PassEnd::kRequeue:
@@ -62,69 +64,96 @@ class Attempt {
   }
 
  private:
-  bool Expired() const { return req_.stop.stop_requested() || client_.now() >= req_.deadline; }
+  bool Stopped() const { return req_.stop.stop_requested(); }
+  bool Expired() const { return Stopped() || client_.now() >= req_.deadline; }
 
-  // Gives up: removes our entry (known or maybe-created) and reports why.
-  PassEnd GiveUp(const std::shared_ptr<Session>& session, bool have_entry, const std::string& attempt) {
-    if (have_entry) {
-      client_.remove_guaranteed(session, req_.queue, entry_.id);
-    } else {
-      client_.forget_attempt(session, req_.queue, attempt);
-    }
-    return PassEnd::kGaveUp;
+  Result<std::shared_ptr<Session>> SessionForPass() {
+    if (req_.session) return req_.session;
+    return client_.session(req_.deadline);
   }
 
-  PassEnd Fail(Status s) {
-    error_ = std::move(s);
-    return PassEnd::kError;
+  static bool Ended(const Session& session) {
+    SessionState s = session.state();
+    return s == SessionState::kLost || s == SessionState::kClosed;
   }
 
-  // After kUnavailable: waits for the session to come back. Returns false if
-  // it did not (deadline, stop, or the session ended).
-  bool Recover(const std::shared_ptr<Session>& session) {
-    SessionState s = client_.await_not_suspended(*session, req_.deadline, req_.stop);
-    return s == SessionState::kConnected;
-  }
-
+  // One pass on one session: place our entry, then wait for our turn.
   PassEnd Pass(const std::shared_ptr<Session>& session) {
-    const std::string attempt = client_.new_attempt_id();
-    EntrySpec spec{req_.kind, attempt, client_.owner(req_.thread), req_.sequence};
     std::optional<std::vector<Entry>> snapshot;
+    if (std::optional<PassEnd> end = PlaceEntry(session, snapshot)) return *end;
+    return AwaitTurn(session, std::move(snapshot));
+  }
 
-    // 1. Append, adopting our entry if the reply was lost.
-    auto appended = session->append(req_.queue, spec, req_.deadline);
-    if (appended.ok()) {
-      entry_ = appended->entry;
-      snapshot = std::move(appended->queue);
-    } else if (appended.status().code() == ErrorCode::kSessionLost) {
-      return PassEnd::kRequeue;
-    } else if (!Retryable(appended.status())) {
-      return Fail(appended.status());
-    } else {
-      // The entry may or may not exist: look for it by attempt id.
-      bool found = false;
-      for (int tries = 0; tries < 1000 && !found; ++tries) {
-        if (!Recover(session) || Expired()) {
-          if (session->state() == SessionState::kLost || session->state() == SessionState::kClosed) {
-            return Expired() ? PassEnd::kGaveUp : PassEnd::kRequeue;
-          }
-          return GiveUp(session, false, attempt);
-        }
-        auto own = session->find_own(req_.queue, attempt, req_.deadline);
-        if (!own.ok()) {
-          if (own.status().code() == ErrorCode::kSessionLost) return PassEnd::kRequeue;
-          if (!Retryable(own.status())) return Fail(own.status());
-          continue;
-        }
-        if (!own->has_value()) return Pass(session);  // never made: a clean retry
-        entry_ = **own;
-        found = true;
+  // Step 1: appends our entry (entry_), adopting it if the reply was lost.
+  // nullopt once placed; otherwise how the pass ends.
+  std::optional<PassEnd> PlaceEntry(const std::shared_ptr<Session>& session,
+                                    std::optional<std::vector<Entry>>& snapshot) {
+    while (true) {
+      const std::string attempt = client_.new_attempt_id();
+      EntrySpec spec{req_.kind, attempt, client_.owner(req_.thread), req_.sequence};
+      auto appended = session->append(req_.queue, spec, req_.deadline);
+      if (appended.ok()) {
+        entry_ = appended->entry;
+        snapshot = std::move(appended->queue);
+        return std::nullopt;
       }
-      if (!found) return GiveUp(session, false, attempt);
-      if (!entry_.token) return Fail(InternalError("store returned an own entry without a fencing token"));
+      const Status& failed = appended.status();
+      switch (failed.code()) {
+        case ErrorCode::kSessionLost: return PassEnd::kRequeue;  // its entries went with it
+        case ErrorCode::kAborted: return Fail(Undurable(failed));  // the store left nothing
+        case ErrorCode::kUnavailable: break;  // the entry may or may not exist
+        default: return Fail(failed);  // refused: nothing was made
+      }
+      // The outcome is unknown: look for the entry by its attempt id.
+      switch (FindAttempt(session, attempt)) {
+        case Found::kYes:
+          if (!entry_.token) {
+            client_.remove_guaranteed(session, req_.queue, entry_.id);
+            return Fail(InternalError("store returned an own entry without a fencing token"));
+          }
+          return std::nullopt;
+        case Found::kNo:
+          if (Expired()) return PassEnd::kGaveUp;  // nothing was made; nothing to remove
+          continue;  // never made: a clean retry
+        case Found::kEnded: return ended_;
+      }
     }
+  }
 
-    // 2. Look, and wait for what the rule names, until granted.
+  // After an append of unknown outcome: finds our entry (into entry_) or
+  // learns it was never made. Every way out that gives up leaves nothing
+  // behind: the attempt is handed to the background clean-up.
+  Found FindAttempt(const std::shared_ptr<Session>& session, const std::string& attempt) {
+    Backoff backoff;
+    while (true) {
+      if (!Recover(session) || Expired()) {
+        if (Ended(*session)) return EndWith(Expired() ? PassEnd::kGaveUp : PassEnd::kRequeue);
+        client_.forget_attempt(session, req_.queue, attempt);
+        return EndWith(PassEnd::kGaveUp);
+      }
+      auto own = session->find_own(req_.queue, attempt, req_.deadline);
+      if (own.ok()) {
+        if (!own->has_value()) return Found::kNo;
+        entry_ = **own;
+        return Found::kYes;
+      }
+      switch (own.status().code()) {
+        case ErrorCode::kSessionLost: return EndWith(PassEnd::kRequeue);
+        case ErrorCode::kAborted: return EndWith(Fail(Undurable(own.status())));  // removed again
+        case ErrorCode::kUnavailable: break;
+        default:
+          client_.forget_attempt(session, req_.queue, attempt);
+          return EndWith(Fail(own.status()));
+      }
+      Pause(backoff);
+    }
+  }
+
+  // Step 2: looks at the queue and waits for what the rule names, until our
+  // entry is granted. `snapshot` is the queue as the append read it, if the
+  // store did (one round trip less).
+  PassEnd AwaitTurn(const std::shared_ptr<Session>& session, std::optional<std::vector<Entry>> snapshot) {
+    Backoff backoff;
     while (true) {
       std::vector<Entry> queue;
       if (snapshot) {
@@ -133,56 +162,86 @@ class Attempt {
       } else {
         auto listed = session->list(req_.queue, {}, req_.deadline);
         if (!listed.ok()) {
-          if (listed.status().code() == ErrorCode::kSessionLost) return PassEnd::kRequeue;
-          if (!Retryable(listed.status())) {
-            client_.remove_guaranteed(session, req_.queue, entry_.id);
-            return Fail(listed.status());
-          }
-          if (!Recover(session)) {
-            if (session->state() == SessionState::kLost || session->state() == SessionState::kClosed) {
-              return Expired() ? PassEnd::kGaveUp : PassEnd::kRequeue;
-            }
-            return GiveUp(session, true, attempt);
-          }
+          if (std::optional<PassEnd> end = AfterFailure(session, listed.status())) return *end;
+          Pause(backoff);
           continue;
         }
         queue = std::move(listed).value();
       }
       auto ours = std::find_if(queue.begin(), queue.end(), [&](const Entry& e) { return e.id == entry_.id; });
-      if (ours == queue.end()) {
-        // Our entry is gone: the session ended, or an operator removed it.
-        return PassEnd::kRequeue;
-      }
+      // Our entry is gone: the session ended, or an operator removed it.
+      if (ours == queue.end()) return PassEnd::kRequeue;
       // A given sequence (downgrade) is granted by what the caller holds.
       const Verdict v =
           req_.sequence ? Verdict{true, {}} : req_.rule(queue, static_cast<std::size_t>(ours - queue.begin()));
       if (v.granted) {
+        // A stop request wins over a grant that comes after it (a deadline
+        // does not: a try is allowed its round trips).
+        if (Stopped()) return GiveUp(session);
         granted_queue_ = std::move(queue);
         return PassEnd::kGranted;
       }
-      if (req_.try_only || Expired()) return GiveUp(session, true, attempt);
+      if (req_.try_only || Expired()) return GiveUp(session);
       Status waited = session->wait_any_gone(req_.queue, v.wait_for, req_.deadline, req_.stop);
       switch (waited.code()) {
-        case ErrorCode::kOk:
-          continue;
+        case ErrorCode::kOk: continue;
         case ErrorCode::kDeadlineExceeded:
-        case ErrorCode::kCancelled:
-          return GiveUp(session, true, attempt);
-        case ErrorCode::kSessionLost:
-          return PassEnd::kRequeue;
-        case ErrorCode::kUnavailable:
-          if (!Recover(session)) {
-            if (session->state() == SessionState::kLost || session->state() == SessionState::kClosed) {
-              return Expired() ? PassEnd::kGaveUp : PassEnd::kRequeue;
-            }
-            return GiveUp(session, true, attempt);
-          }
-          continue;
+        case ErrorCode::kCancelled: return GiveUp(session);
         default:
-          client_.remove_guaranteed(session, req_.queue, entry_.id);
-          return Fail(waited);
+          if (std::optional<PassEnd> end = AfterFailure(session, waited)) return *end;
+          Pause(backoff);
       }
     }
+  }
+
+  // A request failed while our entry exists: nullopt to try again (contact
+  // is back), or how the pass ends.
+  std::optional<PassEnd> AfterFailure(const std::shared_ptr<Session>& session, const Status& failed) {
+    if (failed.code() == ErrorCode::kSessionLost) return PassEnd::kRequeue;
+    if (failed.code() != ErrorCode::kUnavailable) {
+      client_.remove_guaranteed(session, req_.queue, entry_.id);
+      return Fail(failed);
+    }
+    if (Recover(session) && !Expired()) return std::nullopt;
+    if (Ended(*session)) return Expired() ? PassEnd::kGaveUp : PassEnd::kRequeue;
+    return GiveUp(session);
+  }
+
+  // Gives up with our entry placed: removes it and reports why.
+  PassEnd GiveUp(const std::shared_ptr<Session>& session) {
+    client_.remove_guaranteed(session, req_.queue, entry_.id);
+    return PassEnd::kGaveUp;
+  }
+
+  PassEnd Fail(Status s) {
+    error_ = std::move(s);
+    return PassEnd::kError;
+  }
+
+  Found EndWith(PassEnd end) {
+    ended_ = end;
+    return Found::kEnded;
+  }
+
+  // The acquire's error when the store would not keep our entry durably.
+  static Status Undurable(const Status& s) { return UnavailableError(s.message()); }
+
+  // After kUnavailable: waits for the session to come back. False if it did
+  // not (deadline, stop, or the session ended).
+  bool Recover(const std::shared_ptr<Session>& session) {
+    SessionState s = client_.await_not_suspended(*session, req_.deadline, req_.stop);
+    return s == SessionState::kConnected;
+  }
+
+  // Retry pacing for requests that fail at once although the session says
+  // it is connected: 5 ms doubling to 500 ms, cut short by the deadline and
+  // by stop. These are error retries, not waits for the lock.
+  struct Backoff {
+    Clock::duration next = std::chrono::milliseconds(5);
+  };
+  void Pause(Backoff& b) {
+    client_.sleep_until(std::min(req_.deadline, DeadlineAfter(client_.now(), b.next)), req_.stop);
+    b.next = std::min<Clock::duration>(b.next * 2, std::chrono::milliseconds(500));
   }
 
   ClientCore& client_;
@@ -190,6 +249,7 @@ class Attempt {
   Entry entry_;
   std::vector<Entry> granted_queue_;
   Status error_;
+  PassEnd ended_ = PassEnd::kGaveUp;  // how FindAttempt's kEnded ends the pass
 };
 
 }  // namespace

@@ -25,10 +25,15 @@ AcquireRequest MakeRequest(const Client& client, std::string queue, std::string_
   r.queue = std::move(queue);
   r.kind = std::string(kind);
   r.rule = std::move(rule);
-  // try_lock() still needs time for its round trips.
+  // A timeout <= 0 is one try, as for the standard TimedLockable.
+  try_only = try_only || timeout <= Clock::duration::zero();
+  // A try still needs time for its round trips.
   r.deadline = DeadlineAfter(client.core()->now(), try_only ? Clock::duration(ClientCore::kRequestTimeout) : timeout);
   r.stop = std::move(stop);
   r.try_only = try_only;
+  // A try never waits for its turn, so it never queues behind this process's
+  // other waiters either: at most it adds an entry that it removes at once.
+  r.use_gate = !try_only;
   r.thread = ThisThreadLabel();
   return r;
 }

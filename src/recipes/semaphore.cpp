@@ -43,6 +43,7 @@ std::optional<Lease> Semaphore::acquire(std::uint32_t count, Clock::duration tim
 
 std::optional<Lease> Semaphore::acquire_impl(std::uint32_t count, Clock::duration timeout, std::stop_token stop,
                                              bool try_only) {
+  try_only = try_only || timeout <= Clock::duration::zero();  // one try, as for a TimedLockable
   if (count == 0 || count > permits_) {
     throw Error(InvalidArgumentError("cannot take " + std::to_string(count) + " of the " + std::to_string(permits_) +
                                      " permits of " + name_));
@@ -170,52 +171,123 @@ std::optional<Lease> Semaphore::acquire_impl(std::uint32_t count, Clock::duratio
 
 // ------------------------------------------------------------ SemaphoreMutex
 
-SemaphoreMutex::SemaphoreMutex(Client client, std::string name) : semaphore_(std::move(client), std::move(name), 1) {}
+namespace internal {
 
-SemaphoreMutex::~SemaphoreMutex() { unlock(); }
+// The object's own lock (gate_, entered in lock() and left in unlock()) sits
+// in front of the store's: one hold at a time per object, so an unlock can
+// only end the hold it belongs to, even when the previous hold was lost and
+// another thread wants the lock again before its owner has unlocked.
+class SemaphoreMutexCore {
+ public:
+  SemaphoreMutexCore(Client client, std::string name)
+      : semaphore_(client, std::move(name), 1), client_(std::move(client)) {
+    // A clock moved by hand must re-check the deadlines of local waiters.
+    std::weak_ptr<LocalGate> weak = gate_;
+    clock_subscription_ = client_.core()->on_clock_advance([weak] {
+      if (auto gate = weak.lock()) gate->poke();
+    });
+  }
+  ~SemaphoreMutexCore() {
+    std::lock_guard<std::mutex> g(mu_);
+    hold_.release();
+  }
+
+  bool lock_for(Clock::duration timeout, std::stop_token stop, bool try_only) {
+    try_only = try_only || timeout <= Clock::duration::zero();
+    const Clock::time_point deadline = DeadlineAfter(client_.core()->now(), timeout);
+    if (try_only ? !gate_->try_enter() : !gate_->enter(client_.core()->clock(), deadline, stop)) return false;
+    std::optional<Lease> lease;
+    try {
+      if (try_only) {
+        lease = semaphore_.try_acquire(1);
+      } else {
+        Clock::duration left = deadline == kNoDeadline ? kForever : deadline - client_.core()->now();
+        lease = semaphore_.acquire(1, std::max(left, Clock::duration::zero()), std::move(stop));
+      }
+    } catch (...) {
+      gate_->leave();
+      throw;
+    }
+    if (!lease) {
+      gate_->leave();
+      return false;
+    }
+    std::lock_guard<std::mutex> g(mu_);
+    hold_ = std::move(*lease);
+    locked_ = true;
+    return true;
+  }
+
+  void unlock() noexcept {
+    Hold released;
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      if (!locked_) {
+        client_.core()->report(FailedPreconditionError("unlock() of SemaphoreMutex " + semaphore_.name() +
+                                                       ", which is not locked"));
+        return;
+      }
+      locked_ = false;
+      released = std::move(hold_);
+    }
+    released.release();  // outside mu_: one store round trip
+    gate_->leave();       // the next lock() of this object may go to the store now
+  }
+
+  std::optional<std::uint64_t> fencing_token() const {
+    std::lock_guard<std::mutex> g(mu_);
+    if (!locked_) return std::nullopt;
+    return hold_.fencing_token();
+  }
+  std::optional<HoldState> hold_state() const {
+    std::lock_guard<std::mutex> g(mu_);
+    if (!locked_) return std::nullopt;
+    return hold_.state();
+  }
+  std::stop_token lost_token() const {
+    std::lock_guard<std::mutex> g(mu_);
+    return locked_ ? hold_.lost_token() : std::stop_token();
+  }
+
+  Semaphore& semaphore() noexcept { return semaphore_; }
+
+ private:
+  Semaphore semaphore_;
+  const Client client_;
+  const std::shared_ptr<LocalGate> gate_ = std::make_shared<LocalGate>();
+  std::shared_ptr<void> clock_subscription_;
+  mutable std::mutex mu_;
+  bool locked_ = false;  // guarded by mu_
+  Hold hold_;            // guarded by mu_
+};
+
+}  // namespace internal
+
+SemaphoreMutex::SemaphoreMutex(Client client, std::string name)
+    : impl_(std::make_unique<internal::SemaphoreMutexCore>(std::move(client), std::move(name))) {}
+
+SemaphoreMutex::~SemaphoreMutex() = default;
 
 void SemaphoreMutex::lock() {
-  if (!lock_for(kForever, {})) throw Error(InternalError("lock() returned without the lock"));
+  if (!impl_->lock_for(kForever, {}, false)) throw Error(InternalError("lock() returned without the lock"));
 }
 
-bool SemaphoreMutex::try_lock() {
-  auto lease = semaphore_.try_acquire(1);
-  if (!lease) return false;
-  std::lock_guard<std::mutex> g(mu_);
-  hold_ = std::move(*lease);
-  return true;
-}
+bool SemaphoreMutex::try_lock() { return impl_->lock_for(Clock::duration::zero(), {}, true); }
 
 bool SemaphoreMutex::lock_for(Clock::duration timeout, std::stop_token stop) {
-  auto lease = semaphore_.acquire(1, timeout, std::move(stop));
-  if (!lease) return false;
-  std::lock_guard<std::mutex> g(mu_);
-  hold_ = std::move(*lease);
-  return true;
+  return impl_->lock_for(timeout, std::move(stop), false);
 }
 
-void SemaphoreMutex::unlock() noexcept {
-  Hold released;
-  {
-    std::lock_guard<std::mutex> g(mu_);
-    released = std::move(hold_);
-  }
-  released.release();
-}
+void SemaphoreMutex::unlock() noexcept { impl_->unlock(); }
 
-std::optional<std::uint64_t> SemaphoreMutex::fencing_token() const {
-  std::lock_guard<std::mutex> g(mu_);
-  if (!hold_.core()) return std::nullopt;
-  return hold_.fencing_token();
-}
+std::optional<std::uint64_t> SemaphoreMutex::fencing_token() const { return impl_->fencing_token(); }
 
-std::stop_token SemaphoreMutex::lost_token() const {
-  std::lock_guard<std::mutex> g(mu_);
-  return hold_.lost_token();
-}
+std::optional<HoldState> SemaphoreMutex::hold_state() const { return impl_->hold_state(); }
+
+std::stop_token SemaphoreMutex::lost_token() const { return impl_->lost_token(); }
 
 std::optional<Hold> SemaphoreMutex::acquire(Clock::duration timeout, std::stop_token stop) {
-  return semaphore_.acquire(1, timeout, std::move(stop));
+  return impl_->semaphore().acquire(1, timeout, std::move(stop));
 }
 
 }  // namespace dlock

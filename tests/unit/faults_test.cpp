@@ -270,5 +270,231 @@ TEST(Faults, SemaphoreLeasesGoWithTheSession) {
   EXPECT_TRUE(Eventually([&] { return store->entry_count() == 0u; }));
 }
 
+
+// ---- Defects found in review (issue 11), each seen failing before its fix.
+
+// A store whose sessions are MemStore sessions, except that `remove` throws
+// std::bad_alloc the first `throws` times: memory running out in the middle
+// of a background clean-up.
+class ThrowingStore final : public Store {
+ public:
+  ThrowingStore(std::shared_ptr<MemStore> inner, int throws) : inner_(std::move(inner)), throws_(throws) {}
+  std::string url() const override { return "throwing+mem://"; }
+  Result<std::shared_ptr<Session>> open_session(Clock::time_point deadline) override {
+    auto s = inner_->open_session(deadline);
+    if (!s.ok()) return s.status();
+    return std::shared_ptr<Session>(std::make_shared<ThrowingSession>(std::move(*s), &throws_));
+  }
+
+ private:
+  class ThrowingSession final : public Session {
+   public:
+    ThrowingSession(std::shared_ptr<Session> inner, std::atomic<int>* throws)
+        : inner_(std::move(inner)), throws_(throws) {}
+    std::string id() const override { return inner_->id(); }
+    SessionState state() const noexcept override { return inner_->state(); }
+    std::shared_ptr<void> subscribe(std::function<void(SessionState)> fn) override {
+      return inner_->subscribe(std::move(fn));
+    }
+    Result<Appended> append(std::string_view q, const EntrySpec& spec, Clock::time_point d) override {
+      return inner_->append(q, spec, d);
+    }
+    Result<std::vector<Entry>> list(std::string_view q, const ListOptions& o, Clock::time_point d) override {
+      return inner_->list(q, o, d);
+    }
+    Status wait_any_gone(std::string_view q, std::span<const std::string> ids, Clock::time_point d,
+                         std::stop_token stop) override {
+      return inner_->wait_any_gone(q, ids, d, std::move(stop));
+    }
+    Status remove(std::string_view q, std::string_view id, Clock::time_point d) override {
+      if (throws_->fetch_sub(1) > 0) throw std::bad_alloc();
+      return inner_->remove(q, id, d);
+    }
+    Result<std::optional<Entry>> find_own(std::string_view q, std::string_view a, Clock::time_point d) override {
+      return inner_->find_own(q, a, d);
+    }
+    void close() noexcept override { inner_->close(); }
+
+   private:
+    std::shared_ptr<Session> inner_;
+    std::atomic<int>* throws_;
+  };
+  std::shared_ptr<MemStore> inner_;
+  std::atomic<int> throws_;
+};
+
+// Item 5: thread A locks a SemaphoreMutex, A's session expires, thread B
+// locks the same object; A's unlock must not end B's hold.
+TEST(Faults, SemaphoreMutexUnlockEndsOnlyTheHoldItBelongsTo) {
+  auto store = MemStore::create();
+  auto shared = Client::with_store(store);
+  auto other = Client::with_store(store);
+  SemaphoreMutex sm(shared, "review/semaphore-mutex");
+  SemaphoreMutex rival(other, "review/semaphore-mutex");
+  sm.lock();  // "thread A"
+  store->expire(SessionOf(shared));
+  std::atomic<bool> b_locked{false};
+  std::jthread b([&] {
+    sm.lock();  // "thread B": waits while the object is still locked by A
+    b_locked = true;
+  });
+  // Like a std::mutex, the object stays locked until A unlocks it, lost or not.
+  EXPECT_FALSE(Eventually([&] { return b_locked.load(); }, 300ms)) << "B locked an object A had not unlocked";
+  sm.unlock();  // A ends its critical section: this ends A's (lost) hold only
+  ASSERT_TRUE(Eventually([&] { return b_locked.load(); }));
+  b.join();
+  EXPECT_TRUE(sm.fencing_token().has_value()) << "B's hold was ended by A's unlock";
+  EXPECT_FALSE(rival.try_lock()) << "another process got the lock while B holds it";
+  sm.unlock();
+  EXPECT_TRUE(rival.try_lock());
+  rival.unlock();
+}
+
+// Item 7: a hold read while its session's listeners are still running must
+// already say what the session says.
+TEST(Faults, HoldStateFoldsInTheSessionStateWhenRead) {
+  auto store = MemStore::create();
+  auto a = Client::with_store(store);
+  Mutex m1(a, "review/fold-1");
+  Mutex m2(a, "review/fold-2");
+  auto first = m1.acquire(1s);
+  auto second = m2.acquire(1s);
+  ASSERT_TRUE(first && second);
+  std::atomic<bool> in_listener{false}, release_listener{false};
+  auto sub = first->on_state_change([&](HoldState) {
+    in_listener = true;
+    // Holds the session's delivery (one listener at a time) while the test reads.
+    for (int i = 0; i < 20000 && !release_listener; ++i) std::this_thread::sleep_for(1ms);
+  });
+  std::jthread expirer([&] { store->expire(SessionOf(a)); });
+  ASSERT_TRUE(Eventually([&] { return in_listener.load(); }));
+  HoldState seen = second->state();
+  bool token_stopped = second->lost_token().stop_requested();
+  release_listener = true;
+  expirer.join();
+  EXPECT_EQ(seen, HoldState::kLost) << "the hold lagged its session";
+  EXPECT_TRUE(token_stopped) << "the lost token lagged its session";
+}
+
+// Item 10: the try-variants never wait behind another thread of the same
+// process that is waiting for the same lock.
+TEST(Faults, TryVariantsNeverWaitInTheLocalGate) {
+  ManualWorld w;  // time stands still: a try that waits never comes back
+  auto& [clock, store, a, b] = w;
+  Mutex holder(b, "review/gate");
+  ReadWriteLock holder_rw(b, "review/gate-rw");
+  Semaphore holder_sem(b, "review/gate-sem", 1);
+  holder.lock();
+  holder_rw.writer().lock();
+  auto lease = holder_sem.acquire(1, 1s);
+  ASSERT_TRUE(lease);
+
+  Mutex waiting(a, "review/gate");
+  ReadWriteLock waiting_rw(a, "review/gate-rw");
+  Semaphore waiting_sem(a, "review/gate-sem", 1);
+  std::jthread w1([&] { waiting.lock(); waiting.unlock(); });
+  std::jthread w2([&] { waiting_rw.writer().lock(); waiting_rw.writer().unlock(); });
+  std::jthread w3([&] { waiting_sem.acquire(1); });
+  ASSERT_TRUE(Eventually([&] { return store->entry_count() == 7u; }));  // 3 holds + 1 lock + 3 waiters
+
+  std::atomic<int> done{0};
+  std::jthread tries([&] {
+    Mutex m(a, "review/gate");
+    EXPECT_FALSE(m.try_lock());
+    ++done;
+    EXPECT_FALSE(waiting_rw.reader().try_lock_shared());
+    ++done;
+    EXPECT_FALSE(waiting_rw.writer().try_lock());
+    ++done;
+    EXPECT_FALSE(waiting_sem.try_acquire(1));
+    ++done;
+  });
+  bool returned = Eventually([&] { return done.load() == 4; });
+  EXPECT_TRUE(returned) << "a try-variant waited in the local gate (" << done.load() << " of 4 returned)";
+  for (int i = 0; i < 8 && done.load() < 4; ++i) {  // let stuck tries time out, so the test can end
+    clock->advance(20s);
+    std::this_thread::sleep_for(50ms);
+  }
+  tries.join();
+  holder.unlock();
+  holder_rw.writer().unlock();
+  lease.reset();
+  w1.join();
+  w2.join();
+  w3.join();
+}
+
+// Item 13: an append whose reply was lost, then a find_own that fails for
+// good: the entry that the append may have made must not stay behind.
+TEST(Faults, LostAppendReplyThenFailedFindOwnLeavesNothing) {
+  auto store = MemStore::create();
+  auto a = Client::with_store(store);
+  Mutex m(a, "review/orphan");
+  store->lose_next_reply("append");
+  store->fail_next("find_own", PermissionDeniedError("injected"));
+  EXPECT_THROW(m.try_lock_for(1s), Error);
+  EXPECT_TRUE(Eventually([&] { return store->entry_count() == 0u; })) << "an orphan entry stayed in the queue";
+}
+
+// Item 14: a hold's listener may call into the library, closing the session
+// included, without a deadlock.
+TEST(Faults, HoldListenerMayCloseTheSession) {
+  auto store = MemStore::create();
+  auto a = Client::with_store(store);
+  Mutex m(a, "review/reentrant");
+  auto hold = m.acquire(1s);
+  ASSERT_TRUE(hold);
+  std::atomic<int> calls{0};
+  auto sub = hold->on_state_change([&](HoldState s) {
+    ++calls;
+    if (s == HoldState::kUncertain) a.close_session();
+  });
+  std::atomic<bool> done{false};
+  std::thread suspender([&] {
+    store->suspend(SessionOf(a));
+    done = true;
+  });
+  bool returned = Eventually([&] { return done.load(); });
+  EXPECT_TRUE(returned) << "suspend() deadlocked in the listener's close";
+  if (!returned) {
+    suspender.detach();  // stuck for good; the process ends with the test run
+    return;
+  }
+  suspender.join();
+  EXPECT_EQ(hold->state(), HoldState::kLost);
+  EXPECT_TRUE(Eventually([&] { return store->entry_count() == 0u; }));
+}
+
+// Item 15: memory running out inside the background removal is survived and
+// the removal retried.
+TEST(Faults, BackgroundRemovalSurvivesAThrowingStore) {
+  auto inner = MemStore::create();
+  auto a = Client::with_store(std::make_shared<ThrowingStore>(inner, 2));
+  Mutex m(a, "review/throwing");
+  auto hold = m.acquire(1s);
+  ASSERT_TRUE(hold);
+  hold->release();  // must neither throw nor terminate
+  EXPECT_TRUE(Eventually([&] { return inner->entry_count() == 0u; }));
+}
+
+// Item 2 (engine side): a store that did not keep the entry (kAborted, e.g.
+// too few replicas acknowledged it) fails the acquire with kUnavailable and
+// leaves nothing; the engine does not go looking for the entry and adopt it.
+TEST(Faults, AbortedAppendFailsTheAcquire) {
+  auto store = MemStore::create();
+  auto a = Client::with_store(store);
+  Mutex m(a, "review/aborted");
+  store->fail_next("append", AbortedError("only 0 of 1 replicas acknowledged the append"), 1);
+  try {
+    m.try_lock_for(5s);
+    FAIL() << "the acquire succeeded";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kUnavailable) << e.what();
+    EXPECT_NE(std::string(e.what()).find("replicas"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(store->op_count("find_own"), 0u);
+  EXPECT_EQ(store->entry_count(), 0u);
+}
+
 }  // namespace
 }  // namespace dlock

@@ -6,6 +6,7 @@
 #include "dlock/mem_store.hpp"
 
 #include "core/listeners.hpp"
+#include "core/serial_delivery.hpp"
 
 #include <algorithm>
 #include <condition_variable>
@@ -29,8 +30,8 @@ struct MemStore::State {
   struct SessionRec {
     SessionState state = SessionState::kConnected;
     internal::ListenerList<SessionState> listeners;  // a handle: copies share the list
-    // Serializes listener calls so they arrive in order.
-    std::shared_ptr<std::mutex> notify_mu = std::make_shared<std::mutex>();
+    // Delivers state changes in order; listeners may call back in.
+    std::shared_ptr<internal::SerialDelivery> delivery = std::make_shared<internal::SerialDelivery>();
   };
 
   std::uint64_t next_token = 1;  // sequences and tokens share it: both only grow
@@ -124,10 +125,12 @@ struct MemStore::State {
 };
 
 // Moves a session to `next` and tells its listeners, in order, outside mu.
-// `then` runs under mu after the listeners returned.
+// `then` runs under mu after the listeners returned. From inside a listener
+// of the same session, the listeners hear it (and `then` runs) after that
+// listener returns.
 void MemStore::Transition(const std::shared_ptr<State>& state, std::string_view id, SessionState next,
-                       const std::function<void()>& then) {
-  std::shared_ptr<std::mutex> notify_mu;
+                          const std::function<void(State&)>& then) {
+  std::shared_ptr<internal::SerialDelivery> delivery;
   internal::ListenerList<SessionState> listeners;
   {
     std::lock_guard<std::mutex> g(state->mu);
@@ -136,19 +139,18 @@ void MemStore::Transition(const std::shared_ptr<State>& state, std::string_view 
     SessionState cur = it->second.state;
     if (cur == next || cur == SessionState::kLost || cur == SessionState::kClosed) return;
     it->second.state = next;
-    notify_mu = it->second.notify_mu;
+    delivery = it->second.delivery;
     listeners = it->second.listeners;
     state->changed.notify_all();
   }
-  {
-    std::lock_guard<std::mutex> order(*notify_mu);
+  delivery->run([state, listeners, next, then] {
     listeners.notify(next);
-  }
-  if (then) {
-    std::lock_guard<std::mutex> g(state->mu);
-    then();
-    state->changed.notify_all();
-  }
+    if (then) {
+      std::lock_guard<std::mutex> g(state->mu);
+      then(*state);
+      state->changed.notify_all();
+    }
+  });
 }
 
 class MemStore::MemSession final : public Session {
@@ -268,7 +270,10 @@ class MemStore::MemSession final : public Session {
   }
 
   void close() noexcept override {
-    Transition(state_, id_, SessionState::kClosed, [this] { state_->DropEntriesOf(id_); });
+    try {
+      Transition(state_, id_, SessionState::kClosed, [id = id_](State& s) { s.DropEntriesOf(id); });
+    } catch (...) {  // out of memory: the entries stay until the store goes
+    }
   }
 
  private:
@@ -312,8 +317,7 @@ void MemStore::resume(std::string_view session_id) {
 }
 
 void MemStore::expire(std::string_view session_id) {
-  std::string id(session_id);
-  Transition(state_, session_id, SessionState::kLost, [this, id] { state_->DropEntriesOf(id); });
+  Transition(state_, session_id, SessionState::kLost, [id = std::string(session_id)](State& s) { s.DropEntriesOf(id); });
 }
 
 void MemStore::fail_next(std::string_view op, Status status, int count) {
