@@ -210,7 +210,7 @@ struct StoreOptions {
 // Opens the store a URL names:
 //   mem://                    a new in-process store
 //   file:///some/dir          host-local, multi-process, no daemon
-//   file://                   the default directory ($XDG_RUNTIME_DIR/dlock, else /tmp/dlock-<uid>)
+//   file://                   the default directory: /tmp/dlock-<uid>, whatever the environment
 // plus each server store compiled in (see README). Unknown schemes and
 // malformed URLs fail with kInvalidArgument naming what is wrong.
 Result<std::shared_ptr<Store>> OpenStore(std::string_view url, const StoreOptions& options = {});

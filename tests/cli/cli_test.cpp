@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/file.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -50,12 +51,25 @@ class CliTest : public ::testing::TestWithParam<std::string> {
     std::filesystem::remove_all(dir_);
   }
 
-  // Starts `dlock ARGS...`; stdout goes to `out_file` if given.
-  pid_t Start(std::vector<std::string> args, const std::string& out_file = "") {
+  // Starts `dlock ARGS...`; stdout goes to `out_file` if given. The
+  // environment is ours with `env_changes` applied ("NAME=value" sets,
+  // "NAME" unsets).
+  pid_t Start(std::vector<std::string> args, const std::string& out_file = "",
+              const std::vector<std::string>& env_changes = {}) {
     args.insert(args.begin(), DLOCK_CLI);
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
+    std::vector<std::string> env_strings;
+    for (char** e = environ; *e != nullptr; ++e) env_strings.emplace_back(*e);
+    for (const std::string& change : env_changes) {
+      std::string key = change.substr(0, change.find('=')) + "=";
+      std::erase_if(env_strings, [&](const std::string& e) { return e.starts_with(key); });
+      if (change.find('=') != std::string::npos) env_strings.push_back(change);
+    }
+    std::vector<char*> envp;
+    for (auto& e : env_strings) envp.push_back(e.data());
+    envp.push_back(nullptr);
     posix_spawn_file_actions_t actions;
     posix_spawn_file_actions_init(&actions);
     if (!out_file.empty()) {
@@ -66,7 +80,7 @@ class CliTest : public ::testing::TestWithParam<std::string> {
     posix_spawnattr_setpgroup(&attr, 0);
     posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP);
     pid_t pid = 0;
-    EXPECT_EQ(posix_spawn(&pid, DLOCK_CLI, &actions, &attr, argv.data(), environ), 0);
+    EXPECT_EQ(posix_spawn(&pid, DLOCK_CLI, &actions, &attr, argv.data(), envp.data()), 0);
     posix_spawnattr_destroy(&attr);
     posix_spawn_file_actions_destroy(&actions);
     children_.push_back(pid);
@@ -258,6 +272,53 @@ TEST_P(CliTest, LostLockStopsTheCommandWithStatus4) {
   ASSERT_EQ(::kill(run, SIGCONT), 0);
   EXPECT_EQ(Wait(run), 4);
   EXPECT_TRUE(Eventually([&] { return ::kill(-run, 0) != 0; }, 10s)) << "the command outlived its lost lock";
+}
+
+// ---- Defects found in review (issue 11), each seen failing before its fix.
+
+// Item 11: --timeout 0 means one try, as for timeout(1)-style tools.
+TEST_P(CliTest, ZeroTimeoutTriesOnce) {
+  EXPECT_EQ(RunToEnd({"run", "--url", url_, "--timeout", "0s", name_, "--", "true"}), 0);
+  StartHolder();
+  EXPECT_EQ(RunToEnd({"run", "--url", url_, "--timeout", "0s", name_, "--", "true"}), 3);
+  EXPECT_TRUE(Eventually([&] { return Entries() == 1u; })) << "the failed try left its entry";
+}
+
+// Item 4: the default store is one directory per user whatever the
+// environment: a cron job (no XDG_RUNTIME_DIR) and a login shell exclude
+// each other.
+TEST_P(CliTest, DefaultStoreIsSharedWhateverTheEnvironment) {
+  if (GetParam() != "file") GTEST_SKIP() << "about the default file:// store";
+  const std::string name = name_ + "-default";
+  const std::string started = dir_ + "/started";
+  pid_t holder = Start({"run", name, "--", "sh", "-c", "touch " + started + "; sleep 60"}, "",
+                       {"DLOCK_URL", "XDG_RUNTIME_DIR=" + dir_});
+  ASSERT_TRUE(Eventually([&] { return std::filesystem::exists(started); }, 30s));
+  EXPECT_EQ(Wait(Start({"run", "--timeout", "500ms", name, "--", "true"}, "", {"DLOCK_URL", "XDG_RUNTIME_DIR"})), 3)
+      << "a run without XDG_RUNTIME_DIR got the lock a login shell holds";
+  ::kill(-holder, SIGKILL);
+  Wait(holder);
+}
+
+// Item 9: a run told to stop while the store is stuck never starts its
+// command, even when the store comes back.
+TEST_P(CliTest, InterruptedRunNeverStartsItsCommand) {
+  if (GetParam() != "file") GTEST_SKIP() << "needs a file:// store whose counter the test can hold";
+  const std::string counter_path = dir_ + "/store/.counter";
+  ASSERT_EQ(RunToEnd({"run", "--url", url_, name_, "--", "true"}), 0);  // makes the store
+  int counter = ::open(counter_path.c_str(), O_RDWR | O_CLOEXEC);
+  ASSERT_GE(counter, 0);
+  ASSERT_EQ(::flock(counter, LOCK_EX), 0);  // a process stopped inside an append
+  const std::string ran = dir_ + "/ran";
+  pid_t run = Start({"run", "--url", url_, "--timeout", "60s", name_, "--", "touch", ran});
+  std::this_thread::sleep_for(300ms);  // let it reach the stuck step (or not: either way it must not run)
+  ::kill(run, SIGINT);
+  std::this_thread::sleep_for(300ms);
+  ::flock(counter, LOCK_UN);
+  ::close(counter);
+  EXPECT_EQ(Wait(run), 128 + SIGINT);
+  EXPECT_FALSE(std::filesystem::exists(ran)) << "the command ran after dlock was told to stop";
+  EXPECT_TRUE(Eventually([&] { return Entries() == 0u; }));
 }
 
 INSTANTIATE_TEST_SUITE_P(Stores, CliTest, ::testing::ValuesIn(testing::MultiProcessSpecs()),

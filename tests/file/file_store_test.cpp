@@ -6,6 +6,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -29,8 +30,10 @@
 
 #include "core/url.hpp"
 #include "dlock/clock.hpp"
+#include "dlock/dlock.hpp"
 #include "dlock/store.hpp"
 #include "stores/file/layout.hpp"
+#include "stores/file/unique_fd.hpp"
 
 extern char** environ;
 
@@ -328,41 +331,58 @@ class ScopedEnv {
   std::optional<std::string> old_;
 };
 
-TEST(FileStoreUrl, DefaultDirectoryIsUnderXdgRuntimeDir) {
+// Item 4 of issue 11: a cron job (no XDG_RUNTIME_DIR) and a login shell of
+// the same user must share one default directory.
+TEST(FileStoreUrl, DefaultDirectoryDoesNotDependOnTheEnvironment) {
   TempDir runtime;
-  ScopedEnv env("XDG_RUNTIME_DIR", runtime.path().c_str());
-  auto store = OpenUrl("file://");
-  ASSERT_TRUE(store.ok()) << store.status().ToString();
-  EXPECT_EQ((*store)->url(), "file://" + runtime.path() + "/dlock");
+  std::string expected = internal::DefaultFileStoreDirectory();
+  EXPECT_EQ(expected, "/tmp/dlock-" + std::to_string(geteuid()));
+  bool existed = std::filesystem::exists(expected);
+  std::string with_xdg, without_xdg;
+  {
+    ScopedEnv env("XDG_RUNTIME_DIR", runtime.path().c_str());
+    auto store = OpenUrl("file://");
+    ASSERT_TRUE(store.ok()) << store.status().ToString();
+    with_xdg = (*store)->url();
+  }
+  {
+    ScopedEnv env("XDG_RUNTIME_DIR", nullptr);
+    ScopedEnv tmpdir("TMPDIR", runtime.path().c_str());
+    auto store = OpenUrl("file://");
+    ASSERT_TRUE(store.ok()) << store.status().ToString();
+    without_xdg = (*store)->url();
+  }
+  EXPECT_EQ(with_xdg, without_xdg);
+  EXPECT_EQ(with_xdg, "file://" + expected);
   struct stat st {};
-  ASSERT_EQ(lstat((runtime.path() + "/dlock").c_str(), &st), 0);
+  ASSERT_EQ(lstat(expected.c_str(), &st), 0);
   EXPECT_TRUE(S_ISDIR(st.st_mode));
   EXPECT_EQ(st.st_mode & 077, 0u);
-}
-
-TEST(FileStoreUrl, DefaultDirectoryMustNotBeASymlink) {
-  TempDir runtime;
-  TempDir elsewhere;
-  ASSERT_EQ(symlink(elsewhere.path().c_str(), (runtime.path() + "/dlock").c_str()), 0);
-  ScopedEnv env("XDG_RUNTIME_DIR", runtime.path().c_str());
-  auto store = OpenUrl("file://");
-  EXPECT_EQ(store.status().code(), ErrorCode::kPermissionDenied);
-  EXPECT_THAT(store.status().message(), HasSubstr(runtime.path() + "/dlock"));
-}
-
-TEST(FileStoreUrl, DefaultDirectoryFallsBackToTmp) {
-  TempDir missing;
-  ScopedEnv env("XDG_RUNTIME_DIR", (missing.path() + "/nonexistent").c_str());
-  std::string expected = "/tmp/dlock-" + std::to_string(geteuid());
-  bool existed = std::filesystem::exists(expected);
-  auto store = OpenUrl("file://");
-  ASSERT_TRUE(store.ok()) << store.status().ToString();
-  EXPECT_EQ((*store)->url(), "file://" + expected);
-  store = Status(ErrorCode::kCancelled, "drop the store");
   if (!existed) {
     std::error_code ec;
     std::filesystem::remove_all(expected, ec);
   }
+}
+
+TEST(FileStoreUrl, DefaultDirectoryMustNotBeASymlink) {
+  TempDir parent;
+  TempDir elsewhere;
+  const std::string planted = parent.path() + "/dlock-planted";
+  ASSERT_EQ(symlink(elsewhere.path().c_str(), planted.c_str()), 0);
+  auto fd = internal::OpenPrivateDirectory(planted);
+  EXPECT_EQ(fd.status().code(), ErrorCode::kPermissionDenied);
+  EXPECT_THAT(fd.status().message(), HasSubstr(planted));
+}
+
+TEST(FileStoreUrl, DefaultDirectoryIsMadePrivate) {
+  TempDir parent;
+  const std::string dir = parent.path() + "/dlock-open";
+  ASSERT_EQ(mkdir(dir.c_str(), 0755), 0);
+  auto fd = internal::OpenPrivateDirectory(dir);
+  ASSERT_TRUE(fd.ok()) << fd.status().ToString();
+  struct stat st {};
+  ASSERT_EQ(stat(dir.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 077, 0u);
 }
 
 // --- append and list
@@ -434,6 +454,47 @@ TEST_F(FileStoreTest, TokensGrowAcrossStoresAndProcesses) {
   }
   std::uint64_t t4 = *Append(*second, "q").token;
   EXPECT_GT(t4, t3);
+}
+
+// Item 16 of issue 11: tmpfs at reboot, a logout or a cleaner may delete
+// the whole store directory; tokens must still grow.
+TEST_F(FileStoreTest, TokensGrowWhenTheStoreDirectoryIsRecreated) {
+  TempDir parent;
+  const std::string path = parent.path() + "/store";
+  std::uint64_t before;
+  {
+    auto store = OpenStoreAt(path);
+    auto s = NewSession(store.get());
+    before = *Append(*s, "q").token;
+  }
+  std::filesystem::remove_all(path);
+  auto store = OpenStoreAt(path);
+  auto s = NewSession(store.get());
+  EXPECT_GT(*Append(*s, "q").token, before);
+}
+
+// Item 9 of issue 11: the counter's flock is held only for microseconds,
+// but a process stopped inside that step holds it indefinitely; waiting for
+// it must honour the caller's deadline and stop request.
+TEST_F(FileStoreTest, AStuckCounterLockDoesNotOutlastTheDeadline) {
+  internal::file_store::UniqueFd counter(open((dir_.path() + "/.counter").c_str(), O_RDWR | O_CLOEXEC));
+  ASSERT_TRUE(counter.valid());
+  ASSERT_EQ(flock(counter.get(), LOCK_EX), 0);  // "a stopped process"
+  auto client = Client::connect("file://" + dir_.path());
+  Mutex m(client, "stuck");
+  auto timed = std::async(std::launch::async, [&] { return m.try_lock_for(200ms); });
+  ASSERT_EQ(timed.wait_for(kPrompt), std::future_status::ready) << "try_lock_for waited past its deadline";
+  EXPECT_FALSE(timed.get());
+  std::stop_source stop;
+  auto cancelled = std::async(std::launch::async, [&] { return m.lock_for(kForever, stop.get_token()); });
+  EXPECT_EQ(cancelled.wait_for(kStillBlocked), std::future_status::timeout);
+  stop.request_stop();
+  ASSERT_EQ(cancelled.wait_for(kPrompt), std::future_status::ready) << "lock_for ignored its stop request";
+  EXPECT_FALSE(cancelled.get());
+  flock(counter.get(), LOCK_UN);
+  EXPECT_TRUE(m.try_lock_for(kPrompt)) << "works again once the counter is free";
+  m.unlock();
+  EXPECT_TRUE(List(*NewSession(), "stuck").empty()) << "the given-up attempts left entries";
 }
 
 TEST_F(FileStoreTest, ConcurrentAppendsGetDistinctTokensInQueueOrder) {

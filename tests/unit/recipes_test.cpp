@@ -396,6 +396,121 @@ TEST_P(RecipeTest, MutexCountsAsWriterForReaders) {
   EXPECT_FALSE(m.try_lock_for(50ms));
 }
 
+// ---- Defects found in review (issue 11), each seen failing before its fix.
+
+// Item 11: a timeout <= 0 behaves like try_lock(): one try, granted if free.
+TEST_P(RecipeTest, ZeroTimeoutTriesOnce) {
+  const std::string name = UniqueName("zero");
+  auto client = NewClient();
+  Mutex m(client, name);
+  ASSERT_TRUE(m.try_lock_for(0s)) << "try_lock_for(0) of a free lock";
+  m.unlock();
+  ASSERT_TRUE(m.try_lock_until(std::chrono::steady_clock::now() - 1s)) << "try_lock_until(the past)";
+  m.unlock();
+  ASSERT_TRUE(m.acquire(0s).has_value());
+  Semaphore sem(client, name + "/sem", 2);
+  EXPECT_TRUE(sem.acquire(2, 0s).has_value());
+  SemaphoreMutex sm(client, name + "/semaphore-mutex");
+  ASSERT_TRUE(sm.try_lock_for(0s));
+  sm.unlock();
+  ReadWriteLock rw(client, name + "/rw");
+  ASSERT_TRUE(rw.reader().try_lock_shared_for(0s));
+  rw.reader().unlock_shared();
+  ASSERT_TRUE(rw.writer().try_lock_for(-5s));
+  rw.writer().unlock();
+  // Taken: the one try fails, and leaves nothing behind.
+  auto other = NewClient();
+  Mutex rival(other, name);
+  m.lock();
+  EXPECT_FALSE(rival.try_lock_for(0s));
+  m.unlock();
+  EXPECT_TRUE(Eventually([&] { return fixture_.entries(name) == 0u; }));
+}
+
+// Item 6: a holder hears kLost before any other session can see its entry
+// gone, when its session is closed.
+TEST_P(RecipeTest, CloseTellsTheHolderBeforeItsEntryGoes) {
+  const std::string name = UniqueName("close-order");
+  auto a = NewClient();
+  auto observer = NewClient();
+  Mutex m(a, name);
+  auto hold = m.acquire(5s);
+  ASSERT_TRUE(hold);
+  ASSERT_EQ(observer.list_entries(name, false).value().size(), 1u);
+  std::atomic<int> seen_when_told{-1};
+  auto sub = hold->on_state_change([&](HoldState s) {
+    if (s != HoldState::kLost || seen_when_told != -1) return;
+    auto listed = observer.list_entries(name, false);
+    seen_when_told = listed.ok() ? static_cast<int>(listed->size()) : -2;
+  });
+  a.close_session();
+  ASSERT_TRUE(Eventually([&] { return seen_when_told.load() != -1; }));
+  EXPECT_EQ(seen_when_told.load(), 1) << "the entry was gone (0) or unreadable (-2) before the holder was told";
+  EXPECT_EQ(hold->state(), HoldState::kLost);
+  EXPECT_TRUE(Eventually([&] { return fixture_.entries(name) == 0u; }));
+}
+
+// Item 14: a hold's listener may call back into the library (here: close
+// the session, read states, take another lock) on every store.
+TEST_P(RecipeTest, ListenerMayCallBackIntoTheLibrary) {
+  const std::string name = UniqueName("callback");
+  auto a = NewClient();
+  auto b = NewClient();
+  Mutex m(a, name);
+  Mutex other(b, name + "/other");
+  auto hold = m.acquire(5s);
+  ASSERT_TRUE(hold);
+  std::atomic<int> result{-1};
+  auto sub = hold->on_state_change([&](HoldState s) {
+    if (s != HoldState::kLost || result != -1) return;
+    a.close_session();  // again, from inside the callback
+    bool took = other.try_lock();
+    if (took) other.unlock();
+    result = (hold->state() == HoldState::kLost && took) ? 1 : 0;
+  });
+  a.close_session();
+  ASSERT_TRUE(Eventually([&] { return result.load() != -1; }));
+  EXPECT_EQ(result.load(), 1);
+  EXPECT_TRUE(m.try_lock_for(5s)) << "the client opens a new session afterwards";
+  m.unlock();
+}
+
+// Item 8: locks whose names nest never affect each other.
+TEST_P(RecipeTest, NestedNamesAreIndependent) {
+  const std::string name = UniqueName("tenants");
+  auto a = NewClient();
+  auto b = NewClient();
+  Mutex child1(a, name + "/acct-123456789");
+  Mutex child2(a, name + "/run0000000001");
+  Mutex child3(a, name + "/x/y");
+  Semaphore child_sem(a, name + "/pool", 1);
+  ReadWriteLock child_rw(a, name + "/rw-0000000007");
+  child1.lock();
+  child2.lock();
+  child3.lock();
+  auto lease = child_sem.acquire(1, 5s);
+  ASSERT_TRUE(lease);
+  child_rw.writer().lock();
+  Mutex parent(b, name);
+  EXPECT_TRUE(parent.try_lock()) << "a nested lock blocked its parent";
+  EXPECT_EQ(b.list_entries(name, false).value().size(), 1u) << "nested locks listed in their parent";
+  parent.unlock();
+  child1.unlock();
+  child2.unlock();
+  child3.unlock();
+  lease.reset();
+  child_rw.writer().unlock();
+  // Right after (before any clean-up of empty parents), still independent.
+  EXPECT_TRUE(parent.try_lock());
+  EXPECT_EQ(b.list_entries(name, false).value().size(), 1u);
+  parent.unlock();
+  // And the other way round: a held parent does not block its children.
+  parent.lock();
+  EXPECT_TRUE(child1.try_lock());
+  child1.unlock();
+  parent.unlock();
+}
+
 INSTANTIATE_TEST_SUITE_P(Stores, RecipeTest, ::testing::ValuesIn(testing::StoreSpecs()),
                          [](const auto& p) { return testing::SpecName(p.param, p.index); });
 

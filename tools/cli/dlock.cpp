@@ -217,7 +217,8 @@ int Run(const RunOptions& o) {
   acquirer.join();
   line.clear();
   if (failure) Die(ExitFor(*failure), failure->ToString());
-  if (!hold) {
+  if (hold && cancelled_by) hold->release();  // told to stop: never start the command
+  if (!hold || cancelled_by) {
     if (cancelled_by) {
       std::fprintf(stderr, "dlock: stopped by signal %d while waiting for %s\n", cancelled_by, o.name.c_str());
       return 128 + cancelled_by;

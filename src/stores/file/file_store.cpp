@@ -52,6 +52,7 @@
 #include <map>
 #include <mutex>
 #include <system_error>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -181,25 +182,51 @@ class Waker {
   UniqueFd fd_;
 };
 
+// How long one request waits for the counter's flock before it reports
+// kUnavailable. The lock is held for microseconds; only a process stopped (or
+// starved) inside that step holds it longer, and then the caller must get
+// back control to honour its own deadline and stop request.
+constexpr auto kCounterWaitLimit = std::chrono::milliseconds(250);
+
 // Takes the counter file's flock (LOCK_EX to hand out a token, LOCK_SH to
 // read a queue). A new open file description each time: flock is per
-// description, so threads sharing one fd would share one lock.
-Result<UniqueFd> LockCounter(const StoreDir& dir, int operation) {
+// description, so threads sharing one fd would share one lock. flock has no
+// timeout, so a busy lock is retried without blocking, 50 us apart doubling
+// to 5 ms, until `deadline` (at least one try) or kCounterWaitLimit.
+Result<UniqueFd> LockCounter(const StoreDir& dir, int operation, Clock::time_point deadline) {
   UniqueFd fd(openat(dir.root.get(), std::string(kCounterFile).c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW));
   if (!fd.valid()) return ErrnoStatus(errno, "cannot open", dir.PathOf(kCounterFile));
-  if (RetryOnEintr([&] { return flock(fd.get(), operation); }) != 0) {
-    return ErrnoStatus(errno, "cannot lock", dir.PathOf(kCounterFile));
+  const auto give_up = std::chrono::steady_clock::now() + kCounterWaitLimit;
+  auto pause = std::chrono::microseconds(50);
+  while (true) {
+    if (RetryOnEintr([&] { return flock(fd.get(), operation | LOCK_NB); }) == 0) return fd;
+    if (errno != EWOULDBLOCK) return ErrnoStatus(errno, "cannot lock", dir.PathOf(kCounterFile));
+    if (dir.clock->now() >= deadline || std::chrono::steady_clock::now() >= give_up) {
+      return UnavailableError("the counter " + dir.PathOf(kCounterFile) +
+                              " is locked by a process that does not let go (stopped?); try again");
+    }
+    std::this_thread::sleep_for(pause);
+    pause = std::min<std::chrono::microseconds>(pause * 2, std::chrono::milliseconds(5));
   }
-  return fd;
 }
 
-// The next fencing token. The caller holds the counter's exclusive lock.
+// The wall clock in microseconds: where a new counter starts, so that tokens
+// keep growing when the store directory is deleted and made again (tmpfs at
+// reboot, a cleaner), as long as the wall clock does not step back.
+std::uint64_t WallClockMicros() {
+  auto us = std::chrono::duration_cast<std::chrono::microseconds>(
+      std::chrono::system_clock::now().time_since_epoch());
+  return us.count() > 0 ? static_cast<std::uint64_t>(us.count()) : 0;
+}
+
+// The next fencing token: max(last + 1, wall clock in us). The caller holds
+// the counter's exclusive lock.
 Result<std::uint64_t> NextToken(const StoreDir& dir, int counter_fd) {
   unsigned char bytes[8] = {};
   ssize_t n = RetryOnEintr([&] { return pread(counter_fd, bytes, sizeof bytes, 0); });
   if (n < 0) return ErrnoStatus(errno, "cannot read", dir.PathOf(kCounterFile));
   if (n != 0 && n != static_cast<ssize_t>(sizeof bytes)) {
-    // Never written short by us; restarting at 0 would let tokens go back.
+    // Never written short by us; restarting low would let tokens go back.
     return InternalError("counter file " + dir.PathOf(kCounterFile) + " is " + std::to_string(n) +
                          " bytes long, not 8; it was damaged");
   }
@@ -208,7 +235,7 @@ Result<std::uint64_t> NextToken(const StoreDir& dir, int counter_fd) {
   if (last >= static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) {
     return InternalError("fencing tokens of " + dir.path + " are exhausted");
   }
-  std::uint64_t next = last + 1;
+  std::uint64_t next = std::max(last + 1, WallClockMicros());
   for (std::size_t i = 0; i < sizeof bytes; ++i) bytes[i] = static_cast<unsigned char>(next >> (8 * i));
   n = RetryOnEintr([&] { return pwrite(counter_fd, bytes, sizeof bytes, 0); });
   if (n != static_cast<ssize_t>(sizeof bytes)) {
@@ -425,9 +452,9 @@ class FileSession final : public Session {
   }
 
 
-  Result<Appended> append(std::string_view queue, const EntrySpec& spec, Clock::time_point) override {
-    // The deadline is not checked: every step is local and short (a zero
-    // timeout must still be able to try once).
+  Result<Appended> append(std::string_view queue, const EntrySpec& spec, Clock::time_point deadline) override {
+    // Every step is local and short; only the counter's lock can take long
+    // (see LockCounter), and it is tried at least once whatever the deadline.
     if (auto s = CheckQueueName(queue); !s.ok()) return s;
     if (!IsValidKind(spec.kind)) {
       return InvalidArgumentError("entry kind '" + spec.kind + "' must be 1-64 of [A-Za-z0-9_-]");
@@ -469,7 +496,7 @@ class FileSession final : public Session {
       return abandon(ErrnoStatus(errno, "cannot lock", dir.PathOf(wake_path)));
     }
 
-    auto counter = LockCounter(dir, LOCK_EX);
+    auto counter = LockCounter(dir, LOCK_EX, deadline);
     if (!counter.ok()) return abandon(counter.status());
     auto token = NextToken(dir, counter->get());
     if (!token.ok()) return abandon(token.status());
@@ -513,10 +540,10 @@ class FileSession final : public Session {
   }
 
   Result<std::vector<Entry>> list(std::string_view queue, const ListOptions& options,
-                                  Clock::time_point) override {
+                                  Clock::time_point deadline) override {
     if (auto s = CheckQueueName(queue); !s.ok()) return s;
     if (closed()) return ClosedError();
-    auto counter = LockCounter(*dir_, LOCK_SH);
+    auto counter = LockCounter(*dir_, LOCK_SH, deadline);
     if (!counter.ok()) return counter.status();
     return ReadQueue(*dir_, QueueDirName(queue), options.with_owners);
   }
@@ -663,15 +690,17 @@ class FileSession final : public Session {
     std::map<std::string, std::unique_ptr<OwnedEntry>> doomed;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (closed_) return;
+      if (closed_) return;  // also when a subscriber closes again from inside the call below
       closed_ = true;
       state_ = SessionState::kClosed;
       doomed.swap(entries_);
     }
+    // Holders first, entries second: nobody may see an entry gone before its
+    // holder has been told (store.hpp). No lock is held while they hear it.
+    subscribers_.notify(SessionState::kClosed);
     for (auto& [id, owned] : doomed) ReleaseEntry(*dir_, *owned);
     std::uint64_t one = 1;  // wakes this session's waiters
     [[maybe_unused]] ssize_t n = write(closed_event_.get(), &one, sizeof one);
-    subscribers_.notify(SessionState::kClosed);
   }
 
  private:
@@ -719,24 +748,20 @@ Status MakeDirectories(const std::string& path) {
   }
 }
 
-// $XDG_RUNTIME_DIR/dlock if that variable names an existing directory, else
-// /tmp/dlock-<uid>.
-std::string DefaultDirectory() {
-  // Read once per open; no other thread of dlock writes the environment.
-  const char* runtime = std::getenv("XDG_RUNTIME_DIR");
-  struct stat st {};
-  if (runtime != nullptr && runtime[0] == '/' && stat(runtime, &st) == 0 && S_ISDIR(st.st_mode)) {
-    std::string dir(runtime);
-    while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
-    return dir == "/" ? "/dlock" : dir + "/dlock";
-  }
-  return "/tmp/dlock-" + std::to_string(geteuid());
-}
+}  // namespace
+
+// /tmp/dlock-<uid>, chosen from the uid alone: every process of a user must
+// find the same directory, whatever its environment. Not $XDG_RUNTIME_DIR or
+// /run/user/<uid>: a cron job or a service has neither the variable nor
+// (when the user is not logged in) the directory, and logind deletes
+// /run/user/<uid> at logout, under holders still running. Not $TMPDIR either.
+// /run/lock is a 5 MiB tmpfs on Debian: too small for many entries.
+std::string DefaultFileStoreDirectory() { return "/tmp/dlock-" + std::to_string(geteuid()); }
 
 // Opens (creating if need be) the default directory. It is in a shared
 // place, so it must be a real directory of ours: not a symlink someone
 // planted, not another user's.
-Result<UniqueFd> OpenDefaultDirectory(const std::string& path) {
+Result<UniqueFd> OpenPrivateDirectory(const std::string& path) {
   if (mkdir(path.c_str(), 0700) != 0 && errno != EEXIST) {
     return ErrnoStatus(errno, "cannot create store directory", path);
   }
@@ -760,6 +785,8 @@ Result<UniqueFd> OpenDefaultDirectory(const std::string& path) {
   }
   return fd;
 }
+
+namespace {
 
 Result<UniqueFd> OpenGivenDirectory(const std::string& path) {
   if (auto s = MakeDirectories(path); !s.ok()) return s;
@@ -791,6 +818,12 @@ Status CheckLocalFileSystem(const StoreDir& dir) {
 // where an unwritable store directory shows.
 Status InitializeDirectory(const StoreDir& dir) {
   if (auto s = CheckLocalFileSystem(dir); !s.ok()) return s;
+  // While any process has the store open, systemd-tmpfiles' age-based clean
+  // up of /tmp skips the whole directory: it leaves alone directories
+  // locked with flock (systemd.io/TEMPORARY_DIRECTORIES). An entry held for
+  // longer than the age limit would otherwise be deleted under its holder.
+  // Best effort: the lock is shared, and nothing else locks the directory.
+  static_cast<void>(flock(dir.root.get(), LOCK_SH | LOCK_NB));
   UniqueFd counter(openat(dir.root.get(), std::string(kCounterFile).c_str(),
                           O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600));
   if (!counter.valid()) {
@@ -827,9 +860,9 @@ Result<std::shared_ptr<Store>> OpenFileStore(const ParsedUrl& url, const StoreOp
   auto dir = std::make_shared<StoreDir>();
   dir->clock = options.clock ? options.clock : Clock::system();
   bool use_default = url.path.empty();
-  dir->path = use_default ? DefaultDirectory() : url.path;
+  dir->path = use_default ? DefaultFileStoreDirectory() : url.path;
   while (dir->path.size() > 1 && dir->path.back() == '/') dir->path.pop_back();
-  auto root = use_default ? OpenDefaultDirectory(dir->path) : OpenGivenDirectory(dir->path);
+  auto root = use_default ? OpenPrivateDirectory(dir->path) : OpenGivenDirectory(dir->path);
   if (!root.ok()) return root.status();
   dir->root = std::move(*root);
   if (auto s = InitializeDirectory(*dir); !s.ok()) return s;

@@ -13,11 +13,19 @@
 
 #include "core/url.hpp"
 #include "dlock/store.hpp"
+#include "stores/file/unique_fd.hpp"
 
 namespace dlock::internal {
 
 // file:///dir, or file:// for the default directory.
 Result<std::shared_ptr<Store>> OpenFileStore(const ParsedUrl& url, const StoreOptions& options);
+
+// The directory file:// names: one per user, whatever the environment.
+std::string DefaultFileStoreDirectory();
+
+// Opens `path` (creating it if missing) as a private directory of this user
+// in a shared place: not a symlink, owned by the effective uid, mode 0700.
+Result<file_store::UniqueFd> OpenPrivateDirectory(const std::string& path);
 
 }  // namespace dlock::internal
 
