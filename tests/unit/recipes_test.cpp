@@ -511,6 +511,166 @@ TEST_P(RecipeTest, NestedNamesAreIndependent) {
   parent.unlock();
 }
 
+// Widened fault model (issue 11): several threads of each "process" share
+// one lock handle while their sessions end under them. The hold-level rule:
+// no thread may read kHeld (state or lost token) for a hold after another
+// holder of the lock was granted. Every read is stamped *before* it is made
+// and every grant *after* lock() returned, so a reported violation is real.
+class HoldLedger {
+ public:
+  std::uint64_t Stamp() { return ++clock_; }
+  void Granted(std::uint64_t token) {
+    std::lock_guard<std::mutex> g(mu_);
+    grants_.push_back({Stamp(), token});
+  }
+  void SawHeld(std::uint64_t stamp, std::uint64_t token) {
+    std::lock_guard<std::mutex> g(mu_);
+    sightings_.push_back({stamp, token});
+  }
+  // Sightings of a hold made after a newer hold (larger token) was granted.
+  std::vector<std::string> Violations() const {
+    std::lock_guard<std::mutex> g(mu_);
+    std::vector<std::string> out;
+    for (const auto& seen : sightings_) {
+      for (const auto& grant : grants_) {
+        if (grant.token > seen.token && grant.stamp < seen.stamp) {
+          out.push_back("token " + std::to_string(seen.token) + " seen held at " + std::to_string(seen.stamp) +
+                        " after token " + std::to_string(grant.token) + " was granted at " +
+                        std::to_string(grant.stamp));
+          break;
+        }
+      }
+    }
+    return out;
+  }
+  std::size_t grants() const {
+    std::lock_guard<std::mutex> g(mu_);
+    return grants_.size();
+  }
+
+ private:
+  struct Event {
+    std::uint64_t stamp;
+    std::uint64_t token;
+  };
+  std::atomic<std::uint64_t> clock_{0};
+  mutable std::mutex mu_;
+  std::vector<Event> grants_;
+  std::vector<Event> sightings_;
+};
+
+// A per-thread-style handle: lock, observe, unlock.
+struct SharedHandle {
+  std::function<bool()> lock;  // false: not acquired
+  std::function<void()> unlock;
+  std::function<std::optional<HoldState>()> state;
+  std::function<std::optional<std::uint64_t>()> token;
+  std::function<std::stop_token()> lost;
+};
+
+void RunSharedHandles(const std::function<SharedHandle(Client&)>& make, const std::vector<Client>& clients,
+                      HoldLedger& ledger) {
+  constexpr int kThreadsPerClient = 3;
+  constexpr int kCycles = 8;
+  std::vector<SharedHandle> handles;
+  std::vector<std::unique_ptr<Client>> owners;
+  for (const Client& c : clients) {
+    owners.push_back(std::make_unique<Client>(c));
+    handles.push_back(make(*owners.back()));
+  }
+  std::atomic<int> running{0};
+  std::vector<std::jthread> threads;
+  for (std::size_t c = 0; c < handles.size(); ++c) {
+    for (int t = 0; t < kThreadsPerClient; ++t) {
+      ++running;
+      threads.emplace_back([&, c] {
+        for (int i = 0; i < kCycles; ++i) {
+          bool locked = false;
+          try {
+            locked = handles[c].lock();
+          } catch (const Error&) {  // this thread's earlier hold was lost: unlock first
+            handles[c].unlock();
+            continue;
+          }
+          if (!locked) continue;
+          std::optional<std::uint64_t> token = handles[c].token();
+          if (token) ledger.Granted(*token);
+          for (int look = 0; look < 5 && token; ++look) {
+            std::uint64_t stamp = ledger.Stamp();
+            bool held = handles[c].state() == HoldState::kHeld;
+            bool not_lost = !handles[c].lost().stop_requested();
+            if (held) ledger.SawHeld(stamp, *token);
+            if (not_lost) ledger.SawHeld(stamp, *token);
+            std::this_thread::sleep_for(std::chrono::microseconds(300));
+          }
+          handles[c].unlock();
+        }
+        --running;
+      });
+    }
+  }
+  // The fault: sessions end under the holders, one client at a time.
+  std::jthread chaos([&] {
+    for (int round = 0; running > 0 && round < 2000; ++round) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(3 + round % 7));
+      owners[static_cast<std::size_t>(round) % owners.size()]->close_session();
+    }
+  });
+  threads.clear();
+  chaos.join();
+}
+
+TEST_P(RecipeTest, SharedHandlesNeverShowAStaleHoldWhileSessionsEnd) {
+  const std::string name = UniqueName("shared-handles");
+  std::vector<Client> clients{NewClient(), NewClient()};
+  struct Kind {
+    std::string label;
+    std::function<SharedHandle(Client&)> make;
+  };
+  // Handles live as long as the run: kept here, made per client.
+  std::vector<std::shared_ptr<void>> keep;
+  const auto timeout = 2s;
+  std::vector<Kind> kinds = {
+      {"Mutex",
+       [&](Client& c) {
+         auto m = std::make_shared<Mutex>(c, name + "/mutex");
+         keep.push_back(m);
+         return SharedHandle{[m, timeout] { return m->try_lock_for(timeout); }, [m] { m->unlock(); },
+                             [m] { return m->hold_state(); }, [m] { return m->fencing_token(); },
+                             [m] { return m->lost_token(); }};
+       }},
+      {"SemaphoreMutex",
+       [&](Client& c) {
+         auto m = std::make_shared<SemaphoreMutex>(c, name + "/semaphore-mutex");
+         keep.push_back(m);
+         return SharedHandle{[m, timeout] { return m->try_lock_for(timeout); }, [m] { m->unlock(); },
+                             [m] { return m->hold_state(); }, [m] { return m->fencing_token(); },
+                             [m] { return m->lost_token(); }};
+       }},
+      {"ReadWriteLock writer",
+       [&](Client& c) {
+         auto rw = std::make_shared<ReadWriteLock>(c, name + "/rw");
+         keep.push_back(rw);
+         ReadWriteLock::Writer* w = &rw->writer();
+         return SharedHandle{[w, timeout] { return w->try_lock_for(timeout); }, [w] { w->unlock(); },
+                             [w] { return w->fencing_token() ? std::optional(w->lost_token().stop_requested()
+                                                                                 ? HoldState::kLost
+                                                                                 : HoldState::kHeld)
+                                                             : std::nullopt; },
+                             [w] { return w->fencing_token(); }, [w] { return w->lost_token(); }};
+       }},
+  };
+  for (const Kind& kind : kinds) {
+    HoldLedger ledger;
+    RunSharedHandles(kind.make, clients, ledger);
+    EXPECT_GT(ledger.grants(), 0u) << kind.label;
+    auto violations = ledger.Violations();
+    EXPECT_TRUE(violations.empty()) << kind.label << ": " << violations.size() << " stale sightings, first: "
+                                    << (violations.empty() ? "" : violations.front());
+  }
+  keep.clear();
+}
+
 INSTANTIATE_TEST_SUITE_P(Stores, RecipeTest, ::testing::ValuesIn(testing::StoreSpecs()),
                          [](const auto& p) { return testing::SpecName(p.param, p.index); });
 
