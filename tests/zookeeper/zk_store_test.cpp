@@ -3,6 +3,7 @@
 // connection or the server goes away.
 #include <gtest/gtest.h>
 
+#include <condition_variable>
 #include <regex>
 
 #include "stores/zookeeper/zk_names.hpp"
@@ -843,6 +844,67 @@ TEST_F(ZkStoreTest, InjectedClockDrivesTheLostTimer) {
   // Declaring the session lost closed its handle: the entry is gone now.
   std::vector<std::string> ids{a->entry.id};
   EXPECT_TRUE(observer->wait_any_gone("q", ids, In(10s), {}).ok());
+}
+
+// store.hpp, state(): once the session's own lost deadline has passed, state()
+// says kLost at once, even while the session thread is busy elsewhere. Here it
+// is held inside a subscriber (told kSuspended after a dropped connection)
+// while the injected clock jumps past the deadline.
+TEST_F(ZkStoreTest, StateFoldsTheLostDeadlineWhileTheSessionThreadIsBusy) {
+  zktest::TcpProxy proxy(std::stoi(hosts_.substr(hosts_.rfind(':') + 1)));
+  auto clock = std::make_shared<ManualClock>();
+  auto store = OpenStoreOk(Url("session_timeout=4s", proxy.hosts()), {clock, std::chrono::milliseconds(10'000)});
+  ASSERT_TRUE(store);
+  auto s = store->open_session(kNoDeadline);
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  auto a = (*s)->append("q", Spec("lock"), kNoDeadline);
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+
+  // The subscriber keeps the session thread until the test lets it go (or,
+  // bounded, after 30 s), and records what it heard.
+  std::mutex mu;
+  std::condition_variable cv;
+  bool inside = false, let_go = false;
+  std::vector<SessionState> heard;
+  auto sub = (*s)->subscribe([&](SessionState st) {
+    std::unique_lock<std::mutex> lk(mu);
+    heard.push_back(st);
+    if (st != SessionState::kSuspended || inside) return;
+    inside = true;
+    cv.notify_all();
+    cv.wait_for(lk, 30s, [&] { return let_go; });
+  });
+  struct LetGo {  // also on a failed assertion: never leave the thread stuck
+    std::mutex& mu;
+    std::condition_variable& cv;
+    bool& let_go;
+    ~LetGo() {
+      std::lock_guard<std::mutex> g(mu);
+      let_go = true;
+      cv.notify_all();
+    }
+  } let_go_guard{mu, cv, let_go};
+
+  proxy.reset();  // the connection drops: kSuspended reaches the subscriber
+  {
+    std::unique_lock<std::mutex> lk(mu);
+    ASSERT_TRUE(cv.wait_for(lk, 20s, [&] { return inside; })) << "kSuspended never arrived";
+  }
+  EXPECT_NE((*s)->state(), SessionState::kLost);
+  clock->advance(10s);  // well past the lost deadline; the session thread is still held
+  EXPECT_EQ((*s)->state(), SessionState::kLost);
+  EXPECT_EQ((*s)->append("q", Spec("lock"), kNoDeadline).status().code(), ErrorCode::kSessionLost);
+  {
+    std::lock_guard<std::mutex> g(mu);
+    let_go = true;
+    cv.notify_all();
+  }
+  // Subscribers still hear it, in order, once the thread is free.
+  EXPECT_TRUE(WaitFor([&] {
+    std::lock_guard<std::mutex> g(mu);
+    return !heard.empty() && heard.back() == SessionState::kLost;
+  }, 20s));
+  EXPECT_EQ((*s)->state(), SessionState::kLost);  // and it stays lost
 }
 
 }  // namespace

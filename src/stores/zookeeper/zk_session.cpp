@@ -153,8 +153,8 @@ class Core : public std::enable_shared_from_this<Core> {
   }
   // OK if requests can be sent now; kUnavailable while suspended;
   // kSessionLost once lost or closed.
-  Status Usable() const;
-  Status Error(int rc, std::string_view op, std::string_view path) const;
+  Status Usable();
+  Status Error(int rc, std::string_view op, std::string_view path);
   std::int64_t session_id() const {
     std::lock_guard<std::mutex> g(mu_);
     return sid_;
@@ -176,7 +176,16 @@ class Core : public std::enable_shared_from_this<Core> {
   std::condition_variable_any connect_cv_;
 
   // Requires mu_: the error for a session that can no longer be used, or OK.
-  Status EndedLocked() const;
+  // Folds in the lost deadline first (FoldClockLocked).
+  Status EndedLocked();
+
+  // Requires mu_: declares the session lost if the clock has passed its lost
+  // deadline, whether or not the session thread has noticed yet, so that
+  // every reader agrees on the moment (store.hpp, state()) and nothing that
+  // happens later (a late reply) can make the session unlost.
+  void FoldClockLocked();
+  // Requires mu_: when this process counts the session lost.
+  Clock::time_point LostAtLocked() const { return last_contact_ + timeout_ - LostMargin(timeout_); }
 
   // --- Subscribers.
   struct Sub {
@@ -330,10 +339,9 @@ void Core::Run(std::stop_token stop) {
       // earlier than last_contact_ (the send time of the newest answered
       // request). We declare the loss a margin before that point, so that a
       // holder has time to stop before the server can hand its locks on.
-      Clock::time_point lost_at = last_contact_ + timeout_ - LostMargin(timeout_);
+      Clock::time_point lost_at = LostAtLocked();
       if (now >= lost_at) {
-        LoseLocked("no answer from ZooKeeper for " + Millis(now - last_contact_) + " of the " +
-                   Millis(timeout_) + " session timeout; the server may expire the session");
+        FoldClockLocked();
         continue;
       }
       next = lost_at;
@@ -413,7 +421,8 @@ void Core::Finish(Slot* slot, int rc) {
   Batch* b = slot->batch;
   slot->rc = rc;
   slot->done = true;
-  if (ServerAnswered(rc) && b->sent > last_contact_) last_contact_ = b->sent;
+  FoldClockLocked();  // a reply after the deadline does not move it
+  if (phase_ == Phase::kOpen && ServerAnswered(rc) && b->sent > last_contact_) last_contact_ = b->sent;
   if (--b->pending == 0) {
     auto it = inflight_.find(b);
     if (it != inflight_.end()) {
@@ -580,7 +589,16 @@ void Core::LoseLocked(std::string why) {
   NoteLocked(SessionState::kLost);
 }
 
-Status Core::EndedLocked() const {
+void Core::FoldClockLocked() {
+  if (phase_ != Phase::kOpen) return;
+  Clock::time_point now = clock_->now();
+  if (now < LostAtLocked()) return;
+  LoseLocked("no answer from ZooKeeper for " + Millis(now - last_contact_) + " of the " + Millis(timeout_) +
+             " session timeout; the server may expire the session");
+}
+
+Status Core::EndedLocked() {
+  FoldClockLocked();
   switch (phase_) {
     case Phase::kFailed: return failure_;
     case Phase::kEnded:
@@ -592,7 +610,7 @@ Status Core::EndedLocked() const {
   }
 }
 
-Status Core::Usable() const {
+Status Core::Usable() {
   std::lock_guard<std::mutex> g(mu_);
   if (Status s = EndedLocked(); !s.ok()) return s;
   if (phase_ == Phase::kConnecting) return UnavailableError("not connected to " + cfg_->redacted_url + " yet");
@@ -603,7 +621,7 @@ Status Core::Usable() const {
   return OkStatus();
 }
 
-Status Core::Error(int rc, std::string_view op, std::string_view path) const {
+Status Core::Error(int rc, std::string_view op, std::string_view path) {
   std::string what = std::string(op) + " " + std::string(path);
   std::string z = zerror(rc);
   if (ConnectionTrouble(rc)) {
@@ -839,6 +857,7 @@ std::string ZkSession::id() const { return Hex(core_->session_id()); }
 
 SessionState ZkSession::state() const noexcept {
   std::lock_guard<std::mutex> g(core_->mu_);
+  core_->FoldClockLocked();
   switch (core_->phase_) {
     case Core::Phase::kConnecting: return SessionState::kSuspended;
     case Core::Phase::kFailed: return SessionState::kClosed;
