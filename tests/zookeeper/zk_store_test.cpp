@@ -462,6 +462,84 @@ TEST_F(ZkStoreTest, ClosingRemovesEntriesAtOnce) {
   EXPECT_LT(SteadyClock::now() - t0, 3s);  // a closed session's nodes go now, not at expiry
 }
 
+// store.hpp, close(): every subscriber hears kClosed, and has returned, before
+// another session can see an entry of the closed one gone. The subscriber
+// looks from another session while it is being told: the entry must still be
+// there (its wait for the entry to go runs into its deadline).
+TEST_F(ZkStoreTest, CloseTellsSubscribersBeforeTheEntriesGo) {
+  auto s = NewSession();
+  auto observer = NewSession();
+  ASSERT_TRUE(s && observer);
+  auto a = s->append("q", Spec("lock"), In(10s));
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  std::vector<std::string> ids{a->entry.id};
+  std::mutex mu;
+  std::optional<Status> seen_while_told;  // the observer's wait, inside the subscriber
+  auto sub = s->subscribe([&](SessionState st) {
+    if (st != SessionState::kClosed) return;
+    Status waited = observer->wait_any_gone("q", ids, In(1500ms), {});
+    std::lock_guard<std::mutex> g(mu);
+    seen_while_told = waited;
+  });
+  s->close();
+  ASSERT_TRUE(WaitFor([&] {
+    std::lock_guard<std::mutex> g(mu);
+    return seen_while_told.has_value();
+  }, 20s)) << "the subscriber never heard kClosed";
+  {
+    std::lock_guard<std::mutex> g(mu);
+    EXPECT_EQ(seen_while_told->code(), ErrorCode::kDeadlineExceeded)
+        << "another session saw the entry gone while the holder was being told: " << seen_while_told->ToString();
+  }
+  // And then the entry goes (a closed session's entries go at once).
+  EXPECT_TRUE(observer->wait_any_gone("q", ids, In(20s), {}).ok());
+}
+
+// Called from inside a subscriber, close() returns at once (no deadlock) and
+// the close completes after the subscriber returns: the entry is still there
+// while it runs, every subscriber hears kClosed, and then the entry goes.
+TEST_F(ZkStoreTest, CloseFromInsideASubscriberCompletesAfterItReturns) {
+  zktest::TcpProxy proxy(std::stoi(hosts_.substr(hosts_.rfind(':') + 1)));
+  auto s = NewSession("session_timeout=2s", proxy.hosts());
+  auto observer = NewSession();
+  ASSERT_TRUE(s && observer);
+  auto a = s->append("q", Spec("lock"), In(10s));
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  std::vector<std::string> ids{a->entry.id};
+  std::mutex mu;
+  std::optional<Status> seen_inside;
+  bool closed_inside = false;
+  std::vector<SessionState> heard;  // by a second subscriber
+  auto closer = s->subscribe([&](SessionState st) {
+    if (st != SessionState::kSuspended) return;
+    {
+      std::lock_guard<std::mutex> g(mu);
+      if (closed_inside) return;
+    }
+    s->close();
+    Status waited = observer->wait_any_gone("q", ids, In(1s), {});
+    std::lock_guard<std::mutex> g(mu);
+    closed_inside = true;
+    seen_inside = waited;
+  });
+  auto listener = s->subscribe([&](SessionState st) {
+    std::lock_guard<std::mutex> g(mu);
+    heard.push_back(st);
+  });
+  proxy.reset();  // kSuspended: the first subscriber closes the session
+  ASSERT_TRUE(WaitFor([&] {
+    std::lock_guard<std::mutex> g(mu);
+    return closed_inside && !heard.empty() && heard.back() == SessionState::kClosed;
+  }, 20s));
+  {
+    std::lock_guard<std::mutex> g(mu);
+    EXPECT_EQ(seen_inside->code(), ErrorCode::kDeadlineExceeded) << seen_inside->ToString();
+  }
+  EXPECT_EQ(s->state(), SessionState::kClosed);
+  // Gone at once if the close request reached the server, else at expiry.
+  EXPECT_TRUE(observer->wait_any_gone("q", ids, In(30s), {}).ok());
+}
+
 TEST_F(ZkStoreTest, ConcurrentUseOfOneSession) {
   auto s = NewSession();
   ASSERT_TRUE(s);

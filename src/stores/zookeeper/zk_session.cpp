@@ -241,6 +241,8 @@ class Core : public std::enable_shared_from_this<Core> {
   bool hb_in_flight_ = false, hb_now_ = false;
   Clock::time_point hb_not_before_{};
   bool close_needed_ = false, close_claimed_ = false;
+  bool handle_closed_ = false;          // CloseHandle has finished
+  std::condition_variable_any closed_cv_;  // Close waits on it for the session thread
   bool wake_ = false;
   std::condition_variable_any cv_;      // wakes the session thread
   std::deque<std::pair<std::uint64_t, SessionState>> notes_;  // state changes to deliver
@@ -654,25 +656,27 @@ Status Core::Error(int rc, std::string_view op, std::string_view path) {
 }
 
 // --- Closing.
+//
+// The handle is closed by the session thread only, after it has delivered
+// every note before it: closing the handle deletes the session's entries at
+// once, and every subscriber must have heard kClosed (and returned) before
+// another session can see them gone (store.hpp, close()).
 void Core::Close() noexcept {
-  {
-    std::lock_guard<std::mutex> g(mu_);
-    if (phase_ == Phase::kConnecting) {
-      FailLocked(SessionLostError("the ZooKeeper session was closed before it connected"));
-    } else if (phase_ == Phase::kOpen) {
-      phase_ = Phase::kEnded;
-      state_ = SessionState::kClosed;
-      NoteLocked(SessionState::kClosed);
-    }
-    close_needed_ = true;
-    if (thread_id_.load() == std::this_thread::get_id()) {
-      // Called by a subscriber: the session thread closes the handle next.
-      wake_ = true;
-      cv_.notify_all();
-      return;
-    }
+  std::unique_lock<std::mutex> lk(mu_);
+  if (phase_ == Phase::kConnecting) {
+    FailLocked(SessionLostError("the ZooKeeper session was closed before it connected"));
+  } else if (phase_ == Phase::kOpen) {
+    phase_ = Phase::kEnded;
+    state_ = SessionState::kClosed;
+    NoteLocked(SessionState::kClosed);
   }
-  CloseHandle();
+  close_needed_ = true;
+  wake_ = true;
+  cv_.notify_all();
+  // Called by a subscriber: the session thread closes the handle once that
+  // subscriber (and the others) have returned. Anyone else waits for it.
+  if (thread_id_.load() == std::this_thread::get_id()) return;
+  closed_cv_.wait(lk, [&] { return handle_closed_; });
 }
 
 void Core::CloseHandle() noexcept {
@@ -705,6 +709,8 @@ void Core::CloseHandle() noexcept {
   }
   inflight_.clear();
   hb_in_flight_ = probe_in_flight_ = false;
+  handle_closed_ = true;
+  closed_cv_.notify_all();
 }
 
 // ------------------------------------------------------------ ZkSession

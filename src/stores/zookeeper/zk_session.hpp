@@ -27,7 +27,9 @@
 // handle; every callback of ours runs on the completion thread and only
 // updates state under a mutex. Each session also runs one thread of its own
 // that delivers state changes to subscribers (in order, without locks),
-// keeps the lost-timer, sends heartbeats and closes the handle. Callbacks
+// keeps the lost-timer, sends heartbeats and closes the handle, always after
+// the notes queued before: a close() from any other thread waits for it, so
+// that subscribers hear kClosed before the server deletes the entries. Callbacks
 // never own the session and never call the C API, so zookeeper_close (which
 // joins the C threads) cannot deadlock with them.
 #ifndef DLOCK_SRC_STORES_ZOOKEEPER_ZK_SESSION_HPP_
