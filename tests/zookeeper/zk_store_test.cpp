@@ -239,6 +239,68 @@ TEST_F(ZkStoreTest, AppendSurvivesParentsVanishingUnderIt) {
   }
 }
 
+// store.hpp: queues whose names nest are unrelated. The queue "tenants" is the
+// parent znode of the queue "tenants/acct-123456789", whose last segment ends
+// like a (negative) sequence number; "jobs/run0000000001" ends like a positive
+// one. Neither child queue may show up as an entry of its parent, while it is
+// held nor after (its empty container stays until the server reaps it).
+TEST_F(ZkStoreTest, NestedQueuesAreUnrelated) {
+  auto s = NewSession();
+  auto other = NewSession();
+  ASSERT_TRUE(s && other);
+  auto client = Client::connect(Url());
+  for (std::string child : {"tenants/acct-123456789", "jobs/run0000000001"}) {
+    const std::string parent = child.substr(0, child.find('/'));
+    auto held = s->append(child, Spec("lock"), In(10s));
+    ASSERT_TRUE(held.ok()) << held.status().ToString();
+    auto listed = other->list(parent, {}, In(10s));
+    ASSERT_TRUE(listed.ok()) << listed.status().ToString();
+    EXPECT_TRUE(listed->empty()) << parent << " lists " << (listed->empty() ? "" : (*listed)[0].id);
+    // The parent's own lock is free: its first entry is first, and a Mutex gets in.
+    auto mine = other->append(parent, Spec("lock"), In(10s));
+    ASSERT_TRUE(mine.ok()) << mine.status().ToString();
+    ASSERT_TRUE(mine->queue);
+    EXPECT_EQ(mine->queue->front().id, mine->entry.id) << parent;
+    ASSERT_TRUE(other->remove(parent, mine->entry.id, In(10s)).ok());
+    Mutex m(client, parent);
+    {
+      auto hold = m.acquire(5s);
+      EXPECT_TRUE(hold) << "Mutex(\"" << parent << "\") waited for " << child;
+    }
+    // Released: the child's container is empty, and still no entry.
+    ASSERT_TRUE(s->remove(child, held->entry.id, In(10s)).ok());
+    listed = other->list(parent, {}, In(10s));
+    ASSERT_TRUE(listed.ok());
+    EXPECT_TRUE(listed->empty()) << parent << " lists " << (listed->empty() ? "" : (*listed)[0].id);
+  }
+
+  // Another client's ephemeral sequential child of unknown shape still
+  // counts (ZooKeeper's own lock recipe); a persistent one is not an entry.
+  RawZk raw(hosts_);
+  ASSERT_TRUE(raw.connected());
+  ASSERT_FALSE(raw.create(chroot_ + "/tenants/x-1234-", "", ZOO_EPHEMERAL_SEQUENTIAL).empty());
+  ASSERT_FALSE(raw.create(chroot_ + "/tenants/y-", "", ZOO_PERSISTENT_SEQUENTIAL).empty());
+  auto listed = other->list("tenants", {}, In(10s));
+  ASSERT_TRUE(listed.ok()) << listed.status().ToString();
+  ASSERT_EQ(listed->size(), 1u);
+  EXPECT_EQ((*listed)[0].kind, "foreign");
+  EXPECT_EQ((*listed)[0].id.rfind("x-1234-", 0), 0u) << (*listed)[0].id;
+  auto behind = other->append("tenants", Spec("lock"), In(10s));
+  ASSERT_TRUE(behind.ok()) << behind.status().ToString();
+  ASSERT_TRUE(behind->queue);
+  ASSERT_EQ(behind->queue->size(), 2u);
+  EXPECT_EQ(behind->queue->front().id, (*listed)[0].id);
+
+  // Names the store would mistake for entries of their parent are refused.
+  const std::string uuid = *internal::zk::AttemptIdToUuid(NewAttempt());
+  for (const std::string& bad : std::vector<std::string>{"a/_c_" + uuid + "-lock-0000000001",
+                                                          "a/0123456789abcdef0123456789abcdef__lock__0000000001",
+                                                          "_c_0123456789abcdef0123456789abcdef-lease-0000000007/b"}) {
+    EXPECT_EQ(s->append(bad, Spec("lock"), In(5s)).status().code(), ErrorCode::kInvalidArgument) << bad;
+    EXPECT_EQ(s->list(bad, {}, In(5s)).status().code(), ErrorCode::kInvalidArgument) << bad;
+  }
+}
+
 TEST_F(ZkStoreTest, DowngradeTakesTheWritersSequence) {
   auto s = NewSession();
   ASSERT_TRUE(s);

@@ -797,6 +797,26 @@ void AddExists(Batch& b, std::string path, watcher_fn watcher, void* ctx) {
     return zoo_awexists(zh, path.c_str(), watcher, ctx, OnStat, s);
   });
 }
+// The entries among the children of `base`: those of a known shape, and those
+// of no known shape that are ephemeral, which one pipelined exists() each
+// tells (zk_names.hpp: a nested queue's znode is never ephemeral). Sorted.
+Result<std::vector<Entry>> ResolveEntries(Core& c, const std::string& base, ParsedChildren parsed,
+                                          Clock::time_point until) {
+  if (parsed.unsure.empty()) return std::move(parsed.entries);
+  auto e = c.NewBatch();
+  for (const auto& u : parsed.unsure) AddExists(*e, base + "/" + u.id, nullptr, nullptr);
+  c.Send(e);
+  if (Status s = c.Await(*e, until, "exists under " + base); !s.ok()) return s;
+  for (std::size_t i = 0; i < parsed.unsure.size(); ++i) {
+    const Slot& slot = (*e)[i];
+    if (slot.rc == ZNONODE) continue;  // gone in between
+    if (slot.rc != ZOK) return c.Error(slot.rc, "exists", base + "/" + parsed.unsure[i].id);
+    if (IsSessionOwner(slot.stat.ephemeralOwner)) parsed.entries.push_back(std::move(parsed.unsure[i]));
+  }
+  std::sort(parsed.entries.begin(), parsed.entries.end(), QueueOrder);
+  return std::move(parsed.entries);
+}
+
 void AddDelete(Batch& b, std::string path) {
   b.ops.push_back([path = std::move(path)](zhandle_t* zh, Slot* s) {
     return zoo_adelete(zh, path.c_str(), -1, OnVoid, s);
@@ -888,7 +908,7 @@ std::shared_ptr<void> ZkSession::subscribe(std::function<void(SessionState)> fn)
 }
 
 Result<Appended> ZkSession::append(std::string_view queue, const EntrySpec& spec, Clock::time_point deadline) {
-  if (Status s = ValidateLockName(queue); !s.ok()) return s;
+  if (Status s = ValidateQueueName(queue); !s.ok()) return s;
   auto prefix = EntryNamePrefix(spec.kind, spec.attempt_id);
   if (!prefix.ok()) return prefix.status();
   if (spec.sequence && (*spec.sequence < INT32_MIN || *spec.sequence > INT32_MAX)) {
@@ -961,9 +981,14 @@ Result<Appended> ZkSession::append(std::string_view queue, const EntrySpec& spec
     out.entry.owner = spec.owner;
     if (listed.rc == ZOK &&
         std::find(listed.names.begin(), listed.names.end(), name) != listed.names.end()) {
-      out.queue = ParseChildren(listed.names);
-      for (auto& e : *out.queue) {
-        if (e.id == name) e.token = out.entry.token;
+      // Without the snapshot (if children of unknown shape cannot be checked
+      // now) the recipe lists the queue itself: the append stands either way.
+      auto snapshot = ResolveEntries(c, base, ParseChildren(listed.names), until);
+      if (snapshot.ok()) {
+        out.queue = std::move(*snapshot);
+        for (auto& e : *out.queue) {
+          if (e.id == name) e.token = out.entry.token;
+        }
       }
     }
     return out;
@@ -973,7 +998,7 @@ Result<Appended> ZkSession::append(std::string_view queue, const EntrySpec& spec
 
 Result<std::vector<Entry>> ZkSession::list(std::string_view queue, const ListOptions& options,
                                            Clock::time_point deadline) {
-  if (Status s = ValidateLockName(queue); !s.ok()) return s;
+  if (Status s = ValidateQueueName(queue); !s.ok()) return s;
   if (Status s = core_->Usable(); !s.ok()) return s;
   Core& c = *core_;
   const std::string base = QueuePath(c.cfg().chroot, queue);
@@ -981,7 +1006,9 @@ Result<std::vector<Entry>> ZkSession::list(std::string_view queue, const ListOpt
   auto children = ListChildren(c, base, until);
   if (!children.ok()) return children.status();
   if (!*children) return std::vector<Entry>{};  // no queue: empty
-  std::vector<Entry> entries = ParseChildren(**children);
+  auto resolved = ResolveEntries(c, base, ParseChildren(**children), until);
+  if (!resolved.ok()) return resolved.status();
+  std::vector<Entry> entries = std::move(*resolved);
   if (!options.with_owners || entries.empty()) return entries;
 
   auto d = c.NewBatch();  // one getData per entry, all in one round trip
@@ -1010,7 +1037,7 @@ Result<std::vector<Entry>> ZkSession::list(std::string_view queue, const ListOpt
 
 Status ZkSession::wait_any_gone(std::string_view queue, std::span<const std::string> ids, Clock::time_point deadline,
                                 std::stop_token stop) {
-  if (Status s = ValidateLockName(queue); !s.ok()) return s;
+  if (Status s = ValidateQueueName(queue); !s.ok()) return s;
   if (ids.empty()) return InvalidArgumentError("wait_any_gone needs at least one entry id");
   Core& c = *core_;
   const std::string base = QueuePath(c.cfg().chroot, queue);
@@ -1128,7 +1155,7 @@ Status ZkSession::wait_any_gone(std::string_view queue, std::span<const std::str
 }
 
 Status ZkSession::remove(std::string_view queue, std::string_view id, Clock::time_point deadline) {
-  if (Status s = ValidateLockName(queue); !s.ok()) return s;
+  if (Status s = ValidateQueueName(queue); !s.ok()) return s;
   if (Status s = ValidateEntryId(id); !s.ok()) return s;
   if (Status s = core_->Usable(); !s.ok()) return s;
   Core& c = *core_;
@@ -1144,7 +1171,7 @@ Status ZkSession::remove(std::string_view queue, std::string_view id, Clock::tim
 
 Result<std::optional<Entry>> ZkSession::find_own(std::string_view queue, std::string_view attempt_id,
                                                  Clock::time_point deadline) {
-  if (Status s = ValidateLockName(queue); !s.ok()) return s;
+  if (Status s = ValidateQueueName(queue); !s.ok()) return s;
   auto prefix = ProtectedPrefix(attempt_id);
   if (!prefix.ok()) return prefix.status();
   if (Status s = core_->Usable(); !s.ok()) return s;
