@@ -817,6 +817,14 @@ Result<std::vector<Entry>> ResolveEntries(Core& c, const std::string& base, Pars
   return std::move(parsed.entries);
 }
 
+// sync: answered once the server has caught up with the leader as of when
+// the leader handled it.
+void AddSync(Batch& b, std::string path) {
+  b.ops.push_back([path = std::move(path)](zhandle_t* zh, Slot* s) {
+    return zoo_async(zh, path.c_str(), OnString, s);
+  });
+}
+
 void AddDelete(Batch& b, std::string path) {
   b.ops.push_back([path = std::move(path)](zhandle_t* zh, Slot* s) {
     return zoo_adelete(zh, path.c_str(), -1, OnVoid, s);
@@ -1178,11 +1186,28 @@ Result<std::optional<Entry>> ZkSession::find_own(std::string_view queue, std::st
   Core& c = *core_;
   const std::string base = QueuePath(c.cfg().chroot, queue);
   const Clock::time_point until = c.ReplyDeadline(deadline);
-  auto children = ListChildren(c, base, until);
-  if (!children.ok()) return children.status();
-  if (!*children) return std::optional<Entry>();
+  // The fence (store.hpp: once find_own says nullopt, no append still in
+  // flight may make the entry). An append whose connection broke may still
+  // be on its way through the old server, and this call may run on another
+  // server whose state lags. The sync goes through the leader: once the new
+  // connection was accepted, the leader had revalidated the session and
+  // made the new server its owner, so a create the old server forwards
+  // later fails with SESSIONMOVED; one the leader took before is ahead of
+  // the sync, which the leader answers only after that create is committed
+  // and sent to our server, so the getChildren behind the sync (a session's
+  // requests are answered in order) sees it. On the same connection, order
+  // alone does it. No test here: it needs a commit delayed between two
+  // followers, which the test proxies cannot aim at.
+  auto b = c.NewBatch();
+  AddSync(*b, base);
+  AddChildren(*b, base);
+  c.Send(b);
+  if (Status s = c.Await(*b, until, "sync and getChildren " + base); !s.ok()) return s;
+  if ((*b)[0].rc != ZOK) return c.Error((*b)[0].rc, "sync", base);
+  if ((*b)[1].rc == ZNONODE) return std::optional<Entry>();
+  if ((*b)[1].rc != ZOK) return c.Error((*b)[1].rc, "getChildren", base);
   std::vector<std::string> candidates;
-  for (const auto& name : **children) {
+  for (const auto& name : (*b)[1].names) {
     if (name.compare(0, prefix->size(), *prefix) == 0) candidates.push_back(name);
   }
   if (candidates.empty()) return std::optional<Entry>();
