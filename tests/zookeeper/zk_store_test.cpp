@@ -880,11 +880,12 @@ TEST_F(ZkStoreTest, TimingLostBeforeTheServerGivesTheLockAway) {
   auto lost = log.when(SessionState::kLost);
   auto suspended = log.when(SessionState::kSuspended);
   ASSERT_TRUE(lost) << "the holder never heard kLost";
-  ASSERT_TRUE(suspended);
-  std::printf("[   INFO   ] cut off at 0: kSuspended at %.3f s, kLost at %.3f s, the server gave the lock away "
+  // kSuspended comes first if the C client notices the silence before the
+  // session's own deadline passes; then it is not told at all.
+  std::printf("[   INFO   ] cut off at 0: kSuspended at %s, kLost at %.3f s, the server gave the lock away "
               "at %.3f s (session timeout %.1f s)\n",
-              zktest::Seconds(*suspended - cut), zktest::Seconds(*lost - cut), zktest::Seconds(granted - cut),
-              zktest::Seconds(kTimeout));
+              suspended ? (std::to_string(zktest::Seconds(*suspended - cut)) + " s").c_str() : "never",
+              zktest::Seconds(*lost - cut), zktest::Seconds(granted - cut), zktest::Seconds(kTimeout));
   EXPECT_LT(*lost, granted);
   EXPECT_LE(*lost - cut, kTimeout);
   EXPECT_EQ(holder->state(), SessionState::kLost);
