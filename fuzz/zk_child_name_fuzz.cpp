@@ -30,7 +30,11 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       start = i + 1;
     }
   }
-  auto entries = zk::ParseChildren(children);
+  auto parsed = zk::ParseChildren(children);
+  const auto& entries = parsed.entries;
   for (std::size_t i = 1; i < entries.size(); ++i) DLOCK_FUZZ_CHECK(!dlock::QueueOrder(entries[i], entries[i - 1]));
+  for (const auto& e : entries) DLOCK_FUZZ_CHECK(zk::HasKnownEntryShape(e.id));
+  // A queue name the store accepts never has a segment of a known entry shape.
+  if (zk::ValidateQueueName(text).ok()) DLOCK_FUZZ_CHECK(!zk::HasKnownEntryShape(text.substr(text.rfind('/') + 1)));
   return 0;
 }

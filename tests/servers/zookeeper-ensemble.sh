@@ -12,6 +12,18 @@
 #
 # DIR/sN holds server N's zoo.cfg, myid, data, log, pid and client port;
 # DIR/hosts the connection string. Every wait is bounded.
+#
+# ZK_TICK_TIME (ms, default 200) and ZK_SYNC_LIMIT (ticks, default 10) tune
+# the servers. With ZK_PEER_PROXIES=1 every server reaches every other one
+# through a TCP proxy that the test runs, so that it can cut one server off
+# from another while their clients stay connected: each server gets its own
+# zoo.cfg, in which the other servers' quorum and election ports are proxy
+# ports, and DIR/links lists the proxies, one per line:
+#   FROM TO quorum|election LISTEN_PORT TARGET_PORT
+# start then launches the servers and returns at once (printing the hosts):
+# they form a quorum only once the test has started the proxies. (Election
+# connections may bypass a proxy: a server answers a peer on the address the
+# peer announces. A follower's connection to its leader never does.)
 set -euo pipefail
 
 ZK_JARS=${ZK_JARS:-/usr/share/java}
@@ -55,12 +67,28 @@ start() {
   [ -f "$ZK_JARS/zookeeper.jar" ] || die "no $ZK_JARS/zookeeper.jar (apt-get install zookeeper)"
   local cp="$ZK_JARS/zookeeper.jar"
   [ -f "$ZK_JARS/slf4j-simple.jar" ] && cp="$cp:$ZK_JARS/slf4j-simple.jar"
-  read -r -a p <<<"$(free_ports 9)"
-  [ "${#p[@]}" -eq 9 ] || die "could not find free ports"
-  local servers="" hosts=""
+  local proxied=${ZK_PEER_PROXIES:-0} nports=9
+  [ "$proxied" = 1 ] && nports=21  # and two per ordered pair of servers
+  read -r -a p <<<"$(free_ports $nports)"
+  [ "${#p[@]}" -eq "$nports" ] || die "could not find free ports"
+  local hosts="" next=9 m kind
+  declare -A line  # line[N.M]: server M's address in server N's zoo.cfg
+  rm -f "$dir/links"
   for n in 1 2 3; do
-    servers+="server.$n=127.0.0.1:${p[$((3 * n - 2))]}:${p[$((3 * n - 1))]}"$'\n'
     hosts+="${hosts:+,}127.0.0.1:${p[$((3 * n - 3))]}"
+    for m in 1 2 3; do
+      local q=${p[$((3 * m - 2))]} e=${p[$((3 * m - 1))]}
+      if [ "$proxied" = 1 ] && [ "$n" != "$m" ]; then
+        for kind in quorum election; do
+          local target=$q
+          [ "$kind" = election ] && target=$e
+          echo "$n $m $kind ${p[$next]} $target" >>"$dir/links"
+          if [ "$kind" = quorum ]; then q=${p[$next]}; else e=${p[$next]}; fi
+          next=$((next + 1))
+        done
+      fi
+      line[$n.$m]="server.$m=127.0.0.1:$q:$e"
+    done
   done
   for n in 1 2 3; do
     local s="$dir/s$n"
@@ -68,9 +96,9 @@ start() {
     echo "$n" >"$s/data/myid"
     echo "${p[$((3 * n - 3))]}" >"$s/port"
     cat >"$s/zoo.cfg" <<EOF
-tickTime=200
+tickTime=${ZK_TICK_TIME:-200}
 initLimit=50
-syncLimit=10
+syncLimit=${ZK_SYNC_LIMIT:-10}
 dataDir=$s/data
 clientPort=${p[$((3 * n - 3))]}
 clientPortAddress=127.0.0.1
@@ -78,7 +106,9 @@ maxSessionTimeout=120000
 maxClientCnxns=0
 4lw.commands.whitelist=*
 admin.enableServer=false
-$servers
+${line[$n.1]}
+${line[$n.2]}
+${line[$n.3]}
 EOF
     # setsid: its own process group, so that killing it spares the test runner.
     setsid "$JAVA" -Xmx128m -XX:+UseSerialGC -XX:TieredStopAtLevel=1 \
@@ -89,6 +119,10 @@ EOF
     echo $! >"$s/pid"
   done
   echo "$hosts" >"$dir/hosts"
+  if [ "$proxied" = 1 ]; then  # the test starts the proxies, then waits for the quorum
+    echo "$hosts"
+    return 0
+  fi
   local i ok
   for i in $(seq 1 450); do  # up to 90 s: three cold JVMs on a busy machine
     ok=0

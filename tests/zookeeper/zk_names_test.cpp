@@ -105,13 +105,57 @@ TEST(ZkNames, KazooGoAndForeignNames) {
 
 TEST(ZkNames, ChildrenSortBySequenceThenName) {
   std::string p = std::string("_c_") + kUuid + "-";
-  auto entries = ParseChildren({p + "lock-0000000010", "locks", p + "__READ__0000000002",
-                                "0123456789abcdef0123456789abcdef__lock__0000000005", p + "__WRIT__0000000002"});
+  auto parsed = ParseChildren({p + "lock-0000000010", "locks", p + "__READ__0000000002",
+                               "0123456789abcdef0123456789abcdef__lock__0000000005", p + "__WRIT__0000000002"});
+  EXPECT_TRUE(parsed.unsure.empty());
+  const auto& entries = parsed.entries;
   ASSERT_EQ(entries.size(), 4u);
   EXPECT_EQ(entries[0].id, p + "__READ__0000000002");  // same sequence: by name
   EXPECT_EQ(entries[1].id, p + "__WRIT__0000000002");
   EXPECT_EQ(entries[2].sequence, 5);
   EXPECT_EQ(entries[3].sequence, 10);
+}
+
+// A nested queue's znode ("tenants/acct-123456789" under "tenants") may end
+// like a sequence: only names of a known entry shape are entries for sure;
+// other sequence-suffixed children are entries only if ephemeral.
+TEST(ZkNames, OnlyKnownShapesAreCertainEntries) {
+  std::string p = std::string("_c_") + kUuid + "-";
+  auto parsed = ParseChildren({"acct-123456789", "run0000000001", p + "lock-0000000010", "x-1234-0000000002",
+                               "0123456789abcdef0123456789abcdef__rlock__0000000003",
+                               "_c_0123456789abcdef0123456789abcdef-lock-0000000004", p + "latch-0000000005",
+                               "orders-lock-0000000006", "leases"});
+  std::vector<std::string> sure, unsure;
+  for (const auto& e : parsed.entries) sure.push_back(e.id);
+  for (const auto& e : parsed.unsure) unsure.push_back(e.id);
+  EXPECT_EQ(sure, (std::vector<std::string>{"0123456789abcdef0123456789abcdef__rlock__0000000003",
+                                            "_c_0123456789abcdef0123456789abcdef-lock-0000000004",
+                                            p + "latch-0000000005", p + "lock-0000000010"}));
+  EXPECT_EQ(unsure, (std::vector<std::string>{"acct-123456789", "run0000000001", "x-1234-0000000002",
+                                              "orders-lock-0000000006"}));
+  EXPECT_EQ(parsed.unsure[3].kind, "lock");  // the tag still gives the kind
+  EXPECT_EQ(parsed.unsure[2].kind, "foreign");
+
+  EXPECT_TRUE(IsSessionOwner(0x1000a3c9e5f0001));
+  EXPECT_TRUE(IsSessionOwner(static_cast<std::int64_t>(0xc80000000000002aULL)));  // server id 200
+  EXPECT_FALSE(IsSessionOwner(0));                                              // persistent
+  EXPECT_FALSE(IsSessionOwner(INT64_MIN));                                      // container
+  EXPECT_FALSE(IsSessionOwner(static_cast<std::int64_t>(0xff00000000001000ULL)));  // TTL node
+}
+
+TEST(ZkNames, QueueNamesNeverLookLikeKnownEntries) {
+  for (std::string ok : {"tenants/acct-123456789", "jobs/run0000000001", "orders-lock-0000000042", "_c_x/y",
+                         "a/0123456789abcdef0123456789abcdef", "sem/locks", "sem/leases"}) {
+    EXPECT_TRUE(ValidateQueueName(ok).ok()) << ok << ": " << ValidateQueueName(ok).ToString();
+  }
+  std::string protected_name = std::string("_c_") + kUuid + "-lock-0000000001";
+  for (std::string bad : {"a/" + protected_name, protected_name + "/b", std::string("a/_c_0123456789abcdef0123456789abcdef-lease-0000000007"),
+                          std::string("a/0123456789abcdef0123456789abcdef__lock__0000000001"),
+                          std::string("0123456789abcdef0123456789abcdef__rlock__-000000001")}) {
+    Status st = ValidateQueueName(bad);
+    EXPECT_EQ(st.code(), ErrorCode::kInvalidArgument) << bad;
+  }
+  EXPECT_EQ(ValidateQueueName("/abs").code(), ErrorCode::kInvalidArgument);  // and the lock-name rules
 }
 
 TEST(ZkNames, Paths) {

@@ -248,20 +248,23 @@ class PrivateServer {
 // Forwards 127.0.0.1:port() to a server. partition() stops forwarding in both
 // directions while keeping the connections open (a silent network); heal()
 // resumes; reset() closes every connection (the client sees it at once).
+// It listens on `listen_port`, or on a free port if 0 (port() says which;
+// 0 if it could not listen).
 class TcpProxy {
  public:
-  explicit TcpProxy(int target_port) : target_(target_port) {
+  explicit TcpProxy(int target_port, int listen_port = 0) : target_(target_port) {
     listen_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     int one = 1;
     ::setsockopt(listen_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
     sockaddr_in a{};
     a.sin_family = AF_INET;
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    ::bind(listen_, reinterpret_cast<sockaddr*>(&a), sizeof a);
-    ::listen(listen_, 64);
-    socklen_t len = sizeof a;
-    ::getsockname(listen_, reinterpret_cast<sockaddr*>(&a), &len);
-    port_ = ntohs(a.sin_port);
+    a.sin_port = htons(static_cast<std::uint16_t>(listen_port));
+    if (::bind(listen_, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 && ::listen(listen_, 64) == 0) {
+      socklen_t len = sizeof a;
+      ::getsockname(listen_, reinterpret_cast<sockaddr*>(&a), &len);
+      port_ = ntohs(a.sin_port);
+    }
     thread_ = std::thread([this] { Loop(); });
   }
   ~TcpProxy() {

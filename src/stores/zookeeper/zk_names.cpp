@@ -172,14 +172,62 @@ std::optional<Entry> ParseChildName(std::string_view name) {
   return e;
 }
 
-std::vector<Entry> ParseChildren(const std::vector<std::string>& children) {
-  std::vector<Entry> out;
-  out.reserve(children.size());
-  for (const auto& child : children) {
-    if (auto e = ParseChildName(child)) out.push_back(std::move(*e));
+bool HasKnownEntryShape(std::string_view name) {
+  if (!ParseChildName(name)) return false;
+  // Curator's (and go-zookeeper's) protection prefix.
+  if (name.size() > 40 && name.substr(0, 3) == "_c_" && name[39] == '-' && UuidToAttemptId(name.substr(3, 36))) {
+    return true;
   }
-  std::sort(out.begin(), out.end(), QueueOrder);
+  if (name.size() > 36 && name.substr(0, 3) == "_c_" && name[35] == '-' &&
+      std::all_of(name.begin() + 3, name.begin() + 35, IsHex)) {
+    return true;
+  }
+  // kazoo: 32 hex digits, its tag, the sequence.
+  if (name.size() > 32 && std::all_of(name.begin(), name.begin() + 32, IsHex)) {
+    std::string_view rest = name.substr(32);
+    for (std::string_view tag : {std::string_view("__lock__"), std::string_view("__rlock__")}) {
+      if (rest.size() > tag.size() && rest.substr(0, tag.size()) == tag && ParseSequence(rest.substr(tag.size()))) {
+        return true;
+      }
+    }
+  }
+  return false;
+}
+
+ParsedChildren ParseChildren(const std::vector<std::string>& children) {
+  ParsedChildren out;
+  out.entries.reserve(children.size());
+  for (const auto& child : children) {
+    auto e = ParseChildName(child);
+    if (!e) continue;
+    (HasKnownEntryShape(child) ? out.entries : out.unsure).push_back(std::move(*e));
+  }
+  std::sort(out.entries.begin(), out.entries.end(), QueueOrder);
   return out;
+}
+
+bool IsSessionOwner(std::int64_t ephemeral_owner) {
+  // ZooKeeper marks containers with INT64_MIN and TTL nodes with 0xff in the
+  // top byte (EphemeralType); session ids carry the server id there (< 255).
+  if (ephemeral_owner == 0 || ephemeral_owner == INT64_MIN) return false;
+  return (static_cast<std::uint64_t>(ephemeral_owner) >> 56) != 0xff;
+}
+
+Status ValidateQueueName(std::string_view queue) {
+  if (Status s = ValidateLockName(queue); !s.ok()) return s;
+  std::size_t start = 0;
+  while (start <= queue.size()) {
+    std::size_t slash = queue.find('/', start);
+    std::string_view segment = queue.substr(start, slash == std::string_view::npos ? queue.npos : slash - start);
+    if (HasKnownEntryShape(segment)) {
+      return InvalidArgumentError("lock name '" + std::string(queue) + "': its segment '" + std::string(segment) +
+                                  "' is shaped like a Curator or kazoo lock entry, which the zk store would "
+                                  "take for an entry of the queue above it");
+    }
+    if (slash == std::string_view::npos) break;
+    start = slash + 1;
+  }
+  return OkStatus();
 }
 
 std::string QueuePath(std::string_view chroot, std::string_view queue) {

@@ -14,9 +14,23 @@
 // e.g. "-000000005" or "-2147483648").
 //
 // The listing also understands kazoo's names (<32 hex>__lock__<seq> for Lock
-// and WriteLock, <32 hex>__rlock__<seq> for ReadLock) and reports any other
-// child with a sequence suffix as kind "foreign". Children without a sequence
-// suffix (kazoo's Semaphore leases, stray nodes) are not entries.
+// and WriteLock, <32 hex>__rlock__<seq> for ReadLock). Children without a
+// sequence suffix (kazoo's Semaphore leases, stray nodes) are not entries.
+//
+// Nested queues. The queue "a/b" is a child znode of the queue "a", and a
+// lock name's segment may end like a sequence ("acct-123456789",
+// "run0000000001"). So that queues whose names nest never affect each other
+// (store.hpp), a child counts as an entry only if:
+//  - it has a known entry shape: Curator's protected names
+//    (_c_<36-char uuid>-...<seq>, also go-zookeeper's _c_<32 hex>-...<seq>)
+//    or kazoo's (<32 hex>__lock__<seq>, <32 hex>__rlock__<seq>); the kind
+//    comes from the tag before the sequence, "foreign" if none is known; or
+//  - it has any other sequence suffix and is ephemeral (owned by a session),
+//    which the store checks with one pipelined exists() per such child
+//    (ZooKeeper's own lock recipe, "x-<session>-<seq>", is one). A queue's
+//    znode is a container or persistent node, never ephemeral.
+// And the zk store refuses lock names with a segment of a known entry shape
+// (ValidateQueueName), so a queue's znode never looks like a known entry.
 #ifndef DLOCK_SRC_STORES_ZOOKEEPER_ZK_NAMES_HPP_
 #define DLOCK_SRC_STORES_ZOOKEEPER_ZK_NAMES_HPP_
 
@@ -58,8 +72,26 @@ std::optional<std::int32_t> ParseSequence(std::string_view text);
 // nullopt if the child is not an entry.
 std::optional<Entry> ParseChildName(std::string_view name);
 
-// Every entry among `children`, sorted (QueueOrder).
-std::vector<Entry> ParseChildren(const std::vector<std::string>& children);
+// True if `name` has a known entry shape (see above): it is an entry whatever
+// its znode is.
+bool HasKnownEntryShape(std::string_view name);
+
+// The children of a queue, split: `entries` of a known shape, sorted
+// (QueueOrder), and `unsure`: names with a sequence suffix but no known shape,
+// entries only if ephemeral (IsSessionOwner of their stat's ephemeralOwner).
+struct ParsedChildren {
+  std::vector<Entry> entries;
+  std::vector<Entry> unsure;
+};
+ParsedChildren ParseChildren(const std::vector<std::string>& children);
+
+// True if a znode's ephemeralOwner is a session: not 0 (persistent), not a
+// container's or a TTL node's marker.
+bool IsSessionOwner(std::int64_t ephemeral_owner);
+
+// ValidateLockName, and no segment of a known entry shape: the zk store's
+// rule for queue names.
+Status ValidateQueueName(std::string_view queue);
 
 // The znode path of a queue: chroot + "/" + queue ("" chroot: "/" + queue).
 std::string QueuePath(std::string_view chroot, std::string_view queue);

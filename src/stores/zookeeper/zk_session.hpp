@@ -11,23 +11,29 @@
 //  - kSuspended as soon as the C client reports the connection gone
 //    (ZOO_CONNECTING_STATE and friends).
 //  - kLost when the server says the session expired, or when this process
-//    decides so on its own: no request has been answered for the negotiated
-//    session timeout (less a margin of a tenth, at most 1 s), counted on the
-//    injected clock from the moment the last answered request was *sent*.
-//    The server cannot expire the session before a full timeout after that
-//    point, so a holder hears kLost before the server can give its lock to
-//    someone else. The session thread sends a cheap exists("/") whenever no
-//    request was answered for a third of the timeout, so that point stays
-//    fresh (the C client's own pings are invisible to us). A lost handle is
-//    closed at once and is never reported connected again; the store opens a
-//    new session.
+//    decides so on its own: once the session timeout (less a margin of a
+//    tenth, at most 1 s) has passed since `basis`, a moment no later than
+//    the leader's last touch of the session that this process can prove.
+//    Only the leader expires sessions, and a follower cut off from it keeps
+//    answering reads (syncLimit * tickTime), so answered requests prove
+//    nothing; the session thread sends syncs, which go through the leader,
+//    and moves `basis` by the rule explained in zk_session.cpp (Heartbeats),
+//    which assumes that the leader pings its followers at least every third
+//    of the session timeout (ZooKeeper's default minSessionTimeout is
+//    2 * tickTime, and leaders ping every tickTime/2). So a holder hears
+//    kLost before the leader can give its lock to someone else. state()
+//    says kLost as soon as that moment has passed, even before the session
+//    thread has noticed. A lost handle is closed at once and is never
+//    reported connected again; the store opens a new session.
 //  - kClosed after close().
 //
 // Threads: the C client runs an I/O thread and a completion thread per
 // handle; every callback of ours runs on the completion thread and only
 // updates state under a mutex. Each session also runs one thread of its own
 // that delivers state changes to subscribers (in order, without locks),
-// keeps the lost-timer, sends heartbeats and closes the handle. Callbacks
+// keeps the lost-timer, sends heartbeats and closes the handle, always after
+// the notes queued before: a close() from any other thread waits for it, so
+// that subscribers hear kClosed before the server deletes the entries. Callbacks
 // never own the session and never call the C API, so zookeeper_close (which
 // joins the C threads) cannot deadlock with them.
 #ifndef DLOCK_SRC_STORES_ZOOKEEPER_ZK_SESSION_HPP_
