@@ -66,6 +66,14 @@ inline std::vector<std::string> MultiProcessSpecs() {
   return out;
 }
 
+// The stores the conformance suite runs on: "mem" and "file" (a scratch
+// directory per test) always, and every URL in $DLOCK_TEST_URLS.
+inline std::vector<std::string> ConformanceSpecs() {
+  std::vector<std::string> out = StoreSpecs();
+  out.insert(out.begin() + 1, "file");
+  return out;
+}
+
 // A GoogleTest parameter name for a store spec: "zk___127_0_0_1_2181_1".
 inline std::string SpecName(const std::string& spec, std::size_t index) {
   std::string s;

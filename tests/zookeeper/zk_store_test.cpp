@@ -485,27 +485,6 @@ TEST_F(ZkStoreTest, WaitWakesWhenTheOwnerSessionExpires) {
 
 // ----------------------------------------------------------------- sessions
 
-TEST_F(ZkStoreTest, StoreSharesOneSessionUntilItEnds) {
-  auto store = OpenStoreOk(Url());
-  ASSERT_TRUE(store);
-  EXPECT_EQ(store->url(), Url());
-  auto a = store->open_session(In(20s));
-  auto b = store->open_session(In(20s));
-  ASSERT_TRUE(a.ok() && b.ok());
-  EXPECT_EQ(a->get(), b->get());
-  StateLog log;
-  log.attach(**a);
-  (*a)->close();
-  (*a)->close();  // idempotent
-  EXPECT_EQ((*a)->state(), SessionState::kClosed);
-  EXPECT_EQ((*a)->append("q", Spec("lock"), In(5s)).status().code(), ErrorCode::kSessionLost);
-  EXPECT_TRUE(WaitFor([&] { return log.when(SessionState::kClosed).has_value(); }, 5s));
-  auto c = store->open_session(In(20s));
-  ASSERT_TRUE(c.ok());
-  EXPECT_NE((*c)->id(), (*a)->id());
-  EXPECT_EQ((*c)->state(), SessionState::kConnected);
-}
-
 TEST_F(ZkStoreTest, ClosingRemovesEntriesAtOnce) {
   auto s = NewSession();
   auto observer = NewSession();

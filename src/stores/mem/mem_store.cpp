@@ -153,6 +153,16 @@ void MemStore::Transition(const std::shared_ptr<State>& state, std::string_view 
   });
 }
 
+namespace {
+
+// Queue names are lock names on every store (store.hpp).
+Status CheckQueue(std::string_view queue) {
+  if (Status s = ValidateLockName(queue); !s.ok()) return InvalidArgumentError("queue: " + s.message());
+  return OkStatus();
+}
+
+}  // namespace
+
 class MemStore::MemSession final : public Session {
  public:
   MemSession(std::shared_ptr<State> state, std::string id) : state_(std::move(state)), id_(std::move(id)) {}
@@ -177,6 +187,7 @@ class MemStore::MemSession final : public Session {
 
 
   Result<Appended> append(std::string_view queue, const EntrySpec& spec, Clock::time_point) override {
+    if (Status s = CheckQueue(queue); !s.ok()) return s;
     std::unique_lock<std::mutex> lock(state_->mu);
     state_->Delay(lock, "append");
     if (Status s = state_->Inject("append"); !s.ok()) return s;
@@ -204,6 +215,7 @@ class MemStore::MemSession final : public Session {
   }
 
   Result<std::vector<Entry>> list(std::string_view queue, const ListOptions& options, Clock::time_point) override {
+    if (Status s = CheckQueue(queue); !s.ok()) return s;
     std::unique_lock<std::mutex> lock(state_->mu);
     state_->Delay(lock, "list");
     if (Status s = state_->Inject("list"); !s.ok()) return s;
@@ -215,6 +227,8 @@ class MemStore::MemSession final : public Session {
 
   Status wait_any_gone(std::string_view queue, std::span<const std::string> ids, Clock::time_point deadline,
                        std::stop_token stop) override {
+    if (Status s = CheckQueue(queue); !s.ok()) return s;
+    if (ids.empty()) return InvalidArgumentError("wait_any_gone needs at least one entry id");
     std::unique_lock<std::mutex> lock(state_->mu);
     state_->Delay(lock, "wait");
     if (Status s = state_->Inject("wait"); !s.ok()) return s;
@@ -240,6 +254,7 @@ class MemStore::MemSession final : public Session {
   }
 
   Status remove(std::string_view queue, std::string_view id, Clock::time_point) override {
+    if (Status s = CheckQueue(queue); !s.ok()) return s;
     std::unique_lock<std::mutex> lock(state_->mu);
     state_->Delay(lock, "remove");
     if (Status s = state_->Inject("remove"); !s.ok()) return s;
@@ -256,6 +271,7 @@ class MemStore::MemSession final : public Session {
 
   Result<std::optional<Entry>> find_own(std::string_view queue, std::string_view attempt_id,
                                         Clock::time_point) override {
+    if (Status s = CheckQueue(queue); !s.ok()) return s;
     std::unique_lock<std::mutex> lock(state_->mu);
     state_->Delay(lock, "find_own");
     if (Status s = state_->Inject("find_own"); !s.ok()) return s;

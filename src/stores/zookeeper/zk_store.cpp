@@ -1,17 +1,14 @@
 #include "stores/zookeeper/zk_store.hpp"
 
-#include <mutex>
-
 #include "stores/zookeeper/zk_config.hpp"
 #include "stores/zookeeper/zk_session.hpp"
 
 namespace dlock::internal {
 namespace {
 
-// One session at a time, shared by everyone who opens one: a Client's locks
-// all live in the same ZooKeeper session, as with Curator's one
-// CuratorFramework. After the session is lost or closed, the next
-// open_session starts a new one.
+// Every open_session starts a ZooKeeper session of its own (store.hpp: a
+// new, independent session). A Client opens one and shares it among all its
+// locks, as Curator does with its one CuratorFramework.
 class ZkStore final : public Store {
  public:
   ZkStore(std::shared_ptr<const zk::Config> config, std::shared_ptr<Clock> clock)
@@ -20,36 +17,17 @@ class ZkStore final : public Store {
   std::string url() const override { return config_->redacted_url; }
 
   Result<std::shared_ptr<Session>> open_session(Clock::time_point deadline) override {
-    std::shared_ptr<zk::ZkSession> session;
-    std::shared_ptr<zk::ZkSession> old;  // released outside the lock: closing it may block
-    {
-      std::lock_guard<std::mutex> g(mu_);
-      if (!current_ || !current_->reusable()) {
-        old = std::move(current_);
-        current_ = zk::ZkSession::Start(config_, clock_);
-      }
-      session = current_;
-    }
-    old.reset();
-    // Concurrent callers wait for the same connection attempt, each until
-    // its own deadline; the attempt itself ends at the connect timeout.
+    std::shared_ptr<zk::ZkSession> session = zk::ZkSession::Start(config_, clock_);
+    // The attempt itself ends at the connect timeout; the caller's deadline
+    // may end the wait for it sooner (the session is then closed).
     Status opened = session->await_open(deadline);
-    if (!opened.ok()) {
-      if (!session->reusable()) {
-        std::lock_guard<std::mutex> g(mu_);
-        if (current_ == session) old = std::move(current_);
-      }
-      old.reset();
-      return opened;
-    }
+    if (!opened.ok()) return opened;
     return std::shared_ptr<Session>(std::move(session));
   }
 
  private:
   const std::shared_ptr<const zk::Config> config_;
   const std::shared_ptr<Clock> clock_;
-  std::mutex mu_;
-  std::shared_ptr<zk::ZkSession> current_;  // guarded by mu_
 };
 
 }  // namespace

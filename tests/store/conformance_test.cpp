@@ -1,0 +1,544 @@
+// The store contract (include/dlock/store.hpp), checked once on every store:
+// mem and file always, and each server store whose URL the test scripts pass
+// in DLOCK_TEST_URLS. A new store is accepted by passing this suite. What is
+// specific to one store (its layout, its server's quirks) stays in that
+// store's own tests.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <filesystem>
+#include <future>
+#include <map>
+#include <random>
+#include <set>
+#include <thread>
+
+#include "dlock/dlock.hpp"
+#include "support/status_matchers.hpp"
+#include "support/stores.hpp"
+
+namespace dlock {
+namespace {
+
+using namespace std::chrono_literals;
+using ::testing::ElementsAreArray;
+using testing::Eventually;
+using testing::IsOk;
+using testing::StatusIs;
+
+// How long a test waits for something that must happen at once; only
+// reached when the store is wrong.
+constexpr auto kPrompt = 20s;
+// How long a waiter must stay blocked to show that it blocks.
+constexpr auto kStillBlocked = 150ms;
+
+Clock::time_point In(Clock::duration d) { return DeadlineAfter(Clock::system()->now(), d); }
+
+std::string NewAttemptId() {
+  static std::mt19937_64 rng(std::random_device{}());
+  static std::mutex mu;
+  std::lock_guard<std::mutex> g(mu);
+  char buf[33];
+  std::snprintf(buf, sizeof buf, "%016llx%016llx", static_cast<unsigned long long>(rng()),
+                static_cast<unsigned long long>(rng()));
+  return buf;
+}
+
+EntrySpec Spec(std::string kind = "lock", std::string attempt = NewAttemptId()) {
+  EntrySpec spec;
+  spec.kind = std::move(kind);
+  spec.attempt_id = std::move(attempt);
+  spec.owner.host = "conformance-host";
+  spec.owner.pid = ::getpid();
+  spec.owner.thread = "main";
+  spec.owner.label = "conformance";
+  spec.owner.acquired_unix_ms = 1'700'000'000'000;
+  return spec;
+}
+
+std::vector<std::string> Ids(const std::vector<Entry>& entries) {
+  std::vector<std::string> out;
+  for (const auto& e : entries) out.push_back(e.id);
+  return out;
+}
+
+// The store a test runs on. mem: one MemStore; file: a scratch directory;
+// anything else: a URL.
+class Target {
+ public:
+  explicit Target(const std::string& spec) : spec_(spec) {
+    if (spec == "mem") {
+      store_ = MemStore::create();
+      return;
+    }
+    std::string url = spec;
+    if (spec == "file") {
+      char tmpl[] = "/tmp/dlock-conformance-XXXXXX";
+      if (::mkdtemp(tmpl) == nullptr) std::abort();
+      scratch_ = tmpl;
+      url = "file://" + scratch_;
+    }
+    url_ = url;
+    auto opened = OpenStore(url);
+    if (!opened.ok()) {
+      ADD_FAILURE() << "cannot open " << url << ": " << opened.status().ToString();
+      return;
+    }
+    store_ = *opened;
+  }
+  ~Target() {
+    store_.reset();
+    if (!scratch_.empty()) std::filesystem::remove_all(scratch_);
+  }
+
+  Store& store() { return *store_; }
+  bool ok() const { return store_ != nullptr; }
+  // Another Store on the same data, as another process would open it (mem:
+  // the same object: its data lives in it).
+  std::shared_ptr<Store> OpenAgain(StoreOptions options = {}) {
+    if (spec_ == "mem") return store_;
+    auto opened = OpenStore(url_, options);
+    EXPECT_TRUE(opened.ok()) << opened.status().ToString();
+    return opened.ok() ? *opened : nullptr;
+  }
+  // Whether the store can run on a hand-moved clock. Redis counts leases in
+  // real time on the server, so it needs a clock that keeps real time.
+  bool takes_manual_clock() const { return spec_ == "mem" || spec_ == "file" || spec_.starts_with("zk"); }
+  const std::string& spec() const { return spec_; }
+
+ private:
+  std::string spec_;
+  std::string url_;
+  std::string scratch_;
+  std::shared_ptr<Store> store_;
+};
+
+class ConformanceTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    target_ = std::make_unique<Target>(GetParam());
+    ASSERT_TRUE(target_->ok());
+    static std::atomic<int> counter{0};
+    prefix_ = "conformance/" + std::to_string(::getpid()) + "-" + std::to_string(counter++);
+  }
+
+  std::string Queue(const std::string& name) const { return prefix_ + "/" + name; }
+
+  std::shared_ptr<Session> NewSession(Store* store = nullptr) {
+    auto s = (store ? store : &target_->store())->open_session(In(kPrompt));
+    EXPECT_THAT(s.status(), IsOk());
+    return s.ok() ? *s : nullptr;
+  }
+
+  Entry Append(Session& s, const std::string& queue, EntrySpec spec = Spec()) {
+    auto appended = s.append(queue, spec, In(kPrompt));
+    EXPECT_THAT(appended.status(), IsOk());
+    return appended.ok() ? appended->entry : Entry{};
+  }
+
+  std::vector<Entry> List(Session& s, const std::string& queue, bool with_owners = false) {
+    auto listed = s.list(queue, {.with_owners = with_owners}, In(kPrompt));
+    EXPECT_THAT(listed.status(), IsOk());
+    return listed.ok() ? *listed : std::vector<Entry>{};
+  }
+
+  // wait_any_gone on its own thread; cancelled when destroyed so that a
+  // failing test never hangs.
+  class AsyncWait {
+   public:
+    AsyncWait(std::shared_ptr<Session> s, std::string queue, std::vector<std::string> ids,
+              Clock::time_point deadline = kNoDeadline) {
+      std::stop_token stop = stop_.get_token();
+      result_ = std::async(std::launch::async, [=] { return s->wait_any_gone(queue, ids, deadline, stop); });
+    }
+    ~AsyncWait() { stop_.request_stop(); }
+    bool Blocks() { return result_.wait_for(kStillBlocked) == std::future_status::timeout; }
+    Status Result() {
+      if (result_.wait_for(kPrompt) != std::future_status::ready) return AbortedError("the wait did not end");
+      return result_.get();
+    }
+    void Cancel() { stop_.request_stop(); }
+
+   private:
+    std::stop_source stop_;
+    std::future<Status> result_;
+  };
+
+  std::unique_ptr<Target> target_;
+  std::string prefix_;
+};
+
+// ------------------------------------------------------------- sessions
+
+TEST_P(ConformanceTest, OpenSessionReturnsANewIndependentSessionEachTime) {
+  auto a = NewSession();
+  auto b = NewSession();
+  ASSERT_TRUE(a && b);
+  EXPECT_NE(a->id(), b->id());
+  EXPECT_EQ(a->state(), SessionState::kConnected);
+  Entry kept = Append(*b, Queue("q"));
+  a->close();
+  EXPECT_EQ(a->state(), SessionState::kClosed);
+  EXPECT_EQ(b->state(), SessionState::kConnected) << "closing one session ended another";
+  EXPECT_THAT(Ids(List(*b, Queue("q"))), ElementsAreArray({kept.id}));
+}
+
+TEST_P(ConformanceTest, CloseIsIdempotentAndAClosedSessionRefusesWork) {
+  auto s = NewSession();
+  auto other = NewSession();
+  ASSERT_TRUE(s && other);
+  Entry theirs = Append(*other, Queue("q"));
+  s->close();
+  s->close();
+  EXPECT_EQ(s->state(), SessionState::kClosed);
+  EXPECT_THAT(s->append(Queue("q"), Spec(), In(kPrompt)).status(), StatusIs(ErrorCode::kSessionLost));
+  EXPECT_THAT(s->list(Queue("q"), {}, In(kPrompt)).status(), StatusIs(ErrorCode::kSessionLost));
+  EXPECT_THAT(s->find_own(Queue("q"), NewAttemptId(), In(kPrompt)).status(), StatusIs(ErrorCode::kSessionLost));
+  std::vector<std::string> ids{theirs.id};
+  EXPECT_THAT(s->wait_any_gone(Queue("q"), ids, In(kPrompt), {}), StatusIs(ErrorCode::kSessionLost));
+  EXPECT_EQ(List(*other, Queue("q")).size(), 1u) << "closing one session took another's entry";
+}
+
+TEST_P(ConformanceTest, ASessionMayOutliveItsStore) {
+  auto other = target_->OpenAgain();
+  ASSERT_TRUE(other);
+  auto s = NewSession(other.get());
+  ASSERT_TRUE(s);
+  other.reset();  // the application dropped its Store handle first
+  Entry e = Append(*s, Queue("orphaned-store"));
+  EXPECT_THAT(Ids(List(*s, Queue("orphaned-store"))), ElementsAreArray({e.id}));
+  s->close();
+  auto observer = NewSession();
+  EXPECT_TRUE(Eventually([&] { return List(*observer, Queue("orphaned-store")).empty(); }));
+}
+
+// ---------------------------------------------------------------- append
+
+TEST_P(ConformanceTest, AppendsGetGrowingTokensInQueueOrderAndReturnTheQueue) {
+  auto a = NewSession();
+  auto b = NewSession();
+  ASSERT_TRUE(a && b);
+  std::vector<std::string> expected;
+  std::uint64_t last = 0;
+  for (int i = 0; i < 6; ++i) {
+    Session& s = i % 2 == 0 ? *a : *b;
+    auto appended = s.append(Queue("q"), Spec(), In(kPrompt));
+    ASSERT_THAT(appended.status(), IsOk());
+    ASSERT_TRUE(appended->entry.token.has_value()) << "an appended entry always has its token";
+    EXPECT_GT(*appended->entry.token, last);
+    last = *appended->entry.token;
+    EXPECT_EQ(appended->entry.kind, "lock");
+    expected.push_back(appended->entry.id);
+    if (appended->queue) {
+      EXPECT_EQ(Ids(*appended->queue), expected) << "the queue right after the append";
+    }
+  }
+  auto listed = List(*a, Queue("q"));
+  EXPECT_EQ(Ids(listed), expected);
+  EXPECT_TRUE(std::is_sorted(listed.begin(), listed.end(), QueueOrder));
+  std::set<std::string> distinct(expected.begin(), expected.end());
+  EXPECT_EQ(distinct.size(), expected.size());
+}
+
+TEST_P(ConformanceTest, TokensKeepGrowingAfterTheQueueEmptied) {
+  auto s = NewSession();
+  ASSERT_TRUE(s);
+  std::uint64_t last = 0;
+  for (int i = 0; i < 4; ++i) {
+    Entry e = Append(*s, Queue("emptied"));
+    ASSERT_TRUE(e.token.has_value());
+    EXPECT_GT(*e.token, last);
+    last = *e.token;
+    ASSERT_THAT(s->remove(Queue("emptied"), e.id, In(kPrompt)), IsOk());
+  }
+}
+
+TEST_P(ConformanceTest, EveryKindIsKeptAndAGivenSequenceSortsBesideItsEntry) {
+  auto s = NewSession();
+  auto other = NewSession();
+  ASSERT_TRUE(s && other);
+  Entry write = Append(*s, Queue("rw"), Spec("write"));
+  Entry queued = Append(*other, Queue("rw"), Spec("write"));
+  EntrySpec read = Spec("read");
+  read.sequence = write.sequence;  // a downgrade: the read entry takes the write entry's place
+  Entry downgraded = Append(*s, Queue("rw"), read);
+  EXPECT_EQ(downgraded.sequence, write.sequence);
+  ASSERT_THAT(s->remove(Queue("rw"), write.id, In(kPrompt)), IsOk());
+  auto listed = List(*s, Queue("rw"));
+  ASSERT_EQ(listed.size(), 2u);
+  EXPECT_EQ(listed[0].id, downgraded.id) << "the read entry must sort ahead of the queued writer";
+  EXPECT_EQ(listed[0].kind, "read");
+  EXPECT_EQ(listed[1].id, queued.id);
+  Entry lease = Append(*s, Queue("leases"), Spec("lease"));
+  EXPECT_EQ(List(*s, Queue("leases")).at(0).kind, "lease");
+}
+
+TEST_P(ConformanceTest, ListWithOwnersReturnsTheOwnerRecord) {
+  auto s = NewSession();
+  ASSERT_TRUE(s);
+  Append(*s, Queue("owners"));
+  auto listed = List(*s, Queue("owners"), /*with_owners=*/true);
+  ASSERT_EQ(listed.size(), 1u);
+  ASSERT_TRUE(listed[0].owner.has_value());
+  EXPECT_EQ(listed[0].owner->host, "conformance-host");
+  EXPECT_EQ(listed[0].owner->pid, ::getpid());
+  EXPECT_EQ(listed[0].owner->label, "conformance");
+  EXPECT_EQ(listed[0].owner->acquired_unix_ms, 1'700'000'000'000);
+  ASSERT_TRUE(listed[0].token.has_value());
+}
+
+TEST_P(ConformanceTest, AQueueNeverUsedIsEmpty) {
+  auto s = NewSession();
+  ASSERT_TRUE(s);
+  EXPECT_TRUE(List(*s, Queue("never/used")).empty());
+  EXPECT_THAT(s->find_own(Queue("never/used"), NewAttemptId(), In(kPrompt)).status(), IsOk());
+}
+
+// -------------------------------------------------------------- find_own
+
+TEST_P(ConformanceTest, FindOwnSeesOnlyThisSessionsLiveEntry) {
+  auto s = NewSession();
+  auto other = NewSession();
+  ASSERT_TRUE(s && other);
+  const std::string attempt = NewAttemptId();
+  Entry mine = Append(*s, Queue("own"), Spec("lock", attempt));
+  auto found = s->find_own(Queue("own"), attempt, In(kPrompt));
+  ASSERT_THAT(found.status(), IsOk());
+  ASSERT_TRUE(found->has_value());
+  EXPECT_EQ((*found)->id, mine.id);
+  EXPECT_EQ((*found)->token, mine.token);
+  auto theirs = other->find_own(Queue("own"), attempt, In(kPrompt));
+  ASSERT_THAT(theirs.status(), IsOk());
+  EXPECT_FALSE(theirs->has_value()) << "another session's entry was taken for this one's";
+  EXPECT_FALSE(s->find_own(Queue("own"), NewAttemptId(), In(kPrompt))->has_value());
+  ASSERT_THAT(other->remove(Queue("own"), mine.id, In(kPrompt)), IsOk());  // an operator's break
+  EXPECT_FALSE(s->find_own(Queue("own"), attempt, In(kPrompt))->has_value()) << "a removed entry is not ours";
+}
+
+// ---------------------------------------------------------------- remove
+
+TEST_P(ConformanceTest, RemoveIsIdempotentAndTakesAnyonesEntry) {
+  auto s = NewSession();
+  auto other = NewSession();
+  ASSERT_TRUE(s && other);
+  Entry e = Append(*s, Queue("rm"));
+  Entry kept = Append(*s, Queue("rm"));
+  ASSERT_THAT(other->remove(Queue("rm"), e.id, In(kPrompt)), IsOk());
+  EXPECT_THAT(other->remove(Queue("rm"), e.id, In(kPrompt)), IsOk()) << "a second remove is OK";
+  EXPECT_THAT(s->remove(Queue("rm"), e.id, In(kPrompt)), IsOk());
+  EXPECT_THAT(Ids(List(*s, Queue("rm"))), ElementsAreArray({kept.id}));
+}
+
+// ------------------------------------------------------------------ wait
+
+TEST_P(ConformanceTest, WaitReturnsAtOnceWhenAnEntryIsAlreadyGone) {
+  auto s = NewSession();
+  ASSERT_TRUE(s);
+  Entry e = Append(*s, Queue("gone"));
+  Entry live = Append(*s, Queue("gone"));
+  ASSERT_THAT(s->remove(Queue("gone"), e.id, In(kPrompt)), IsOk());
+  std::vector<std::string> ids{live.id, e.id};
+  EXPECT_THAT(s->wait_any_gone(Queue("gone"), ids, In(kPrompt), {}), IsOk());
+}
+
+TEST_P(ConformanceTest, WaitWakesWhenAnotherSessionRemovesTheEntry) {
+  auto holder = NewSession();
+  auto waiter = NewSession();
+  ASSERT_TRUE(holder && waiter);
+  Entry e = Append(*holder, Queue("wake"));
+  AsyncWait wait(waiter, Queue("wake"), {e.id});
+  EXPECT_TRUE(wait.Blocks());
+  ASSERT_THAT(holder->remove(Queue("wake"), e.id, In(kPrompt)), IsOk());
+  EXPECT_THAT(wait.Result(), IsOk());
+}
+
+TEST_P(ConformanceTest, WaitWakesWhenTheOwnersSessionCloses) {
+  auto holder = NewSession();
+  auto waiter = NewSession();
+  ASSERT_TRUE(holder && waiter);
+  Entry e = Append(*holder, Queue("owner-closes"));
+  AsyncWait wait(waiter, Queue("owner-closes"), {e.id});
+  EXPECT_TRUE(wait.Blocks());
+  holder->close();
+  EXPECT_THAT(wait.Result(), IsOk());
+}
+
+TEST_P(ConformanceTest, WaitHonoursItsDeadlineAndItsStopToken) {
+  auto holder = NewSession();
+  auto waiter = NewSession();
+  ASSERT_TRUE(holder && waiter);
+  Entry e = Append(*holder, Queue("stays"));
+  std::vector<std::string> ids{e.id};
+  EXPECT_THAT(waiter->wait_any_gone(Queue("stays"), ids, In(200ms), {}), StatusIs(ErrorCode::kDeadlineExceeded));
+  AsyncWait wait(waiter, Queue("stays"), {e.id});
+  EXPECT_TRUE(wait.Blocks());
+  wait.Cancel();
+  EXPECT_THAT(wait.Result(), StatusIs(ErrorCode::kCancelled));
+  EXPECT_EQ(List(*waiter, Queue("stays")).size(), 1u);
+}
+
+TEST_P(ConformanceTest, WaitEndsWithSessionLostWhenItsOwnSessionCloses) {
+  auto holder = NewSession();
+  auto waiter = NewSession();
+  ASSERT_TRUE(holder && waiter);
+  Entry e = Append(*holder, Queue("own-close"));
+  AsyncWait wait(waiter, Queue("own-close"), {e.id});
+  EXPECT_TRUE(wait.Blocks());
+  waiter->close();
+  EXPECT_THAT(wait.Result(), StatusIs(ErrorCode::kSessionLost));
+}
+
+TEST_P(ConformanceTest, WaitFollowsAHandMovedClock) {
+  if (!target_->takes_manual_clock()) GTEST_SKIP() << target_->spec() << " counts leases in real time";
+  auto clock = std::make_shared<ManualClock>();
+  std::shared_ptr<Store> store;
+  if (target_->spec() == "mem") {
+    store = MemStore::create({.clock = clock});
+  } else {
+    store = target_->OpenAgain({.clock = clock, .connect_timeout = std::chrono::milliseconds(10'000)});
+  }
+  ASSERT_TRUE(store);
+  auto holder = NewSession(store.get());
+  auto waiter = NewSession(store.get());
+  ASSERT_TRUE(holder && waiter);
+  Entry e = Append(*holder, Queue("manual"));
+  // Short steps: a session on this clock must not count itself lost.
+  AsyncWait wait(waiter, Queue("manual"), {e.id}, clock->now() + 1s);
+  EXPECT_TRUE(wait.Blocks()) << "a deadline on a clock that stands still passed";
+  clock->advance(1100ms);
+  EXPECT_THAT(wait.Result(), StatusIs(ErrorCode::kDeadlineExceeded));
+  holder->close();
+  waiter->close();
+}
+
+// ------------------------------------------------------- close and notes
+
+TEST_P(ConformanceTest, SubscribersHearCloseBeforeAnyoneSeesTheEntriesGo) {
+  auto s = NewSession();
+  auto observer = NewSession();
+  ASSERT_TRUE(s && observer);
+  Entry e = Append(*s, Queue("close-order"));
+  std::atomic<int> seen_when_told{-1};
+  auto sub = s->subscribe([&](SessionState state) {
+    if (state != SessionState::kClosed || seen_when_told != -1) return;
+    auto listed = observer->list(Queue("close-order"), {}, In(kPrompt));
+    seen_when_told = listed.ok() ? static_cast<int>(listed->size()) : -2;
+  });
+  s->close();
+  ASSERT_TRUE(Eventually([&] { return seen_when_told.load() != -1; }));
+  EXPECT_EQ(seen_when_told.load(), 1) << "0: the entry was gone before the subscriber was told";
+  EXPECT_TRUE(Eventually([&] { return List(*observer, Queue("close-order")).empty(); }));
+  EXPECT_EQ(s->state(), SessionState::kClosed);
+}
+
+TEST_P(ConformanceTest, ASubscriberMayCallBackInAndCloseTheSession) {
+  auto s = NewSession();
+  ASSERT_TRUE(s);
+  Append(*s, Queue("reentrant"));
+  std::atomic<int> calls{0};
+  std::atomic<bool> saw_state{false};
+  std::weak_ptr<Session> weak = s;
+  auto sub = s->subscribe([&, weak](SessionState) {
+    ++calls;
+    if (auto self = weak.lock()) {
+      saw_state = self->state() == SessionState::kClosed;
+      self->close();  // again, from inside the call
+    }
+  });
+  auto thrower = s->subscribe([](SessionState) { throw std::runtime_error("a listener's own bug"); });
+  s->close();
+  ASSERT_TRUE(Eventually([&] { return calls.load() >= 1; }));
+  EXPECT_TRUE(saw_state.load());
+  EXPECT_EQ(s->state(), SessionState::kClosed);
+  auto observer = NewSession();
+  EXPECT_TRUE(Eventually([&] { return List(*observer, Queue("reentrant")).empty(); }));
+}
+
+TEST_P(ConformanceTest, AnUnsubscribedListenerHearsNothingMore) {
+  auto s = NewSession();
+  ASSERT_TRUE(s);
+  std::atomic<int> calls{0};
+  auto sub = s->subscribe([&](SessionState) { ++calls; });
+  sub.reset();
+  s->close();
+  std::this_thread::sleep_for(50ms);
+  EXPECT_EQ(calls.load(), 0);
+}
+
+// ----------------------------------------------------------------- names
+
+TEST_P(ConformanceTest, QueueNamesAreValidatedAlikeOnEveryStore) {
+  auto s = NewSession();
+  ASSERT_TRUE(s);
+  std::vector<std::string> ids{"x"};
+  for (const std::string& bad : {std::string(), std::string("/a"), std::string("a/"), std::string("a//b"),
+                                 std::string("../x"), std::string("a/./b"), std::string("has space"),
+                                 std::string("a\nb"), std::string(600, 'x')}) {
+    SCOPED_TRACE("queue '" + bad + "'");
+    EXPECT_THAT(s->append(bad, Spec(), In(kPrompt)).status(), StatusIs(ErrorCode::kInvalidArgument));
+    EXPECT_THAT(s->list(bad, {}, In(kPrompt)).status(), StatusIs(ErrorCode::kInvalidArgument));
+    EXPECT_THAT(s->find_own(bad, NewAttemptId(), In(kPrompt)).status(), StatusIs(ErrorCode::kInvalidArgument));
+    EXPECT_THAT(s->remove(bad, "x", In(kPrompt)), StatusIs(ErrorCode::kInvalidArgument));
+    EXPECT_THAT(s->wait_any_gone(bad, ids, In(kPrompt), {}), StatusIs(ErrorCode::kInvalidArgument));
+  }
+  for (const std::string& good : {Queue("a.b_c-D/0"), Queue("x/locks"), Queue(std::string(200, 'y'))}) {
+    SCOPED_TRACE("queue '" + good + "'");
+    Entry e = Append(*s, good);
+    EXPECT_THAT(Ids(List(*s, good)), ElementsAreArray({e.id}));
+  }
+}
+
+TEST_P(ConformanceTest, NestedQueuesAreUnrelated) {
+  auto s = NewSession();
+  ASSERT_TRUE(s);
+  Entry parent = Append(*s, Queue("tenants"));
+  Entry child = Append(*s, Queue("tenants/acct-123456789"));
+  Entry grandchild = Append(*s, Queue("tenants/acct-123456789/run0000000001"));
+  EXPECT_THAT(Ids(List(*s, Queue("tenants"))), ElementsAreArray({parent.id}));
+  EXPECT_THAT(Ids(List(*s, Queue("tenants/acct-123456789"))), ElementsAreArray({child.id}));
+  EXPECT_THAT(Ids(List(*s, Queue("tenants/acct-123456789/run0000000001"))), ElementsAreArray({grandchild.id}));
+  ASSERT_THAT(s->remove(Queue("tenants"), parent.id, In(kPrompt)), IsOk());
+  EXPECT_TRUE(List(*s, Queue("tenants")).empty());
+  EXPECT_EQ(List(*s, Queue("tenants/acct-123456789")).size(), 1u);
+}
+
+// ------------------------------------------------------------- under load
+
+TEST_P(ConformanceTest, ConcurrentAppendsGetDistinctTokensInQueueOrder) {
+  constexpr int kThreads = 4;
+  constexpr int kPerThread = 10;
+  std::vector<std::shared_ptr<Session>> sessions;
+  for (int t = 0; t < kThreads; ++t) sessions.push_back(NewSession());
+  std::mutex mu;
+  std::map<std::string, std::uint64_t> token_of;  // from the appends: a listing need not carry tokens
+  std::vector<std::jthread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < kPerThread; ++i) {
+        Entry e = Append(*sessions[t], Queue("busy"));
+        std::lock_guard<std::mutex> g(mu);
+        token_of[e.id] = e.token.value_or(0);
+      }
+    });
+  }
+  threads.clear();
+  auto listed = List(*sessions[0], Queue("busy"));
+  ASSERT_EQ(listed.size(), static_cast<std::size_t>(kThreads * kPerThread));
+  std::set<std::uint64_t> tokens;
+  std::uint64_t last = 0;
+  for (const Entry& e : listed) {
+    std::uint64_t token = token_of.at(e.id);
+    EXPECT_GT(token, last) << "queue order and token order disagree";
+    last = token;
+    tokens.insert(token);
+  }
+  EXPECT_EQ(tokens.size(), listed.size());
+}
+
+INSTANTIATE_TEST_SUITE_P(Stores, ConformanceTest, ::testing::ValuesIn(testing::ConformanceSpecs()),
+                         [](const auto& p) { return testing::SpecName(p.param, p.index); });
+
+}  // namespace
+}  // namespace dlock
