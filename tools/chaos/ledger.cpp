@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <set>
 #include <sstream>
@@ -70,7 +71,8 @@ int CheckLedger(const std::string& path, const CheckOptions& options, std::ostre
   std::multimap<long, Interval> stops;
   std::set<long> killed;
   std::map<std::string, std::string> config;
-  std::vector<std::string> crashes, hung;
+  std::vector<std::string> crashes, hung, stuck;
+  std::set<std::pair<long, std::int64_t>> stops_begun;  // P lines: (pid, t0)
   int malformed = 0;
   for (std::string line; std::getline(in, line);) {
     std::istringstream f(line);
@@ -102,8 +104,18 @@ int CheckLedger(const std::string& path, const CheckOptions& options, std::ostre
       Interval iv;
       if (!(f >> kind >> pid >> iv.t0 >> iv.t1)) { ++malformed; continue; }
       ++faults[kind];
-      if (kind == "stop") stops.emplace(pid, iv);
+      if (kind == "stop") {
+        stops.emplace(pid, iv);
+        stops_begun.erase({pid, iv.t0});
+      }
       if (kind == "kill") killed.insert(pid);
+    } else if (tag == "P") {
+      long pid = 0;
+      std::int64_t t0 = 0;
+      if (!(f >> pid >> t0)) { ++malformed; continue; }
+      stops_begun.insert({pid, t0});
+    } else if (tag == "STUCK") {
+      stuck.push_back(line);
     } else if (tag == "D") {
       crashes.push_back(line);
     } else if (tag == "HUNG") {
@@ -111,6 +123,13 @@ int CheckLedger(const std::string& path, const CheckOptions& options, std::ostre
     } else if (!tag.empty()) {
       ++malformed;
     }
+  }
+  // A stop that was never continued (the runner died or hung): a pause to the end.
+  std::vector<std::string> never_continued;
+  for (const auto& [pid, t0] : stops_begun) {
+    stops.emplace(pid, Interval{t0, std::numeric_limits<std::int64_t>::max()});
+    never_continued.push_back("worker " + std::to_string(pid) + " SIGSTOPped at " + std::to_string(t0) +
+                              " was never continued");
   }
   std::int64_t timeout_ms = options.acquire_timeout_ms;
   if (timeout_ms == 0 && config.count("acquire_timeout_ms")) timeout_ms = std::stoll(config["acquire_timeout_ms"]);
@@ -233,6 +252,7 @@ int CheckLedger(const std::string& path, const CheckOptions& options, std::ostre
 
   const int violations = fencing_violations + overlap_unexplained + out_of_order + duplicate_tokens +
                          waits_unended + waits_too_long + static_cast<int>(crashes.size() + hung.size()) +
+                         static_cast<int>(stuck.size() + never_continued.size()) +
                          (options.orphans > 0 ? 1 : 0) + (malformed > 0 ? 1 : 0);
   out << "ledger: " << path << "\n";
   for (const auto& [k, v] : config) out << "  " << k << " = " << v << "\n";
@@ -258,11 +278,14 @@ int CheckLedger(const std::string& path, const CheckOptions& options, std::ostre
   out << "CHECK liveness: waits never ended: " << waits_unended << ", waits over the bound: " << waits_too_long
       << ", hung workers: " << hung.size() << "\n";
   out << "CHECK worker crashes: " << crashes.size() << "\n";
+  out << "CHECK runner: stuck: " << stuck.size() << ", stops never continued: " << never_continued.size() << "\n";
   out << "CHECK orphans: " << (options.orphans < 0 ? std::string("not checked") : std::to_string(options.orphans))
       << "\n";
   if (malformed) out << "CHECK malformed ledger lines: " << malformed << "\n";
   for (const auto& l : crashes) out << "  crash: " << l << "\n";
   for (const auto& l : hung) out << "  hung: " << l << "\n";
+  for (const auto& l : stuck) out << "  " << l << "\n";
+  for (const auto& l : never_continued) out << "  " << l << "\n";
   const std::size_t shown = std::min<std::size_t>(details.size(), 20);
   for (std::size_t i = 0; i < shown; ++i) out << "  " << details[i] << "\n";
   out << (violations == 0 ? "RESULT: OK\n" : "RESULT: " + std::to_string(violations) + " violation(s)\n");

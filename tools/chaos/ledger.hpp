@@ -12,8 +12,12 @@
 //                                                 holder was told (-1: never); state at end
 //   F kind pid t0 t1                              a fault: kill, stop, restart, cut, drop, delay
 //                                                 (pid -1 when it hit the server or the network)
+//   P pid t0 why                                  a SIGSTOP begins (why: holder, random); its
+//                                                 "F stop pid t0 t1" is written when it ends
 //   D pid status                                  a worker died on its own (a crash)
 //   HUNG pid t                                    a worker did not stop when asked
+//   STUCK t text                                  the runner's watchdog found it stuck (the
+//                                                 diagnosis is in OUT/stuck.txt and on stderr)
 #ifndef DLOCK_TOOLS_CHAOS_LEDGER_HPP_
 #define DLOCK_TOOLS_CHAOS_LEDGER_HPP_
 

@@ -15,6 +15,8 @@
 
 #include <CLI/CLI.hpp>
 #include <atomic>
+#include <cctype>
+#include <condition_variable>
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
@@ -23,12 +25,14 @@
 #include <iostream>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <random>
 #include <set>
 #include <sstream>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "dlock/dlock.hpp"
@@ -333,6 +337,334 @@ class RedisServer {
   pid_t pid_ = -1;
 };
 
+// ---------------------------------------------------------------- watchdog
+
+// What the process `pid`'s threads are blocked in, from /proc: per thread its
+// state, wchan and system call (x86-64 numbers named; a file descriptor
+// argument resolved to its path), e.g. "15154/15154 T do_signal_stop" or
+// "15149/15149 S locks_lock_inode_wait flock(/tmp/x/store/.counter)".
+std::string DescribeThreads(pid_t pid) {
+  auto slurp = [](const std::string& path) {
+    std::ifstream f(path);
+    std::stringstream s;
+    s << f.rdbuf();
+    std::string out = s.str();
+    while (!out.empty() && (out.back() == '\n' || out.back() == ' ')) out.pop_back();
+    return out;
+  };
+  std::string out;
+  std::error_code ec;
+  const std::string base = "/proc/" + Str(pid);
+  for (const auto& t : fs::directory_iterator(base + "/task", ec)) {
+    const std::string tdir = t.path().string();
+    std::string state = "?";
+    {
+      std::ifstream st(tdir + "/stat");
+      std::string all((std::istreambuf_iterator<char>(st)), std::istreambuf_iterator<char>());
+      auto close = all.rfind(')');
+      if (close != std::string::npos && close + 2 < all.size()) state = all.substr(close + 2, 1);
+    }
+    std::string line = "    " + Str(pid) + "/" + t.path().filename().string() + " " + state + " " + slurp(tdir + "/wchan");
+    std::istringstream sc(slurp(tdir + "/syscall"));
+    std::string nr_text;
+    sc >> nr_text;
+    if (!nr_text.empty() && nr_text != "running" && std::isdigit(static_cast<unsigned char>(nr_text[0]))) {
+      const long nr = std::stol(nr_text);
+      std::string arg0;
+      sc >> arg0;
+      std::string name = "syscall " + nr_text;
+#if defined(__x86_64__)
+      static const std::map<long, std::string> names = {
+          {0, "read"}, {1, "write"}, {7, "poll"}, {23, "select"}, {35, "nanosleep"}, {42, "connect"},
+          {43, "accept"}, {61, "wait4"}, {72, "fcntl"}, {73, "flock"}, {128, "rt_sigtimedwait"}, {202, "futex"},
+          {230, "clock_nanosleep"}, {232, "epoll_wait"}, {247, "waitid"}, {270, "pselect6"}, {271, "ppoll"},
+          {281, "epoll_pwait"}};
+      if (auto it = names.find(nr); it != names.end()) name = it->second;
+      if (nr == 0 || nr == 1 || nr == 42 || nr == 43 || nr == 72 || nr == 73) {  // the first argument is an fd
+        const long fd = std::stol(arg0, nullptr, 16);
+        std::string target = fs::read_symlink(base + "/fd/" + Str(fd), ec).string();
+        name += "(" + (target.empty() ? "fd " + Str(fd) : target) + ")";
+      }
+#endif
+      line += " " + name;
+    }
+    out += line + "\n";
+  }
+  return out.empty() ? "    (no such process)\n" : out;
+}
+
+// The last ledger line of `pid` (what the worker last said it was doing).
+std::string LastLedgerLine(const std::string& ledger, pid_t pid) {
+  std::ifstream in(ledger);
+  std::string last;
+  const std::string needle = " " + Str(pid) + " ";
+  for (std::string line; std::getline(in, line);)
+    if ((line.starts_with("B ") || line.starts_with("W ") || line.starts_with("H ") || line.starts_with("O ")) &&
+        line.find(needle) != std::string::npos)
+      last = line;
+  return last.empty() ? "(none)" : last;
+}
+
+// A thread of its own that the runner's main thread cannot block:
+//  - it owns every SIGSTOP: a stopped worker is continued when its time is up,
+//    whatever the main thread is doing (the main thread once blocked in a
+//    file-store listing on the counter lock a stopped worker held, and the
+//    SIGCONT that would have freed it was the main thread's own next step);
+//  - the main thread declares what it is doing and for how long at most
+//    (`Doing`); past that, or past the run's overall bound, the watchdog
+//    writes a diagnosis (the runner's and every worker's threads from /proc,
+//    the stopped workers, their last ledger lines), kills the workers and
+//    fails the run; if the main thread is still stuck after that, it ends
+//    the process (servers die with it: PR_SET_PDEATHSIG).
+class Watchdog {
+ public:
+  using Clock = std::chrono::steady_clock;
+  Watchdog(int ledger_fd, std::string ledger, std::string report, Clock::duration overall)
+      : fd_(ledger_fd), ledger_(std::move(ledger)), report_(std::move(report)), deadline_(Clock::now() + overall) {
+    thread_ = std::thread([this] { loop(); });
+  }
+  ~Watchdog() {
+    {
+      std::lock_guard lock(mu_);
+      quit_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+
+  // The main thread says what it does next and how long that may take.
+  class Doing {
+   public:
+    Doing(Watchdog& w, std::string what, Clock::duration bound) : w_(w) {
+      std::lock_guard lock(w_.mu_);
+      saved_ = {w_.doing_, w_.doing_since_, w_.doing_until_};
+      w_.doing_ = std::move(what);
+      w_.doing_since_ = Clock::now();
+      w_.doing_until_ = w_.doing_since_ + bound;
+    }
+    ~Doing() {
+      std::lock_guard lock(w_.mu_);
+      std::tie(w_.doing_, w_.doing_since_, w_.doing_until_) = saved_;
+      // The outer activity's clock restarts: its bound is per step.
+      w_.doing_since_ = Clock::now();
+      w_.doing_until_ = w_.doing_since_ + (std::get<2>(saved_) - std::get<1>(saved_));
+    }
+    Doing(const Doing&) = delete;
+    Doing& operator=(const Doing&) = delete;
+
+   private:
+    Watchdog& w_;
+    std::tuple<std::string, Clock::time_point, Clock::time_point> saved_;
+  };
+
+  void add_worker(pid_t pid, int slot) {
+    std::lock_guard lock(mu_);
+    workers_[pid] = slot;
+  }
+  // waitpid(WNOHANG) for one of the workers, under the lock that signals are
+  // sent under, so that no signal goes to a reaped (and maybe reused) pid. A
+  // worker that died while stopped gets its "F stop" line here.
+  pid_t reap_any(int& status) {
+    std::lock_guard lock(mu_);
+    for (auto it = workers_.begin(); it != workers_.end(); ++it) {
+      const pid_t pid = it->first;
+      if (::waitpid(pid, &status, WNOHANG) != pid) continue;
+      workers_.erase(it);
+      if (auto s = stops_.find(pid); s != stops_.end()) {
+        AppendLine(fd_, "F stop " + Str(pid) + " " + Str(s->second.t0) + " " + Str(MonotonicNanos()) + "\n");
+        stops_.erase(s);
+      }
+      return pid;
+    }
+    return -1;
+  }
+  // SIGKILL under the same lock (the pid is not reaped yet).
+  void kill_worker(pid_t pid) {
+    std::lock_guard lock(mu_);
+    if (workers_.count(pid)) ::kill(pid, SIGKILL);
+  }
+  // SIGSTOPs `pid` for `len`; the watchdog thread sends the SIGCONT.
+  bool stop_worker(pid_t pid, Clock::duration len, const std::string& why) {
+    std::lock_guard lock(mu_);
+    if (!workers_.count(pid) || stops_.count(pid)) return false;
+    const std::int64_t t0 = MonotonicNanos();
+    ::kill(pid, SIGSTOP);
+    stops_[pid] = {t0, Clock::now(), Clock::now() + len, why};
+    AppendLine(fd_, "P " + Str(pid) + " " + Str(t0) + " " + why + "\n");
+    cv_.notify_all();
+    return true;
+  }
+  bool stopped(pid_t pid) {
+    std::lock_guard lock(mu_);
+    return stops_.count(pid) > 0;
+  }
+  void continue_all() {
+    std::lock_guard lock(mu_);
+    for (auto& [pid, s] : stops_) s.until = Clock::now();
+    continue_due();
+  }
+  bool failed() {
+    std::lock_guard lock(mu_);
+    return failed_;
+  }
+
+ private:
+  struct Stop {
+    std::int64_t t0;
+    Clock::time_point since, until;
+    std::string why;
+  };
+
+  // Under mu_.
+  void continue_due() {
+    const auto now = Clock::now();
+    for (auto it = stops_.begin(); it != stops_.end();) {
+      if (it->second.until > now) { ++it; continue; }
+      ::kill(it->first, SIGCONT);
+      AppendLine(fd_, "F stop " + Str(it->first) + " " + Str(it->second.t0) + " " + Str(MonotonicNanos()) + "\n");
+      it = stops_.erase(it);
+    }
+  }
+
+  void loop() {
+    std::unique_lock lock(mu_);
+    while (!quit_) {
+      cv_.wait_for(lock, 20ms);
+      continue_due();
+      if (failed_) continue;
+      const auto now = Clock::now();
+      std::string why;
+      if (now > doing_until_)
+        why = "the runner has been " + doing_ + " for " + Str(std::chrono::duration_cast<std::chrono::milliseconds>(now - doing_since_).count()) +
+              " ms (bound " + Str(std::chrono::duration_cast<std::chrono::milliseconds>(doing_until_ - doing_since_).count()) + " ms)";
+      else if (now > deadline_)
+        why = "the run passed its overall bound (--deadline-s) while " + doing_;
+      if (why.empty()) continue;
+      fail(why, lock);
+    }
+  }
+
+  void fail(const std::string& why, std::unique_lock<std::mutex>& lock) {
+    failed_ = true;
+    const auto now = Clock::now();
+    auto ms_ago = [&](Clock::time_point t) {
+      return Str(std::chrono::duration_cast<std::chrono::milliseconds>(now - t).count());
+    };
+    std::ostringstream d;
+    d << "dlock-chaos: STUCK: " << why << "\n  runner (pid " << ::getpid() << ") threads:\n"
+      << DescribeThreads(::getpid());
+    for (const auto& [pid, slot] : workers_) {
+      d << "  worker slot " << slot << " pid " << pid;
+      if (auto s = stops_.find(pid); s != stops_.end())
+        d << ": SIGSTOPped " << ms_ago(s->second.since) << " ms ago (" << s->second.why << "), due for SIGCONT in "
+          << std::chrono::duration_cast<std::chrono::milliseconds>(s->second.until - now).count() << " ms";
+      d << "\n    last ledger line: " << LastLedgerLine(ledger_, pid) << "\n" << DescribeThreads(pid);
+    }
+    const std::string text = d.str();
+    std::cerr << text << std::flush;
+    std::ofstream(report_) << text;
+    std::string one = why;
+    for (char& c : one)
+      if (c == '\n') c = ' ';
+    AppendLine(fd_, "STUCK " + Str(MonotonicNanos()) + " " + one + "\n");
+    // Continue and kill every worker (that frees whatever store lock they
+    // held), then give the main thread a while to wind down and check.
+    const std::string t = Str(MonotonicNanos());
+    for (const auto& [pid, slot] : workers_) {
+      ::kill(pid, SIGCONT);
+      ::kill(pid, SIGKILL);
+      if (auto s = stops_.find(pid); s != stops_.end())
+        AppendLine(fd_, "F stop " + Str(pid) + " " + Str(s->second.t0) + " " + t + "\n");
+      AppendLine(fd_, "F kill " + Str(pid) + " " + t + " " + t + "\n");
+    }
+    stops_.clear();
+    const auto grace = Clock::now() + 30s;
+    while (!quit_ && Clock::now() < grace) cv_.wait_for(lock, 50ms);
+    if (!quit_) {
+      std::cerr << "dlock-chaos: the runner is still stuck (" << doing_ << "); exiting. Report: " << report_ << "\n"
+                << DescribeThreads(::getpid()) << std::flush;
+      ::_exit(3);
+    }
+  }
+
+  int fd_;
+  std::string ledger_, report_;
+  Clock::time_point deadline_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool quit_ = false, failed_ = false;
+  std::string doing_ = "starting";
+  Clock::time_point doing_since_ = Clock::now(), doing_until_ = Clock::now() + 10min;
+  std::map<pid_t, int> workers_;
+  std::map<pid_t, Stop> stops_;
+  std::thread thread_;
+};
+
+// Looks up the lock's holders (by their owner records, read directly) on a
+// thread of its own, so that the main thread waits a bounded time: a
+// file-store listing takes the counter lock, which a stopped worker may hold.
+class HolderProbe {
+ public:
+  HolderProbe(std::string url, std::string name) : url_(std::move(url)), name_(std::move(name)) {
+    thread_ = std::thread([this] { loop(); });
+  }
+  ~HolderProbe() {
+    {
+      std::lock_guard lock(mu_);
+      quit_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  // The pids whose entries hold now; nullopt if the answer does not come
+  // within `wait` (a lookup still running is not started again).
+  std::optional<std::vector<pid_t>> holders(std::chrono::milliseconds wait) {
+    std::unique_lock lock(mu_);
+    if (asked_ == answered_) ++asked_;
+    cv_.notify_all();
+    const auto want = asked_;
+    if (!cv_.wait_for(lock, wait, [&] { return answered_ >= want; })) return std::nullopt;
+    return answer_;
+  }
+
+ private:
+  void loop() {
+    std::optional<Client> client;
+    std::unique_lock lock(mu_);
+    while (true) {
+      cv_.wait(lock, [&] { return quit_ || asked_ > answered_; });
+      if (quit_) return;
+      const auto want = asked_;
+      lock.unlock();
+      std::optional<std::vector<pid_t>> out;
+      if (!client) {
+        auto c = Client::open(url_);
+        if (c.ok()) client = std::move(*c);
+      }
+      if (client) {
+        auto entries = Inspect(*client, name_);
+        if (entries.ok()) {
+          out.emplace();
+          for (const auto& e : *entries)
+            if (e.holds && e.entry.owner) out->push_back(static_cast<pid_t>(e.entry.owner->pid));
+        }
+      }
+      lock.lock();
+      answer_ = std::move(out);
+      answered_ = want;
+      cv_.notify_all();
+    }
+  }
+
+  std::string url_, name_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::uint64_t asked_ = 0, answered_ = 0;
+  std::optional<std::vector<pid_t>> answer_;
+  bool quit_ = false;
+  std::thread thread_;
+};
+
 struct RunArgs {
   std::string store = "file";
   std::string out;
@@ -343,6 +675,7 @@ struct RunArgs {
   int acquire_timeout_ms = 5000;
   int ttl_ms = 2000;  // redis session lease
   int fault_every_ms = 700;  // mean gap between faults
+  double deadline_s = 0;     // the whole run's bound (0: duration + 300 s + 60 s per ZooKeeper server)
   std::vector<std::string> faults;  // empty: every kind the store supports
 };
 
@@ -357,7 +690,10 @@ class Runner {
       if (!::mkdtemp(tmpl)) return 2;
       a_.out = tmpl;
     }
-    const int status = run_in_out_dir();
+    int status = run_in_out_dir();
+    if (wd_ && wd_->failed()) status = 1;
+    wd_.reset();
+    if (fd_ >= 0) ::close(fd_);
     // A scratch directory is kept only when there is something to look at.
     if (scratch && status == 0) fs::remove_all(a_.out);
     else std::cerr << "dlock-chaos: ledger kept in " << ledger_ << "\n";
@@ -371,6 +707,13 @@ class Runner {
     fs::remove(ledger_);
     fd_ = ::open(ledger_.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0600);
     if (fd_ < 0) return 2;
+    {
+      double bound = a_.deadline_s;
+      if (bound <= 0) bound = a_.duration_s + 300 + (a_.store == "zk3" ? 180 : a_.store == "zk" ? 60 : 0);
+      wd_ = std::make_unique<Watchdog>(fd_, ledger_, a_.out + "/stuck.txt",
+                                       std::chrono::milliseconds(static_cast<std::int64_t>(bound * 1000)));
+    }
+    std::optional<Watchdog::Doing> starting(std::in_place, *wd_, "starting the servers", 240s);
     name_ = "chaos/lock";
     std::vector<std::string> kinds;
     if (a_.store == "file") {
@@ -416,11 +759,15 @@ class Runner {
                         " acquire_timeout_ms=" + Str(a_.acquire_timeout_ms) + " hold_max_ms=" + Str(a_.hold_max_ms) +
                         " ttl_ms=" + Str(a_.store == "file" ? 0 : a_.ttl_ms) + "\n");
     std::cerr << "dlock-chaos: " << a_.store << " store at " << url_ << ", ledger " << ledger_ << "\n";
+    starting.reset();
+    probe_ = std::make_unique<HolderProbe>(direct_url_, name_);
 
     for (int s = 0; s < a_.workers; ++s) spawn_worker(s);
     const auto t_end = std::chrono::steady_clock::now() + std::chrono::milliseconds(static_cast<std::int64_t>(a_.duration_s * 1000));
     auto next_fault = std::chrono::steady_clock::now() + gap();
-    while (std::chrono::steady_clock::now() < t_end && !g_interrupted) {
+    while (std::chrono::steady_clock::now() < t_end && !g_interrupted && !wd_->failed()) {
+      // One step of the loop; a restart inside it declares its own, longer bound.
+      Watchdog::Doing step(*wd_, "in the fault loop", 30s);
       reap();
       run_due_actions(false);
       if (std::chrono::steady_clock::now() >= next_fault) {
@@ -429,17 +776,28 @@ class Runner {
       }
       std::this_thread::sleep_for(10ms);
     }
-    run_due_actions(true);  // end every fault still in progress
+    wd_->continue_all();
+    std::cerr << "dlock-chaos: holder lookups " << holder_lookups_ << ", not answered within 1 s: "
+              << holder_lookups_late_ << "\n";
+    {
+      Watchdog::Doing ending(*wd_, "ending the faults in progress", 240s);
+      run_due_actions(true);  // end every fault still in progress
+    }
     const int stopped_ok = stop_workers();
-    const std::int64_t orphans = count_orphans();
-    if (redis_) redis_->stop();
-    zk_proxies_.clear();
-    zk_.reset();
-    ::close(fd_);
+    std::int64_t orphans = -1;
+    {
+      Watchdog::Doing doing(*wd_, "counting orphans", std::chrono::milliseconds(a_.ttl_ms * 3) + 60s);
+      orphans = count_orphans();
+      probe_.reset();
+      if (redis_) redis_->stop();
+      zk_proxies_.clear();
+      zk_.reset();
+    }
     CheckOptions opts;
     opts.orphans = orphans;
+    Watchdog::Doing doing(*wd_, "checking the ledger", 300s);
     const int violations = CheckLedger(ledger_, opts, std::cout);
-    return (violations == 0 && stopped_ok) ? 0 : 1;
+    return (violations == 0 && stopped_ok && !wd_->failed()) ? 0 : 1;
   }
 
   using Action = std::pair<std::chrono::steady_clock::time_point, std::function<void()>>;
@@ -462,17 +820,17 @@ class Runner {
                        "--hold-max-ms", Str(a_.hold_max_ms), "--acquire-timeout-ms", Str(a_.acquire_timeout_ms),
                        "--seed", Str(static_cast<std::int64_t>(rng_() >> 1))},
                       "", &stop_signal);
-    if (pid > 0) workers_[pid] = slot;
+    if (pid > 0) {
+      workers_[pid] = slot;
+      wd_->add_worker(pid, slot);
+    }
   }
 
   // Collects workers that ended: a killed one is replaced; one that exited
   // on its own is a crash.
-  // Waits only for workers: the servers are waited for by their own classes.
-  pid_t wait_any_worker(int& status) {
-    for (const auto& [pid, slot] : workers_)
-      if (::waitpid(pid, &status, WNOHANG) == pid) return pid;
-    return -1;
-  }
+  // Waits only for workers (through the watchdog, which signals them): the
+  // servers are waited for by their own classes.
+  pid_t wait_any_worker(int& status) { return wd_->reap_any(status); }
 
   void reap() {
     int status = 0;
@@ -481,34 +839,32 @@ class Runner {
       auto it = workers_.find(pid);
       const int slot = it->second;
       workers_.erase(it);
+      if (wd_->failed()) continue;  // the watchdog killed them all: the run ends
       if (!(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL && killed_by_us_.count(pid)))
         AppendLine(fd_, "D " + Str(pid) + " " + Str(status) + "\n");
       spawn_worker(slot);
     }
   }
 
-  // The worker that holds the lock now, by the owner record in the store
-  // (read directly, not through the proxy); -1 if unknown.
+  // A worker that holds the lock now, by the owner records in the store
+  // (read directly, not through the proxy); -1 if unknown or if the answer
+  // takes over a second (see HolderProbe).
   pid_t holder() {
-    if (!inspect_client_) {
-      auto c = Client::open(direct_url_);
-      if (!c.ok()) return -1;
-      inspect_client_ = std::move(*c);
+    ++holder_lookups_;
+    auto pids = probe_->holders(1000ms);
+    if (!pids) {
+      ++holder_lookups_late_;
+      return -1;
     }
-    auto entries = Inspect(*inspect_client_, name_);
-    if (!entries.ok()) return -1;
-    for (const auto& e : *entries) {
-      if (!e.holds || !e.entry.owner) continue;
-      const auto pid = static_cast<pid_t>(e.entry.owner->pid);
-      if (workers_.count(pid) && !stopped_.count(pid)) return pid;
-    }
+    for (const pid_t pid : *pids)
+      if (workers_.count(pid) && !wd_->stopped(pid)) return pid;
     return -1;
   }
 
   pid_t random_worker() {
     std::vector<pid_t> pids;
     for (auto& [pid, slot] : workers_)
-      if (!stopped_.count(pid)) pids.push_back(pid);
+      if (!wd_->stopped(pid)) pids.push_back(pid);
     return pids.empty() ? -1 : pids[rng_() % pids.size()];
   }
 
@@ -528,6 +884,8 @@ class Runner {
       if (all || actions_[i].first <= now) {
         auto fn = std::move(actions_[i].second);
         actions_.erase(actions_.begin() + static_cast<std::ptrdiff_t>(i));
+        // Restarts wait for a server (a JVM: up to a minute).
+        Watchdog::Doing doing(*wd_, "ending a fault (restarting a server, healing the network)", 150s);
         fn();
       } else {
         ++i;
@@ -541,22 +899,29 @@ class Runner {
       pid_t pid = random_worker();
       if (pid <= 0) return;
       killed_by_us_.insert(pid);
-      ::kill(pid, SIGKILL);
+      wd_->kill_worker(pid);
       AppendLine(fd_, "F kill " + Str(pid) + " " + Str(t0) + " " + Str(t0) + "\n");
     } else if (kind == "stop") {
       // Half of the time the current holder: that is where a pause matters.
-      pid_t pid = rng_() % 2 ? holder() : -1;
+      const bool aim = rng_() % 2;
+      pid_t pid = aim ? holder() : -1;
+      const bool hit_holder = pid > 0;
       if (pid <= 0) pid = random_worker();
       if (pid <= 0) return;
-      // Longer than the session lease, so the store gives the lock away meanwhile.
+      // Longer than the session lease, so the store gives the lock away
+      // meanwhile. The watchdog continues it on time and writes "F stop".
       const int base = a_.store == "file" ? 1000 : a_.ttl_ms;
-      ::kill(pid, SIGSTOP);
-      stopped_.insert(pid);
-      later(between(base * 3 / 2, base * 5 / 2), [this, pid, t0] {
-        ::kill(pid, SIGCONT);
-        stopped_.erase(pid);
-        AppendLine(fd_, "F stop " + Str(pid) + " " + Str(t0) + " " + Str(MonotonicNanos()) + "\n");
-      });
+      wd_->stop_worker(pid, between(base * 3 / 2, base * 5 / 2), hit_holder ? "holder" : "random");
+    } else if (kind == "stall") {
+      // A self-test of the watchdog (never chosen unless asked for): stop a
+      // worker for 10 s, then block the main thread past its declared bound,
+      // as a blocking store call once did. The run must fail within seconds
+      // with a diagnosis, not hang.
+      pid_t pid = random_worker();
+      if (pid <= 0) return;
+      wd_->stop_worker(pid, 10s, "stall");
+      Watchdog::Doing doing(*wd_, "stalling on purpose (fault 'stall')", 2s);
+      std::this_thread::sleep_for(6s);
     } else if (kind == "restart" && redis_ && redis_->running()) {
       redis_->stop();
       later(between(0, 1500), [this, t0] {
@@ -605,6 +970,7 @@ class Runner {
   // Asks every worker to stop; a worker that does not exit within the
   // acquire timeout plus a margin is hung (a liveness failure).
   bool stop_workers() {
+    Watchdog::Doing doing(*wd_, "stopping the workers", std::chrono::milliseconds(a_.acquire_timeout_ms) + 60s);
     for (auto& [pid, slot] : workers_) ::kill(pid, SIGUSR1);
     bool ok = true;
     const auto limit = std::chrono::steady_clock::now() + std::chrono::milliseconds(a_.acquire_timeout_ms) + 20s;
@@ -613,19 +979,20 @@ class Runner {
       pid_t pid = wait_any_worker(status);
       if (pid > 0) {
         const bool killed = WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL && killed_by_us_.count(pid);
-        if (workers_.erase(pid) && !killed && !(WIFEXITED(status) && WEXITSTATUS(status) == 0))
+        if (workers_.erase(pid) && !killed && !wd_->failed() && !(WIFEXITED(status) && WEXITSTATUS(status) == 0))
           AppendLine(fd_, "D " + Str(pid) + " " + Str(status) + "\n");
         continue;
       }
-      if (std::chrono::steady_clock::now() > limit) {
+      if (std::chrono::steady_clock::now() > limit && ok) {
+        // Say what each one is blocked in, then kill it (reaped by this loop).
         for (auto& [p, slot] : workers_) {
           AppendLine(fd_, "HUNG " + Str(p) + " " + Str(MonotonicNanos()) + "\n");
-          ::kill(p, SIGKILL);
-          ::waitpid(p, nullptr, 0);
+          std::cerr << "dlock-chaos: worker slot " << slot << " pid " << p << " did not stop when asked\n"
+                    << "    last ledger line: " << LastLedgerLine(ledger_, p) << "\n" << DescribeThreads(p);
+          killed_by_us_.insert(p);
+          wd_->kill_worker(p);
         }
-        workers_.clear();
         ok = false;
-        break;
       }
       std::this_thread::sleep_for(10ms);
     }
@@ -675,9 +1042,11 @@ class Runner {
   bool network_fault_ = false;
   bool server_down_ = false;
   std::map<pid_t, int> workers_;
-  std::set<pid_t> stopped_, killed_by_us_;
+  std::set<pid_t> killed_by_us_;
   std::vector<Action> actions_;
-  std::optional<Client> inspect_client_;
+  std::unique_ptr<Watchdog> wd_;  // declared after fd_ and before the servers: outlives the run's steps
+  std::unique_ptr<HolderProbe> probe_;
+  int holder_lookups_ = 0, holder_lookups_late_ = 0;
 };
 
 std::string SelfPath(const char* argv0) {
@@ -705,6 +1074,8 @@ int main(int argc, char** argv) {
   run_cmd->add_option("--acquire-timeout-ms", run.acquire_timeout_ms);
   run_cmd->add_option("--ttl-ms", run.ttl_ms, "redis session lease, zk session timeout");
   run_cmd->add_option("--fault-every-ms", run.fault_every_ms, "mean gap between faults");
+  run_cmd->add_option("--deadline-s", run.deadline_s,
+                      "bound on the whole run; past it the watchdog diagnoses and fails the run");
   run_cmd->add_option("--faults", run.faults, "kinds to inject: kill stop restart cut drop delay leader")->delimiter(',');
 
   std::string ledger;
