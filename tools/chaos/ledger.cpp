@@ -217,21 +217,30 @@ int CheckLedger(const std::string& path, const CheckOptions& options, std::ostre
       }
     }
 
-    // Token order: a hold that began after another one ended must have a
-    // larger token, unless it was paused between getting its token and starting.
+    // Token order: a hold that began after a conflicting one ended must have
+    // a larger token, unless it was paused between getting its token and
+    // starting. (Read holds take their tokens in the queue and may be granted
+    // together: a read is compared with the writes that ended only.)
     {
       std::vector<std::size_t> by_end = idx;
       std::sort(by_end.begin(), by_end.end(), [&](std::size_t x, std::size_t y) { return holds[x].end < holds[y].end; });
       std::size_t k = 0;
-      std::uint64_t max_ended = 0;
-      bool any_ended = false;
+      std::uint64_t max_all = 0, max_ended_write = 0;
+      bool any_all = false, any_ended_write = false;
       for (const std::size_t i : idx) {  // by start
         const HoldRec& b = holds[i];
         while (k < by_end.size() && holds[by_end[k]].end <= b.start) {
-          max_ended = std::max(max_ended, holds[by_end[k]].token);
-          any_ended = true;
+          const HoldRec& e = holds[by_end[k]];
+          max_all = std::max(max_all, e.token);
+          any_all = true;
+          if (e.mode != "r") {
+            max_ended_write = std::max(max_ended_write, e.token);
+            any_ended_write = true;
+          }
           ++k;
         }
+        const bool any_ended = b.mode == "r" ? any_ended_write : any_all;
+        const std::uint64_t max_ended = b.mode == "r" ? max_ended_write : max_all;
         if (any_ended && b.token <= max_ended) {
           if (b.token != max_ended && (paused(b) || b.told())) {
             ++out_of_order_explained;

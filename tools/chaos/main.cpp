@@ -932,7 +932,9 @@ class Runner {
     }
     wd_->continue_all();
     std::cerr << "dlock-chaos: holder lookups " << holder_lookups_ << ", not answered within 1 s: "
-              << holder_lookups_late_ << "\n";
+              << holder_lookups_late_ << "; faults skipped (not possible at the time):";
+    for (const auto& [k, n] : skipped_) std::cerr << " " << k << "=" << n;
+    std::cerr << "\n";
     {
       Watchdog::Doing ending(*wd_, "ending the faults in progress", 240s);
       run_due_actions(true);  // end every fault still in progress
@@ -1192,6 +1194,8 @@ class Runner {
     } else if (kind == "drop" && !proxies().empty()) {
       for (auto* p : proxies()) p->drop_all();
       AppendLine(fd_, "F drop -1 " + Str(t0) + " " + Str(t0) + "\n");
+    } else {
+      ++skipped_[kind];  // not possible now (a server is down, the replica is not in sync, ...)
     }
   }
 
@@ -1324,6 +1328,7 @@ class Runner {
   std::unique_ptr<Watchdog> wd_;  // declared after fd_ and before the servers: outlives the run's steps
   std::unique_ptr<HolderProbe> probe_;
   int holder_lookups_ = 0, holder_lookups_late_ = 0;
+  std::map<std::string, int> skipped_;
 };
 
 std::string SelfPath(const char* argv0) {
