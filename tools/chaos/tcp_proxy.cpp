@@ -130,7 +130,7 @@ void TcpProxy::run() {
         int cfd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
         if (cfd < 0) break;
         int sfd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-        sockaddr_in up = Loopback(upstream_port_);
+        sockaddr_in up = Loopback(upstream_port_.load());
         // Loopback: a blocking connect ends at once (refused while the server is down).
         if (sfd < 0 || ::connect(sfd, reinterpret_cast<sockaddr*>(&up), sizeof up) != 0) {
           if (sfd >= 0) ::close(sfd);

@@ -35,13 +35,15 @@ class TcpProxy {
   void set_mode(Mode mode, std::chrono::milliseconds delay = {}) noexcept;
   // Closes every open connection (both sides), like a reset.
   void drop_all() noexcept { drop_.store(true); }
+  // New connections go to 127.0.0.1:`port` from now on (a failover).
+  void set_upstream(int port) noexcept { upstream_port_.store(port); }
 
  private:
   void run();
 
   int listen_fd_ = -1;
   int port_ = 0;
-  int upstream_port_ = 0;
+  std::atomic<int> upstream_port_{0};
   std::atomic<Mode> mode_{Mode::kPass};
   std::atomic<std::int64_t> delay_ms_{0};
   std::atomic<bool> drop_{false};
