@@ -197,10 +197,36 @@ class Store {
   // The URL this store was opened with, password removed.
   virtual std::string url() const = 0;
 
-  // Opens a new session. Errors: kUnavailable (unreachable within the
+  // Opens a new session, independent of every other: closing or losing one
+  // never ends another. A session may outlive the Store that opened it (it
+  // keeps what it needs alive). Errors: kUnavailable (unreachable within the
   // deadline), kUnauthenticated, kInvalidArgument.
   virtual Result<std::shared_ptr<Session>> open_session(Clock::time_point deadline) = 0;
 };
+
+// For implementers of a new store
+//
+//  1. Put it in src/stores/<name>/, behind a function
+//       Result<std::shared_ptr<Store>> OpenXStore(const ParsedUrl&, const StoreOptions&);
+//     and add one row to the table in src/core/open_store.cpp (scheme and
+//     opener); SupportedSchemes() and the error texts follow from it.
+//  2. Meet every rule in this file. The ones that need care:
+//     - tokens only grow per queue, also across the store's own restarts and
+//       failovers where it can lose data (seed from a clock if need be);
+//     - state() folds in the session's own clock; a holder hears kLost from
+//       that clock no later than the store could give its entries away;
+//     - subscribers are called in order, one at a time, without locks held,
+//       and may call back in (close() included); close() tells them first;
+//     - an append whose outcome is unknown is kUnavailable, and find_own must
+//       then be able to find the entry, and fence a late append off;
+//     - queue names are ValidateLockName's, and nested names are unrelated;
+//     - every wait follows StoreOptions::clock and its on_advance(), unless
+//       the store cannot run on a hand-moved clock (say so, as Redis does).
+//  3. Run tests/store/conformance_test.cpp on it: start its server from a
+//     CTest fixture and pass the URL in DLOCK_TEST_URLS, as tests/redis and
+//     tests/zookeeper do; the recipe, process and CLI suites take the same
+//     URL. A store is accepted when those suites pass on it, under ASan and
+//     TSan too.
 
 struct StoreOptions {
   std::shared_ptr<Clock> clock;  // nullptr: Clock::system()
