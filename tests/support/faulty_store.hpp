@@ -18,6 +18,7 @@
 #include <deque>
 #include <map>
 #include <memory>
+#include <new>
 #include <mutex>
 #include <string>
 #include <string_view>
@@ -48,6 +49,12 @@ class FaultyStore final : public Store, public std::enable_shared_from_this<Faul
     std::lock_guard<std::mutex> g(faults_->mu);
     for (int i = 0; i < count; ++i) faults_->failures[std::string(op)].push_back(status);
   }
+  // The next `count` calls of `op` throw std::bad_alloc (memory running
+  // out in the store) and do nothing.
+  void throw_next(std::string_view op, int count = 1) {
+    std::lock_guard<std::mutex> g(faults_->mu);
+    faults_->throws[std::string(op)] += count;
+  }
   // The next `count` calls of `op` take effect, but report kUnavailable.
   void lose_next_reply(std::string_view op, int count = 1) {
     std::lock_guard<std::mutex> g(faults_->mu);
@@ -68,17 +75,26 @@ class FaultyStore final : public Store, public std::enable_shared_from_this<Faul
   }
 
  private:
+  class FaultySession;
   struct Faults {
     mutable std::mutex mu;
     std::map<std::string, std::deque<Status>> failures;
     std::map<std::string, int> lost_replies;
+    std::map<std::string, int> throws;
     std::map<std::string, std::uint64_t> counts;
-    std::map<std::string, std::weak_ptr<class FaultySession>> sessions;
+    std::map<std::string, std::weak_ptr<FaultySession>> sessions;
 
-    // Counts `op`; returns its injected failure, if any.
+    // Counts `op`; returns its injected failure, if any, or throws.
     Status Before(const std::string& op) {
       std::lock_guard<std::mutex> g(mu);
       ++counts[op];
+      for (const std::string& key : {op, std::string("*")}) {
+        auto it = throws.find(key);
+        if (it != throws.end() && it->second > 0) {
+          --it->second;
+          throw std::bad_alloc();
+        }
+      }
       for (const std::string& key : {op, std::string("*")}) {
         auto it = failures.find(key);
         if (it != failures.end() && !it->second.empty()) {
