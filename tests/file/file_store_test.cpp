@@ -100,12 +100,6 @@ std::vector<std::string> Ids(const std::vector<Entry>& entries) {
   return out;
 }
 
-std::vector<std::uint64_t> Tokens(const std::vector<Entry>& entries) {
-  std::vector<std::uint64_t> out;
-  for (const auto& e : entries) out.push_back(e.token.value_or(0));
-  return out;
-}
-
 // wait_any_gone on its own thread. Cancelled when destroyed, so that a test
 // that fails never hangs on a wait that does not end.
 class AsyncWait {
@@ -387,43 +381,6 @@ TEST(FileStoreUrl, DefaultDirectoryIsMadePrivate) {
 
 // --- append and list
 
-TEST_F(FileStoreTest, AppendReturnsTheQueueInOrderWithGrowingTokens) {
-  auto a = NewSession();
-  auto b = NewSession();
-  std::vector<std::string> expected_ids;
-  std::uint64_t last_token = 0;
-  for (int i = 0; i < 6; ++i) {
-    Session& session = i % 2 == 0 ? *a : *b;
-    auto appended = session.append("orders/42", Spec(), kNoDeadline);
-    ASSERT_TRUE(appended.ok()) << appended.status().ToString();
-    ASSERT_TRUE(appended->entry.token.has_value());
-    EXPECT_GT(*appended->entry.token, last_token);
-    last_token = *appended->entry.token;
-    EXPECT_EQ(appended->entry.sequence, static_cast<std::int64_t>(last_token));
-    EXPECT_EQ(appended->entry.kind, "lock");
-    expected_ids.push_back(appended->entry.id);
-    ASSERT_TRUE(appended->queue.has_value());
-    EXPECT_EQ(Ids(*appended->queue), expected_ids);  // everything before it, and itself last
-  }
-  auto listed = List(*b, "orders/42");
-  EXPECT_EQ(Ids(listed), expected_ids);
-  auto tokens = Tokens(listed);
-  EXPECT_TRUE(std::is_sorted(tokens.begin(), tokens.end()));
-  EXPECT_EQ(std::set<std::uint64_t>(tokens.begin(), tokens.end()).size(), tokens.size());
-}
-
-TEST_F(FileStoreTest, QueuesWhoseNamesArePrefixesDoNotMix) {
-  auto s = NewSession();
-  Entry a = Append(*s, "a");
-  Entry ab = Append(*s, "a/b");
-  Entry a_locks = Append(*s, "a/locks");
-  EXPECT_EQ(Ids(List(*s, "a")), std::vector<std::string>{a.id});
-  EXPECT_EQ(Ids(List(*s, "a/b")), std::vector<std::string>{ab.id});
-  EXPECT_EQ(Ids(List(*s, "a/locks")), std::vector<std::string>{a_locks.id});
-  EXPECT_TRUE(List(*s, "a/b/c").empty());
-  EXPECT_TRUE(List(*s, "never/used").empty());
-}
-
 TEST_F(FileStoreTest, LongQueueNamesWork) {
   std::string base(300, 'x');
   auto s = NewSession();
@@ -495,73 +452,6 @@ TEST_F(FileStoreTest, AStuckCounterLockDoesNotOutlastTheDeadline) {
   EXPECT_TRUE(m.try_lock_for(kPrompt)) << "works again once the counter is free";
   m.unlock();
   EXPECT_TRUE(List(*NewSession(), "stuck").empty()) << "the given-up attempts left entries";
-}
-
-TEST_F(FileStoreTest, ConcurrentAppendsGetDistinctTokensInQueueOrder) {
-  auto a = NewSession();
-  auto b = OpenStoreAt(dir_.path());  // a second open file description of the counter, as in another process
-  auto c = NewSession(b.get());
-  constexpr int kThreads = 4;
-  constexpr int kPerThread = 25;
-  std::atomic<int> failures{0};
-  std::vector<std::thread> threads;
-  for (int t = 0; t < kThreads; ++t) {
-    threads.emplace_back([&, t] {
-      Session& session = t % 2 == 0 ? *a : *c;
-      for (int i = 0; i < kPerThread; ++i) {
-        auto appended = session.append("busy", Spec(), kNoDeadline);
-        if (!appended.ok() || !appended->queue) {
-          ++failures;
-          continue;
-        }
-        // The snapshot holds every earlier entry, so this one is last in it.
-        if (appended->queue->empty() || appended->queue->back().id != appended->entry.id) ++failures;
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  EXPECT_EQ(failures.load(), 0);
-  auto listed = List(*a, "busy");
-  ASSERT_EQ(listed.size(), static_cast<std::size_t>(kThreads * kPerThread));
-  auto tokens = Tokens(listed);
-  EXPECT_TRUE(std::is_sorted(tokens.begin(), tokens.end()));
-  EXPECT_EQ(std::set<std::uint64_t>(tokens.begin(), tokens.end()).size(), tokens.size());
-}
-
-TEST_F(FileStoreTest, AGivenSequenceSortsBesideTheOriginal) {
-  auto s = NewSession();
-  Entry write = Append(*s, "rw", Spec("write"));
-  Entry later = Append(*s, "rw", Spec("read"));
-  EntrySpec downgrade = Spec("read");
-  downgrade.sequence = write.sequence;
-  Entry read = Append(*s, "rw", downgrade);
-  EXPECT_EQ(read.sequence, write.sequence);
-  EXPECT_GT(*read.token, *later.token);  // the token still grows
-  auto listed = List(*s, "rw");
-  ASSERT_EQ(listed.size(), 3u);
-  EXPECT_EQ(listed[2].id, later.id);
-  EXPECT_EQ(std::set<std::string>({listed[0].id, listed[1].id}), std::set<std::string>({write.id, read.id}));
-  ASSERT_TRUE(s->remove("rw", write.id, kNoDeadline).ok());
-  EXPECT_EQ(Ids(List(*s, "rw")), (std::vector<std::string>{read.id, later.id}));
-}
-
-TEST_F(FileStoreTest, ListWithOwnersDecodesTheRecord) {
-  auto s = NewSession();
-  Entry e = Append(*s, "owned", Spec("lease", "0123456789abcdef0123456789abcdef"));
-  auto plain = List(*s, "owned");
-  ASSERT_EQ(plain.size(), 1u);
-  EXPECT_FALSE(plain[0].owner.has_value());
-  EXPECT_EQ(plain[0].token, e.token);
-  EXPECT_EQ(plain[0].attempt_id, "0123456789abcdef0123456789abcdef");
-  EXPECT_EQ(plain[0].kind, "lease");
-
-  auto listed = List(*s, "owned", /*with_owners=*/true);
-  ASSERT_EQ(listed.size(), 1u);
-  ASSERT_TRUE(listed[0].owner.has_value());
-  EXPECT_EQ(listed[0].owner->host, "testhost");
-  EXPECT_EQ(listed[0].owner->pid, getpid());
-  EXPECT_EQ(listed[0].owner->label, "file_store_test");
-  EXPECT_EQ(listed[0].owner->acquired_unix_ms, 1'700'000'000'000);
 }
 
 TEST_F(FileStoreTest, AGarbledOwnerRecordIsLeftOut) {
@@ -645,71 +535,6 @@ TEST_F(FileStoreTest, ListingDeletesWhatACrashedAppendLeft) {
 
 // --- sessions
 
-TEST_F(FileStoreTest, SessionsInOneProcessAreIndependent) {
-  auto a = NewSession();
-  auto b = NewSession();
-  EXPECT_NE(a->id(), b->id());
-  EXPECT_THAT(a->id(), HasSubstr("pid " + std::to_string(getpid()) + " #"));
-  Entry ea = Append(*a, "shared");
-  Entry eb = Append(*b, "shared");
-  a->close();
-  EXPECT_EQ(a->state(), SessionState::kClosed);
-  EXPECT_EQ(b->state(), SessionState::kConnected);
-  EXPECT_EQ(Ids(List(*b, "shared")), std::vector<std::string>{eb.id});
-  auto found = b->find_own("shared", "", kNoDeadline);
-  ASSERT_TRUE(found.ok());
-  ASSERT_TRUE(found->has_value());
-  EXPECT_EQ((*found)->id, eb.id);
-}
-
-TEST_F(FileStoreTest, FindOwnSeesOnlyThisSessionsLiveEntry) {
-  const std::string attempt = "00000000000000000000000000000001";
-  auto a = NewSession();
-  auto b = NewSession();
-  Entry mine = Append(*a, "find", Spec("lock", attempt));
-  Append(*a, "find", Spec("lock", "00000000000000000000000000000002"));
-
-  auto found = a->find_own("find", attempt, kNoDeadline);
-  ASSERT_TRUE(found.ok()) << found.status().ToString();
-  ASSERT_TRUE(found->has_value());
-  EXPECT_EQ((*found)->id, mine.id);
-  EXPECT_EQ((*found)->token, mine.token);
-
-  EXPECT_FALSE(b->find_own("find", attempt, kNoDeadline)->has_value());  // not b's
-  EXPECT_FALSE(a->find_own("other", attempt, kNoDeadline)->has_value());  // not that queue
-
-  ASSERT_TRUE(b->remove("find", mine.id, kNoDeadline).ok());  // an operator's break
-  EXPECT_FALSE(a->find_own("find", attempt, kNoDeadline)->has_value());
-  EXPECT_TRUE(a->remove("find", mine.id, kNoDeadline).ok());  // already gone is fine
-}
-
-TEST_F(FileStoreTest, SubscribersHearClose) {
-  auto s = NewSession();
-  std::vector<SessionState> heard;
-  std::atomic<int> unsubscribed_calls{0};
-  auto keep = s->subscribe([&](SessionState state) { heard.push_back(state); });
-  auto dropped = s->subscribe([&](SessionState) { ++unsubscribed_calls; });
-  dropped.reset();
-  s->close();
-  s->close();  // idempotent
-  EXPECT_EQ(heard, std::vector<SessionState>{SessionState::kClosed});
-  EXPECT_EQ(unsubscribed_calls.load(), 0);
-}
-
-TEST_F(FileStoreTest, AClosedSessionRefusesWorkAndDropsItsEntries) {
-  auto s = NewSession();
-  auto other = NewSession();
-  Entry e = Append(*s, "closing");
-  s->close();
-  EXPECT_EQ(s->state(), SessionState::kClosed);
-  EXPECT_TRUE(List(*other, "closing").empty());
-  EXPECT_EQ(s->append("closing", Spec(), kNoDeadline).status().code(), ErrorCode::kSessionLost);
-  EXPECT_EQ(s->list("closing", {}, kNoDeadline).status().code(), ErrorCode::kSessionLost);
-  EXPECT_EQ(s->find_own("closing", "", kNoDeadline).status().code(), ErrorCode::kSessionLost);
-  std::vector<std::string> ids = {e.id};
-  EXPECT_EQ(s->wait_any_gone("closing", ids, Soon(), {}).code(), ErrorCode::kSessionLost);
-}
-
 TEST_F(FileStoreTest, DestroyingASessionReleasesItsEntries) {
   auto other = NewSession();
   {
@@ -722,44 +547,7 @@ TEST_F(FileStoreTest, DestroyingASessionReleasesItsEntries) {
 
 // --- remove
 
-TEST_F(FileStoreTest, RemovingAGoneEntryIsOk) {
-  auto s = NewSession();
-  Entry e = Append(*s, "gone");
-  ASSERT_TRUE(s->remove("gone", e.id, kNoDeadline).ok());
-  EXPECT_TRUE(s->remove("gone", e.id, kNoDeadline).ok());
-  auto other = NewSession();
-  EXPECT_TRUE(other->remove("gone", e.id, kNoDeadline).ok());
-  EXPECT_TRUE(other->remove("never/there", e.id, kNoDeadline).ok());
-}
-
 // --- wait_any_gone
-
-TEST_F(FileStoreTest, WaitReturnsAtOnceWhenAnEntryIsAlreadyGone) {
-  auto s = NewSession();
-  Entry alive = Append(*s, "w");
-  Entry gone = Append(*s, "w");
-  ASSERT_TRUE(s->remove("w", gone.id, kNoDeadline).ok());
-  std::vector<std::string> ids = {alive.id, gone.id};
-  auto waiter = NewSession();
-  EXPECT_EQ(waiter->wait_any_gone("w", ids, Soon(), {}), OkStatus());
-  // Even with the deadline already passed: "already gone" is checked first.
-  EXPECT_TRUE(waiter->wait_any_gone("w", ids, Clock::time_point::min(), {}).ok());
-}
-
-TEST_F(FileStoreTest, WaitWakesWhenAnotherSessionRemovesTheEntry) {
-  auto owner = NewSession();
-  auto waiter = NewSession();
-  auto breaker = NewSession();
-  Entry first = Append(*owner, "w");
-  Entry second = Append(*owner, "w");
-  AsyncWait wait(waiter, "w", {first.id, second.id});
-  ASSERT_TRUE(wait.Blocks());
-  ASSERT_TRUE(breaker->remove("w", second.id, kNoDeadline).ok());
-  EXPECT_EQ(wait.Result(), OkStatus());
-  EXPECT_EQ(Ids(List(*waiter, "w")), std::vector<std::string>{first.id});
-  // The owner's entry was broken; it releases it later without trouble.
-  EXPECT_TRUE(owner->remove("w", second.id, kNoDeadline).ok());
-}
 
 TEST_F(FileStoreTest, WaitWakesWhenTheOwnerReleasesTheEntry) {
   auto owner = NewSession();
@@ -768,16 +556,6 @@ TEST_F(FileStoreTest, WaitWakesWhenTheOwnerReleasesTheEntry) {
   AsyncWait wait(waiter, "w", {e.id});
   ASSERT_TRUE(wait.Blocks());
   ASSERT_TRUE(owner->remove("w", e.id, kNoDeadline).ok());
-  EXPECT_EQ(wait.Result(), OkStatus());
-}
-
-TEST_F(FileStoreTest, WaitWakesWhenTheOwnerSessionCloses) {
-  auto owner = NewSession();
-  auto waiter = NewSession();
-  Entry e = Append(*owner, "w");
-  AsyncWait wait(waiter, "w", {e.id});
-  ASSERT_TRUE(wait.Blocks());
-  owner->close();
   EXPECT_EQ(wait.Result(), OkStatus());
 }
 
@@ -838,59 +616,6 @@ TEST_F(FileStoreTest, ADeadProcesssEntriesAreGoneAtOnce) {
   std::size_t fifos = 0;
   for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator(dir_.path() + "/.wake")) ++fifos;
   EXPECT_EQ(fifos, 1u);
-}
-
-TEST_F(FileStoreTest, WaitHonoursTheDeadline) {
-  auto owner = NewSession();
-  auto waiter = NewSession();
-  Entry e = Append(*owner, "w");
-  std::vector<std::string> ids = {e.id};
-  auto start = std::chrono::steady_clock::now();
-  Status status = waiter->wait_any_gone("w", ids, start + 200ms, {});
-  auto took = std::chrono::steady_clock::now() - start;
-  EXPECT_EQ(status.code(), ErrorCode::kDeadlineExceeded) << status.ToString();
-  EXPECT_GE(took, 200ms);
-  EXPECT_LT(took, 200ms + kPrompt);
-}
-
-TEST_F(FileStoreTest, WaitHonoursTheDeadlineOfAnInjectedClock) {
-  auto clock = std::make_shared<ManualClock>();
-  auto store = OpenStoreAt(dir_.path(), {.clock = clock});
-  auto owner = NewSession(store.get());
-  auto waiter = NewSession(store.get());
-  Entry e = Append(*owner, "w");
-  AsyncWait wait(waiter, "w", {e.id}, clock->now() + 1h);
-  ASSERT_TRUE(wait.Blocks());
-  clock->advance(30min);
-  ASSERT_TRUE(wait.Blocks());
-  clock->advance(30min);
-  EXPECT_EQ(wait.Result().code(), ErrorCode::kDeadlineExceeded);
-}
-
-TEST_F(FileStoreTest, WaitHonoursTheStopToken) {
-  auto owner = NewSession();
-  auto waiter = NewSession();
-  Entry e = Append(*owner, "w");
-  AsyncWait wait(waiter, "w", {e.id});
-  ASSERT_TRUE(wait.Blocks());
-  wait.Cancel();
-  EXPECT_EQ(wait.Result().code(), ErrorCode::kCancelled);
-
-  std::stop_source already;
-  already.request_stop();
-  std::vector<std::string> ids = {e.id};
-  EXPECT_EQ(waiter->wait_any_gone("w", ids, Soon(), already.get_token()).code(), ErrorCode::kCancelled);
-}
-
-TEST_F(FileStoreTest, WaitEndsWhenItsOwnSessionCloses) {
-  auto owner = NewSession();
-  auto waiter = NewSession();
-  Entry e = Append(*owner, "w");
-  AsyncWait wait(waiter, "w", {e.id});
-  ASSERT_TRUE(wait.Blocks());
-  waiter->close();
-  EXPECT_EQ(wait.Result().code(), ErrorCode::kSessionLost);
-  EXPECT_EQ(List(*owner, "w").size(), 1u);  // the watched entry lives on
 }
 
 TEST_F(FileStoreTest, ManyWaitersWakeTogether) {
