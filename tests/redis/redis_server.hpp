@@ -1,5 +1,6 @@
 // Test fixture: a private redis-server process (Debian's), on 127.0.0.1 and a
-// free port, with no persistence and a scratch directory. The tests start,
+// free port, with a scratch directory and no persistence unless the options
+// ask for it (an explicit SAVE still writes dump.rdb there). The tests start,
 // stop, freeze (SIGSTOP) and restart it, and talk to it directly over hiredis
 // to look at keys and command counts.
 #ifndef DLOCK_TESTS_REDIS_REDIS_SERVER_HPP_
@@ -108,7 +109,8 @@ class RedisServer {
     ::waitpid(pid_, &st, 0);
     pid_ = -1;
   }
-  // Starts again on the same port, empty (there is no persistence).
+  // SIGKILL, then starts again on the same port from what the server left in
+  // its directory: dump.rdb or appendonlydir/ if it wrote any, else empty.
   bool Restart() {
     Kill();
     for (int attempt = 0; attempt < 50; ++attempt) {  // the port may linger a moment
