@@ -164,15 +164,14 @@ prune()
 return 1
 )lua";
 
-// KEYS: mirror. ARGV: ttl (ms), session. Extends the mirror to at least ttl
-// (never shortens it) or creates it; 1 if it existed.
+// KEYS: mirror. ARGV: ttl (ms). Extends the mirror to at least ttl (never
+// shortens it); 1 if it existed. A mirror that is gone stays gone: it ran
+// out (or the server lost it), its entries are dead, and a renewal that
+// arrives late must not bring them back.
 constexpr const char* kRenewMirror = R"lua(
 local want = tonumber(ARGV[1])
 local pttl = redis.call('PTTL', KEYS[1])
-if pttl == -2 then
-  redis.call('SET', KEYS[1], ARGV[2], 'PX', want)
-  return 0
-end
+if pttl == -2 then return 0 end
 if pttl < want then redis.call('PEXPIRE', KEYS[1], want) end
 return 1
 )lua";

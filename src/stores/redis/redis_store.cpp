@@ -9,15 +9,20 @@
 //
 // Session lease accounting. A session's entries live while its *mirror* in
 // their queue exists (redis_scripts.hpp). Each mirror, like the session key,
-// is (re)set to expire `ttl` after a request that the client *sent* at some
+// is extended to expire `ttl` after a request that the client *sent* at some
 // time B (its "basis"): the server receives it later, so it expires no
-// earlier than B + ttl on the server. The client keeps the basis of the
-// session key and of every mirror it relies on, and declares the session lost
-// at min(basis) + ttl - margin, by its own monotonic clock: before any lease
-// can run out on the server (clock rates being equal to within the margin),
-// so a holder always hears kLost before anyone else can take its place.
-// Mirrors are only ever extended (PTTL is checked before PEXPIRE), so a late
-// request can never shorten a lease the client counts on.
+// earlier than B + ttl on the server. A reply proves it: the keep-alive's
+// renewal of an existing mirror proves the renewal's basis, an append (or a
+// find_own that found the entry) proves the basis it computed its TTL from.
+// The client keeps the basis of the session key and of every mirror it
+// relies on (the queues where it has confirmed entries that it is not
+// removing), and declares the session lost at min(basis) + ttl - margin, by
+// its own monotonic clock: before any lease can run out on the server (clock
+// rates being equal to within the margin), so a holder always hears kLost
+// before anyone else can take its place. Mirrors are only ever extended
+// (PTTL is checked before PEXPIRE), so a late request can never shorten a
+// lease the client counts on; and only appends create them, so a late
+// renewal can never bring back a lease that ran out.
 #include "stores/redis/redis_store.hpp"
 
 #include "core/listeners.hpp"
@@ -377,8 +382,8 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
     const std::string q(queue);
     const QueueKeys k = KeysFor(q, cfg_.endpoint.db);
     const std::string id = RandomHex(16);
-    auto mirror_ms = Track(q, id, spec.attempt_id);
-    if (!mirror_ms.ok()) return mirror_ms.status();
+    auto mirror = Track(q, id, spec.attempt_id);
+    if (!mirror.ok()) return mirror.status();
     std::vector<std::string> args = {k.base,
                                      k.channel,
                                      id,
@@ -386,7 +391,7 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
                                      spec.attempt_id,
                                      sid_,
                                      EncodeOwnerRecord(spec.owner),
-                                     std::to_string(*mirror_ms),
+                                     std::to_string(mirror->ms),
                                      spec.sequence ? std::to_string(*spec.sequence) : std::string()};
     auto r = store_->Script(ScriptId::kAppend, {k.zset, k.counter, k.entry(id), k.mirror(sid_)}, args,
                             store_->IoDeadline(deadline), /*durable=*/true);
@@ -403,7 +408,7 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
     }
     auto queue_now = ParseEntries(*r, 2, false);
     if (!queue_now.ok()) return queue_now.status();
-    Confirm(q, id);
+    Confirm(q, id, spec.attempt_id, mirror->basis);
     out.entry.id = id;
     out.entry.kind = KnownKind(spec.kind);
     out.entry.sequence = seq;
@@ -450,10 +455,10 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
     if (auto s = Usable(true); !s.ok()) return s;
     const std::string q(queue);
     const QueueKeys k = KeysFor(q, cfg_.endpoint.db);
-    auto mirror_ms = Track(q, std::string(), std::string());  // the queue's basis, no id yet
-    if (!mirror_ms.ok()) return mirror_ms.status();
+    auto mirror = Track(q, std::string(), std::string());  // no id yet
+    if (!mirror.ok()) return mirror.status();
     auto r = store_->Script(ScriptId::kFindOwn, {k.zset, k.mirror(sid_)},
-                            {k.base, k.channel, std::string(attempt_id), sid_, std::to_string(*mirror_ms)},
+                            {k.base, k.channel, std::string(attempt_id), sid_, std::to_string(mirror->ms)},
                             store_->IoDeadline(deadline));
     if (!r.ok()) {
       Untrack(q, [](const std::string&, const Tracked&) { return false; });  // drop an empty track
@@ -469,11 +474,7 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
       return std::optional<Entry>();
     }
     Entry e = std::move(entries->front());
-    {
-      std::lock_guard<std::mutex> g(mu_);
-      auto& track = queues_[q];
-      track.ids[e.id] = Tracked{std::string(attempt_id), true};
-    }
+    Confirm(q, e.id, std::string(attempt_id), mirror->basis);
     return std::optional<Entry>(std::move(e));
   }
 
@@ -533,7 +534,13 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
   };
   struct QueueTrack {
     std::map<std::string, Tracked> ids;  // entries of this session that may exist
-    Clock::time_point basis;             // see the file comment
+    // The mirror lasts on the server until at least basis + ttl, if `proven`
+    // (see the file comment).
+    Clock::time_point basis;
+    bool proven = false;
+    bool relied_on() const {
+      return std::any_of(ids.begin(), ids.end(), [](const auto& p) { return p.second.confirmed; });
+    }
   };
   std::string LostReason() const {
     std::lock_guard<std::mutex> g(mu_);
@@ -542,24 +549,36 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
 
   Clock::time_point LostAtLocked() const {
     Clock::time_point basis = master_basis_;
-    for (const auto& [name, t] : queues_) basis = std::min(basis, t.basis);
+    for (const auto& [name, t] : queues_) {
+      if (t.relied_on()) basis = std::min(basis, t.basis);
+    }
     return basis + cfg_.ttl - cfg_.margin();
   }
   void UpdateLostAtLocked() { lost_at_.store(LostAtLocked().time_since_epoch().count()); }
 
+  // The TTL a request gives the queue's mirror, and the basis it counts
+  // from: what is left of the session key's lease.
+  struct MirrorTtl {
+    std::int64_t ms;
+    Clock::time_point basis;
+  };
+
   // Registers `id` (if not empty) as maybe existing in `queue`, and returns
-  // the TTL to give the queue's mirror now: what is left of the lease that
-  // the queue's basis promises.
-  Result<std::int64_t> Track(const std::string& queue, const std::string& id, const std::string& attempt) {
+  // the TTL for the queue's mirror.
+  Result<MirrorTtl> Track(const std::string& queue, const std::string& id, const std::string& attempt) {
     std::lock_guard<std::mutex> g(mu_);
     Clock::time_point now = cfg_.clock->now();
     if (now >= LostAtLocked()) return SessionLostError("redis session " + sid_ + " is lost (lease ran out)");
-    auto [it, inserted] = queues_.try_emplace(queue);
-    if (inserted) it->second.basis = master_basis_;
-    if (!id.empty()) it->second.ids[id] = Tracked{attempt, false};
-    UpdateLostAtLocked();
-    auto left = std::chrono::ceil<milliseconds>(it->second.basis + cfg_.ttl - now).count();
-    return std::max<std::int64_t>(left, 1);
+    auto& track = queues_[queue];
+    if (!id.empty()) track.ids[id] = Tracked{attempt, false};
+    auto left = std::chrono::ceil<milliseconds>(master_basis_ + cfg_.ttl - now).count();
+    return MirrorTtl{std::max<std::int64_t>(left, 1), master_basis_};
+  }
+
+  // A reply proved the queue's mirror lasts until at least `basis` + ttl.
+  static void Prove(QueueTrack& track, Clock::time_point basis) {
+    track.basis = track.proven ? std::max(track.basis, basis) : basis;
+    track.proven = true;
   }
 
   bool HasConfirmed(const std::string& queue) const {
@@ -569,12 +588,15 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
     return std::any_of(it->second.ids.begin(), it->second.ids.end(), [](const auto& p) { return p.second.confirmed; });
   }
 
-  void Confirm(const std::string& queue, const std::string& id) {
+  // The append (or find_own) of `id` succeeded, with a mirror TTL counted
+  // from `basis`.
+  void Confirm(const std::string& queue, const std::string& id, const std::string& attempt,
+               Clock::time_point basis) {
     std::lock_guard<std::mutex> g(mu_);
-    auto it = queues_.find(queue);
-    if (it == queues_.end()) return;
-    auto e = it->second.ids.find(id);
-    if (e != it->second.ids.end()) e->second.confirmed = true;
+    auto& track = queues_[queue];
+    track.ids[id] = Tracked{attempt, true};
+    Prove(track, basis);
+    UpdateLostAtLocked();
   }
 
   template <typename Pred>
@@ -675,7 +697,7 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
     for (const auto& item : items) {
       const QueueKeys k = KeysFor(item.queue, cfg_.endpoint.db);
       cmds.push_back({"EVALSHA", store_->sha(ScriptId::kRenewMirror), "1", k.mirror(sid_),
-                      std::to_string(cfg_.ttl.count()), sid_});
+                      std::to_string(cfg_.ttl.count())});
     }
     auto r = conn.Pipeline(cmds, deadline);
     if (!r.ok()) return r.status();
@@ -722,10 +744,7 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
       poke_ = false;
 
       std::vector<RenewItem> items;
-      for (const auto& [name, t] : queues_) {
-        bool confirmed = std::any_of(t.ids.begin(), t.ids.end(), [](const auto& p) { return p.second.confirmed; });
-        items.push_back({name, confirmed});
-      }
+      for (const auto& [name, t] : queues_) items.push_back({name, t.relied_on()});
       Clock::duration budget = std::min<Clock::duration>(cfg_.op_timeout, LostAtLocked() - now);
       lk.unlock();
 
@@ -784,12 +803,17 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
       }
       for (std::size_t i = 0; i < items.size(); ++i) {
         auto it = queues_.find(items[i].queue);
-        if (replies[i + 1].integer() == 0 && items[i].must_exist && it != queues_.end()) {
+        if (it == queues_.end()) continue;  // untracked meanwhile
+        if (replies[i + 1].integer() == 1) {
+          Prove(it->second, sent);
+          continue;
+        }
+        it->second.proven = false;
+        if (items[i].must_exist && it->second.relied_on()) {
           lk.unlock();
           Lose("the session's lease in queue " + items[i].queue + " is gone from the server");
           return;
         }
-        if (it != queues_.end()) it->second.basis = std::max(it->second.basis, sent);
       }
       master_basis_ = sent;
       UpdateLostAtLocked();
