@@ -64,11 +64,15 @@ end
 // Returns {seq, token, queue...}. Idempotent: running it again with the same
 // id changes nothing and returns the same entry.
 //
-// The counter starts, the first time a queue is used (or after a restart or
-// failover lost it), at the server's clock in microseconds, and only counts
-// up from there: tokens keep growing across such a data loss unless the
-// server clock steps back or the queue took over a million appends a second.
-// Doubles hold integers exactly up to 2^53: good until the year 2255.
+// The token is one more than the counter, and at least the server's clock in
+// microseconds. A server that restarted from an older snapshot or
+// append-only file, or a promoted replica that lagged, has an older counter
+// (or none): the clock has moved on past every token handed out since, so
+// tokens keep growing across such a data loss, as long as the server's clock
+// does not step back (and, on a failover, the new primary's clock is not
+// behind the old one's). Tokens are at most a few steps ahead of the clock:
+// an append takes longer than a microsecond. Doubles hold integers exactly
+// up to 2^53: good until the year 2255.
 constexpr const char* kAppend = R"lua(
 prune()
 local want = tonumber(ARGV[8])
@@ -86,15 +90,10 @@ if redis.call('EXISTS', KEYS[3]) == 1 then
   emit_all(again, false)
   return again
 end
-local token
-if redis.call('EXISTS', KEYS[2]) == 1 then
-  token = redis.call('INCR', KEYS[2])
-else
-  local t = redis.call('TIME')
-  token = tonumber(t[1]) * 1000000 + tonumber(t[2])
-  redis.call('SET', KEYS[2], string.format('%.0f', token))
-end
+local t = redis.call('TIME')
+local token = math.max(tonumber(redis.call('GET', KEYS[2]) or '0') + 1, tonumber(t[1]) * 1000000 + tonumber(t[2]))
 local tok = string.format('%.0f', token)
+redis.call('SET', KEYS[2], tok)
 local seq = ARGV[9]
 if seq == '' then seq = tok end
 redis.call('ZADD', zkey, 'NX', seq, ARGV[3])
@@ -164,16 +163,28 @@ prune()
 return 1
 )lua";
 
-// KEYS: mirror. ARGV: ttl (ms). Extends the mirror to at least ttl (never
-// shortens it); 1 if it existed. A mirror that is gone stays gone: it ran
-// out (or the server lost it), its entries are dead, and a renewal that
-// arrives late must not bring them back.
+// KEYS: mirror. ARGV: ttl (ms), prefix, session, ids...
+// Extends the mirror to at least ttl (never shortens it). Returns {0} if the
+// mirror is gone, else {1, ids...}: those of the given entries (the ones the
+// session holds on to) that are no longer the session's entries in the
+// queue, which a server that lost data would show.
+//
+// A mirror that is gone stays gone: it ran out (or the server lost it), its
+// entries are dead, and a renewal that arrives late must not bring them back.
 constexpr const char* kRenewMirror = R"lua(
 local want = tonumber(ARGV[1])
 local pttl = redis.call('PTTL', KEYS[1])
-if pttl == -2 then return 0 end
+if pttl == -2 then return {0} end
 if pttl < want then redis.call('PEXPIRE', KEYS[1], want) end
-return 1
+local out = {1}
+for i = 4, #ARGV do
+  local id = ARGV[i]
+  if redis.call('HGET', ARGV[2] .. 'e:' .. id, 'session') ~= ARGV[3] or
+     not redis.call('ZSCORE', ARGV[2] .. 'q', id) then
+    out[#out + 1] = id
+  end
+end
+return out
 )lua";
 
 constexpr const char* kProbe = "return 1";

@@ -438,6 +438,9 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
     if (auto s = Usable(true); !s.ok()) return s;
     const std::string q(queue);
     const QueueKeys k = KeysFor(q, cfg_.endpoint.db);
+    // Before it is sent: a renewal that finds the entry gone meanwhile must
+    // not take that for lost data.
+    MarkRemoving(q, std::string(id));
     auto r = store_->Script(ScriptId::kRemove, {k.zset}, {k.base, k.channel, std::string(id)},
                             store_->IoDeadline(deadline), /*durable=*/true);
     if (!r.ok()) {
@@ -531,6 +534,8 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
   struct Tracked {
     std::string attempt;
     bool confirmed = false;  // the append's reply (or find_own) confirmed it
+    bool removing = false;   // a remove was sent: its absence is expected
+    bool relied_on() const { return confirmed && !removing; }
   };
   struct QueueTrack {
     std::map<std::string, Tracked> ids;  // entries of this session that may exist
@@ -539,7 +544,7 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
     Clock::time_point basis;
     bool proven = false;
     bool relied_on() const {
-      return std::any_of(ids.begin(), ids.end(), [](const auto& p) { return p.second.confirmed; });
+      return std::any_of(ids.begin(), ids.end(), [](const auto& p) { return p.second.relied_on(); });
     }
   };
   std::string LostReason() const {
@@ -596,6 +601,16 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
     auto& track = queues_[queue];
     track.ids[id] = Tracked{attempt, true};
     Prove(track, basis);
+    UpdateLostAtLocked();
+  }
+
+  void MarkRemoving(const std::string& queue, const std::string& id) {
+    std::lock_guard<std::mutex> g(mu_);
+    auto it = queues_.find(queue);
+    if (it == queues_.end()) return;
+    auto e = it->second.ids.find(id);
+    if (e == it->second.ids.end()) return;
+    e->second.removing = true;
     UpdateLostAtLocked();
   }
 
@@ -689,15 +704,17 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
   // each mirror, pipelined.
   struct RenewItem {
     std::string queue;
-    bool must_exist;  // a confirmed entry counts on the mirror
+    std::vector<std::string> relied;  // entries the session holds on to, as of the renewal's start
   };
   Result<std::vector<Reply>> Renew(Conn& conn, const std::vector<RenewItem>& items, IoClock::time_point deadline) {
     std::vector<Command> cmds;
     cmds.push_back({"PEXPIRE", SessionKey(sid_), std::to_string(cfg_.ttl.count())});
     for (const auto& item : items) {
       const QueueKeys k = KeysFor(item.queue, cfg_.endpoint.db);
-      cmds.push_back({"EVALSHA", store_->sha(ScriptId::kRenewMirror), "1", k.mirror(sid_),
-                      std::to_string(cfg_.ttl.count())});
+      Command c = {"EVALSHA", store_->sha(ScriptId::kRenewMirror), "1", k.mirror(sid_),
+                   std::to_string(cfg_.ttl.count()), k.base, sid_};
+      c.insert(c.end(), item.relied.begin(), item.relied.end());
+      cmds.push_back(std::move(c));
     }
     auto r = conn.Pipeline(cmds, deadline);
     if (!r.ok()) return r.status();
@@ -722,6 +739,36 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
     return r;
   }
 
+  // Reads one mirror's renewal reply (kRenewMirror). Returns why the session
+  // is lost, or "" if it is not: it is if an entry it holds on to is gone
+  // (the server lost data; or an operator removed it), or the mirror those
+  // entries live by is. Entries it started to remove since the renewal was
+  // sent are expected to go.
+  std::string CheckRenewalLocked(const RenewItem& item, const Reply& reply, Clock::time_point sent) {
+    auto it = queues_.find(item.queue);
+    if (it == queues_.end()) return "";  // untracked meanwhile
+    QueueTrack& track = it->second;
+    if (!reply.is_array() || reply.size() < 1) return "a malformed reply to the renewal in queue " + item.queue;
+    const bool exists = ElementInt(reply.element(0)) == 1;
+    std::vector<std::string> gone;
+    if (exists) {
+      Prove(track, sent);
+      for (std::size_t j = 1; j < reply.size(); ++j) gone.emplace_back(ElementStr(reply.element(j)));
+    } else {
+      track.proven = false;
+      gone = item.relied;
+    }
+    for (const auto& id : gone) {
+      auto e = track.ids.find(id);
+      if (e == track.ids.end() || !e->second.relied_on()) continue;
+      if (!exists) return "the session's lease in queue " + item.queue + " is gone from the server";
+      return "its entry " + id + " in queue " + item.queue +
+             " is gone from the server (the server lost data, e.g. it restarted from an older snapshot or a "
+             "lagging replica took over; or someone removed the entry)";
+    }
+    return "";
+  }
+
   void KeepAlive() {
     std::unique_ptr<Conn> conn;
     std::stop_token st = stop_.get_token();
@@ -744,7 +791,13 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
       poke_ = false;
 
       std::vector<RenewItem> items;
-      for (const auto& [name, t] : queues_) items.push_back({name, t.relied_on()});
+      for (const auto& [name, t] : queues_) {
+        RenewItem item{name, {}};
+        for (const auto& [id, e] : t.ids) {
+          if (e.relied_on()) item.relied.push_back(id);
+        }
+        items.push_back(std::move(item));
+      }
       Clock::duration budget = std::min<Clock::duration>(cfg_.op_timeout, LostAtLocked() - now);
       lk.unlock();
 
@@ -801,19 +854,14 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
         Lose("the session key is gone from the server (it expired, or the server restarted without its data)");
         return;
       }
-      for (std::size_t i = 0; i < items.size(); ++i) {
-        auto it = queues_.find(items[i].queue);
-        if (it == queues_.end()) continue;  // untracked meanwhile
-        if (replies[i + 1].integer() == 1) {
-          Prove(it->second, sent);
-          continue;
-        }
-        it->second.proven = false;
-        if (items[i].must_exist && it->second.relied_on()) {
-          lk.unlock();
-          Lose("the session's lease in queue " + items[i].queue + " is gone from the server");
-          return;
-        }
+      std::string lost;
+      for (std::size_t i = 0; i < items.size() && lost.empty(); ++i) {
+        lost = CheckRenewalLocked(items[i], replies[i + 1], sent);
+      }
+      if (!lost.empty()) {
+        lk.unlock();
+        Lose(std::move(lost));
+        return;
       }
       master_basis_ = sent;
       UpdateLostAtLocked();
