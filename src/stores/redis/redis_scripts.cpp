@@ -61,8 +61,9 @@ end
 // KEYS: zset, counter, entry hash, own mirror.
 // ARGV: prefix, channel, id, kind, attempt, session, owner, mirror ttl (ms),
 //       sequence ('' for a new one).
-// Returns {seq, token, queue...}. Idempotent: running it again with the same
-// id changes nothing and returns the same entry.
+// Returns {seq, token, queue...}, or {'fenced'} if find_own has given up on
+// the attempt (see kFindOwn): then it makes nothing. Idempotent: running it
+// again with the same id changes nothing and returns the same entry.
 //
 // The token is one more than the counter, and at least the server's clock in
 // microseconds. A server that restarted from an older snapshot or
@@ -75,6 +76,9 @@ end
 // up to 2^53: good until the year 2255.
 constexpr const char* kAppend = R"lua(
 prune()
+if redis.call('EXISTS', KEYS[3]) == 0 and redis.call('GET', base .. 'a:' .. ARGV[5]) == ARGV[6] then
+  return {'fenced'}
+end
 local want = tonumber(ARGV[8])
 local pttl = redis.call('PTTL', KEYS[4])
 if pttl == -2 then
@@ -122,10 +126,18 @@ return out
 )lua";
 
 // KEYS: zset, own mirror. ARGV: prefix, channel, attempt id, session,
-// mirror ttl (ms). The entry or {}. A found entry's mirror is extended like
-// append does, since the session now counts on it again.
+// mirror ttl (ms), fence ttl (ms). The entry or {}. A found entry's mirror is
+// extended like append does, since the session now counts on it again.
+//
+// Either way the attempt is settled: the fence key dlock:{Q}:a:ATTEMPT (its
+// value is the session) makes an append of it by this session that is still
+// on its way (sent on a connection that timed out) make nothing when it
+// arrives, for as long as the fence lasts (the session's TTL). It is also the
+// write that a WAIT after this script waits for: it comes after the entry's
+// append on the server.
 constexpr const char* kFindOwn = R"lua(
 prune()
+redis.call('SET', base .. 'a:' .. ARGV[3], ARGV[4], 'PX', ARGV[6])
 local ids = redis.call('ZRANGE', zkey, 0, -1)
 for i = 1, #ids do
   local f = redis.call('HMGET', ekey(ids[i]), 'attempt', 'session')

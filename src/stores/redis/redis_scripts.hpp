@@ -12,6 +12,8 @@
 //   dlock:{Q}:n            STRING counter: sequence and fencing token
 //                          (kAppend in redis_scripts.cpp says why tokens
 //                          keep growing).
+//   dlock:{Q}:a:ATTEMPT    STRING, PX ttl: find_own settled this attempt; a
+//                          late append of it makes nothing (kFindOwn).
 //   dlock:{Q}:c[:DB]       pub/sub channel (not a key): the ids of entries
 //                          removed from the queue, space separated.
 //

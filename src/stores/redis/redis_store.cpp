@@ -399,6 +399,11 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
       OnRequestFailed(r.status());
       return r.status();  // the entry may exist: it stays tracked until find_own says
     }
+    if (r->is_array() && r->size() == 1 && ElementStr(r->element(0)) == "fenced") {
+      Untrack(q, [&](const std::string& tracked_id, const Tracked&) { return tracked_id == id; });
+      return AbortedError("redis store: append of attempt " + spec.attempt_id + " to " + q +
+                          " refused: find_own already settled that attempt");
+    }
     Appended out;
     std::int64_t seq = 0;
     std::uint64_t token = 0;
@@ -461,7 +466,8 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
     auto mirror = Track(q, std::string(), std::string());  // no id yet
     if (!mirror.ok()) return mirror.status();
     auto r = store_->Script(ScriptId::kFindOwn, {k.zset, k.mirror(sid_)},
-                            {k.base, k.channel, std::string(attempt_id), sid_, std::to_string(mirror->ms)},
+                            {k.base, k.channel, std::string(attempt_id), sid_, std::to_string(mirror->ms),
+                             std::to_string(cfg_.ttl.count())},
                             store_->IoDeadline(deadline));
     if (!r.ok()) {
       Untrack(q, [](const std::string&, const Tracked&) { return false; });  // drop an empty track
