@@ -13,11 +13,25 @@ namespace {
 // mirrors of the sessions still present (-1 if none): when the next one can
 // run out, for the waiters' fallback re-check.
 //
+// forget_counter() deletes the counter of a queue that has become empty:
+// nothing is kept per name once nobody uses it. The next append takes its
+// token from the server's clock (see kAppend), which is past every token
+// handed out as long as the counter is behind the clock; in the rare case it
+// is not (appends within one microsecond), the counter stays until the queue
+// empties again.
+//
 // An entry is emitted as 5 strings: id, seq, token, kind, attempt (+ owner).
 constexpr const char* kPrelude = R"lua(
 local base, chan, zkey = ARGV[1], ARGV[2], KEYS[1]
 local function ekey(id) return base .. 'e:' .. id end
 local function mkey(sid) return base .. 's:' .. sid end
+local function forget_counter()
+  if redis.call('EXISTS', zkey) == 1 then return end
+  local n = redis.call('GET', base .. 'n')
+  if not n then return end
+  local t = redis.call('TIME')
+  if tonumber(n) < tonumber(t[1]) * 1000000 + tonumber(t[2]) then redis.call('DEL', base .. 'n') end
+end
 local function prune()
   local ids = redis.call('ZRANGE', zkey, 0, -1)
   local seen, dead, soonest = {}, {}, -1
@@ -40,7 +54,10 @@ local function prune()
       dead[#dead + 1] = id
     end
   end
-  if #dead > 0 then redis.call('PUBLISH', chan, table.concat(dead, ' ')) end
+  if #dead > 0 then
+    redis.call('PUBLISH', chan, table.concat(dead, ' '))
+    forget_counter()
+  end
   return soonest
 end
 local function emit(out, id, owners)
@@ -108,12 +125,24 @@ emit_all(out, false)
 return out
 )lua";
 
-// ARGV: prefix, channel, id. Removes the entry whoever owns it; 1 if it was
-// there. Publishes the id so waiters wake.
+// ARGV: prefix, channel, id, remover's session. Removes the entry whoever
+// owns it; 1 if it was there. Publishes the id so waiters wake. The
+// remover's mirror goes too once it has no entry left in the queue (an
+// append makes it again), and the counter once the queue is empty.
 constexpr const char* kRemove = R"lua(
 local n = redis.call('ZREM', zkey, ARGV[3])
 redis.call('DEL', ekey(ARGV[3]))
 if n == 1 then redis.call('PUBLISH', chan, ARGV[3]) end
+local ids = redis.call('ZRANGE', zkey, 0, -1)
+local mine = false
+for i = 1, #ids do
+  if redis.call('HGET', ekey(ids[i]), 'session') == ARGV[4] then
+    mine = true
+    break
+  end
+end
+if not mine then redis.call('DEL', mkey(ARGV[4])) end
+forget_counter()
 return n
 )lua";
 
@@ -172,6 +201,7 @@ return out
 constexpr const char* kCloseQueue = R"lua(
 redis.call('DEL', KEYS[2])
 prune()
+forget_counter()
 return 1
 )lua";
 

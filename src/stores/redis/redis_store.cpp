@@ -446,7 +446,7 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
     // Before it is sent: a renewal that finds the entry gone meanwhile must
     // not take that for lost data.
     MarkRemoving(q, std::string(id));
-    auto r = store_->Script(ScriptId::kRemove, {k.zset}, {k.base, k.channel, std::string(id)},
+    auto r = store_->Script(ScriptId::kRemove, {k.zset}, {k.base, k.channel, std::string(id), sid_},
                             store_->IoDeadline(deadline), /*durable=*/true);
     if (!r.ok()) {
       OnRequestFailed(r.status());
