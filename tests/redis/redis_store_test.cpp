@@ -786,8 +786,10 @@ TEST(RedisFaults, WaitReplicasRequiresAcknowledgements) {
   auto r = s2->append("wait/q", Spec(), In(5s));
   long long took = MsSince(t0);
   ASSERT_FALSE(r.ok());
-  EXPECT_EQ(r.status().code(), ErrorCode::kUnavailable);
+  // The store took the entry back: kAborted (not "maybe there").
+  EXPECT_EQ(r.status().code(), ErrorCode::kAborted);
   EXPECT_NE(r.status().message().find("1 of 2"), std::string::npos) << r.status().ToString();
+  EXPECT_EQ(primary->CmdInt({"EXISTS", "dlock:{wait/q}:q"}), 0);
   EXPECT_GE(took, 190);
   EXPECT_LT(took, 1000);
 }

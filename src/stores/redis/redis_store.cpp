@@ -113,6 +113,9 @@ QueueKeys KeysFor(std::string_view queue, int db) {
 
 std::string SessionKey(std::string_view sid) { return "dlock:session:" + std::string(sid); }
 
+// The append script's answer when find_own already settled the attempt.
+bool Fenced(const Reply& r) { return r.is_array() && r.size() == 1 && ElementStr(r.element(0)) == "fenced"; }
+
 void SignalFd(int fd) noexcept {
   std::uint64_t one = 1;
   ssize_t n = ::write(fd, &one, sizeof one);
@@ -218,11 +221,27 @@ class StoreCore {
     return IoClock::now() + left;
   }
 
+  // A script's reply, and how many replicas acknowledged its writes when a
+  // WAIT followed it (-1 when none did).
+  struct Scripted {
+    Reply reply;
+    int acked = -1;
+  };
+
+  // Fewer replicas acknowledged than wait_replicas asks for.
+  bool ShortOfReplicas(int acked) const { return acked >= 0 && acked < cfg_.wait_replicas; }
+  std::string ShortOfReplicasMessage(int acked, std::string_view what) const {
+    return "redis store: only " + std::to_string(acked) + " of " + std::to_string(cfg_.wait_replicas) +
+           " replicas acknowledged the " + std::string(what) + " within " +
+           std::to_string(cfg_.wait_timeout.count()) + "ms";
+  }
+
   // Runs a script on one connection: EVALSHA, EVAL if the server forgot it
-  // (NOSCRIPT, after a restart or SCRIPT FLUSH); then, for `durable` writes
-  // with wait_replicas set, WAIT in the same round trip.
-  Result<Reply> ScriptOn(Conn& c, ScriptId id, const std::vector<std::string>& keys,
-                         const std::vector<std::string>& args, IoClock::time_point deadline, bool durable) {
+  // (NOSCRIPT, after a restart or SCRIPT FLUSH); then, with `wait` and
+  // wait_replicas set, WAIT in the same round trip. A WAIT that falls short
+  // is not an error here: the caller decides (see Scripted).
+  Result<Scripted> ScriptOn(Conn& c, ScriptId id, const std::vector<std::string>& keys,
+                            const std::vector<std::string>& args, IoClock::time_point deadline, bool wait) {
     Command cmd;
     cmd.reserve(3 + keys.size() + args.size());
     cmd.push_back("EVALSHA");
@@ -231,9 +250,9 @@ class StoreCore {
     cmd.insert(cmd.end(), keys.begin(), keys.end());
     cmd.insert(cmd.end(), args.begin(), args.end());
     std::vector<Command> cmds{cmd};
-    bool wait = durable && cfg_.wait_replicas > 0;
+    wait = wait && cfg_.wait_replicas > 0;
     if (wait) {
-      cmds.push_back({"WAIT", std::to_string(cfg_.wait_replicas), std::to_string(cfg_.wait_timeout.count())});
+      cmds.push_back(WaitCommand());
       deadline += cfg_.wait_timeout;
     }
     auto r = c.Pipeline(cmds, deadline);
@@ -248,17 +267,21 @@ class StoreCore {
     if (first.is_error()) {
       return ErrorReplyStatus(first.str(), "redis store: script " + std::string(ScriptName(id)));
     }
+    Scripted out{std::move(first), -1};
     if (wait) {
       const Reply& w = (*r)[1];
       if (w.is_error()) return ErrorReplyStatus(w.str(), "redis store: WAIT");
-      if (w.integer() < cfg_.wait_replicas) {
-        return UnavailableError("redis store: only " + std::to_string(w.integer()) + " of " +
-                                std::to_string(cfg_.wait_replicas) + " replicas acknowledged the " +
-                                std::string(ScriptName(id)) + " within " +
-                                std::to_string(cfg_.wait_timeout.count()) + "ms (it may or may not survive a failover)");
-      }
+      out.acked = static_cast<int>(w.integer());
     }
-    return std::move(first);
+    return out;
+  }
+
+  // WAIT for the writes made so far on `c`; how many replicas acknowledged.
+  Result<int> WaitOn(Conn& c, IoClock::time_point deadline) {
+    auto w = c.Run(WaitCommand(), deadline + cfg_.wait_timeout);
+    if (!w.ok()) return w.status();
+    if (w->is_error()) return ErrorReplyStatus(w->str(), "redis store: WAIT");
+    return static_cast<int>(w->integer());
   }
 
   // Runs `fn(conn)` on a pooled connection. A request that failed on a
@@ -279,9 +302,14 @@ class StoreCore {
     }
   }
 
+  // A script, without WAIT.
   Result<Reply> Script(ScriptId id, const std::vector<std::string>& keys, const std::vector<std::string>& args,
-                       IoClock::time_point deadline, bool durable = false) {
-    return Pooled(deadline, [&](Conn& c) { return ScriptOn(c, id, keys, args, deadline, durable); });
+                       IoClock::time_point deadline) {
+    return Pooled(deadline, [&](Conn& c) -> Result<Reply> {
+      auto r = ScriptOn(c, id, keys, args, deadline, /*wait=*/false);
+      if (!r.ok()) return r.status();
+      return std::move(r->reply);
+    });
   }
 
   Result<Reply> Command1(const Command& cmd, IoClock::time_point deadline) {
@@ -310,6 +338,10 @@ class StoreCore {
   }
 
  private:
+  Command WaitCommand() const {
+    return {"WAIT", std::to_string(cfg_.wait_replicas), std::to_string(cfg_.wait_timeout.count())};
+  }
+
   const Config cfg_;
   const std::array<std::string, kScriptCount> shas_;
   Pool pool_;
@@ -393,13 +425,34 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
                                      EncodeOwnerRecord(spec.owner),
                                      std::to_string(mirror->ms),
                                      spec.sequence ? std::to_string(*spec.sequence) : std::string()};
-    auto r = store_->Script(ScriptId::kAppend, {k.zset, k.counter, k.entry(id), k.mirror(sid_)}, args,
-                            store_->IoDeadline(deadline), /*durable=*/true);
+    const auto io = store_->IoDeadline(deadline);
+    int acked = -1;
+    bool undone = false;
+    auto r = store_->Pooled(io, [&](Conn& c) -> Result<Reply> {
+      auto s = store_->ScriptOn(c, ScriptId::kAppend, {k.zset, k.counter, k.entry(id), k.mirror(sid_)}, args, io,
+                                /*wait=*/true);
+      if (!s.ok()) return s.status();
+      acked = s->acked;
+      if (store_->ShortOfReplicas(acked) && !Fenced(s->reply)) {
+        // Not as durable as asked for: take the entry back before anyone
+        // counts on it (a waiter behind it could otherwise be granted on a
+        // replica that never saw it).
+        auto undo = store_->ScriptOn(c, ScriptId::kRemove, {k.zset}, {k.base, k.channel, id, sid_},
+                                     io + cfg_.wait_timeout, /*wait=*/false);
+        if (!undo.ok()) return undo.status();  // the entry may exist: find_own settles it
+        undone = true;
+      }
+      return std::move(s->reply);
+    });
     if (!r.ok()) {
       OnRequestFailed(r.status());
       return r.status();  // the entry may exist: it stays tracked until find_own says
     }
-    if (r->is_array() && r->size() == 1 && ElementStr(r->element(0)) == "fenced") {
+    if (undone) {
+      Untrack(q, [&](const std::string& tracked_id, const Tracked&) { return tracked_id == id; });
+      return AbortedError(store_->ShortOfReplicasMessage(acked, "append to " + q) + "; the entry was removed again");
+    }
+    if (Fenced(*r)) {
       Untrack(q, [&](const std::string& tracked_id, const Tracked&) { return tracked_id == id; });
       return AbortedError("redis store: append of attempt " + spec.attempt_id + " to " + q +
                           " refused: find_own already settled that attempt");
@@ -446,8 +499,17 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
     // Before it is sent: a renewal that finds the entry gone meanwhile must
     // not take that for lost data.
     MarkRemoving(q, std::string(id));
-    auto r = store_->Script(ScriptId::kRemove, {k.zset}, {k.base, k.channel, std::string(id), sid_},
-                            store_->IoDeadline(deadline), /*durable=*/true);
+    const auto io = store_->IoDeadline(deadline);
+    // With wait_replicas, WAIT, so that a release normally survives a
+    // failover too. If too few replicas acknowledge in time, the removal has
+    // still happened on the primary: done (a failover to a replica that
+    // missed it brings the entry back until the session's lease there ends).
+    auto r = store_->Pooled(io, [&](Conn& c) -> Result<Reply> {
+      auto s = store_->ScriptOn(c, ScriptId::kRemove, {k.zset}, {k.base, k.channel, std::string(id), sid_}, io,
+                                /*wait=*/true);
+      if (!s.ok()) return s.status();
+      return std::move(s->reply);
+    });
     if (!r.ok()) {
       OnRequestFailed(r.status());
       return r.status();
@@ -465,14 +527,38 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
     const QueueKeys k = KeysFor(q, cfg_.endpoint.db);
     auto mirror = Track(q, std::string(), std::string());  // no id yet
     if (!mirror.ok()) return mirror.status();
-    auto r = store_->Script(ScriptId::kFindOwn, {k.zset, k.mirror(sid_)},
-                            {k.base, k.channel, std::string(attempt_id), sid_, std::to_string(mirror->ms),
-                             std::to_string(cfg_.ttl.count())},
-                            store_->IoDeadline(deadline));
+    const auto io = store_->IoDeadline(deadline);
+    int acked = -1;
+    bool undone = false;
+    auto r = store_->Pooled(io, [&](Conn& c) -> Result<Reply> {
+      auto s = store_->ScriptOn(c, ScriptId::kFindOwn, {k.zset, k.mirror(sid_)},
+                                {k.base, k.channel, std::string(attempt_id), sid_, std::to_string(mirror->ms),
+                                 std::to_string(cfg_.ttl.count())},
+                                io, /*wait=*/false);
+      if (!s.ok()) return s.status();
+      if (cfg_.wait_replicas == 0 || !s->reply.is_array() || s->reply.size() == 0) return std::move(s->reply);
+      // Found: hand it out only as durable as a fresh append would be. The
+      // script wrote after the append did, so this WAIT covers the entry.
+      auto w = store_->WaitOn(c, io);
+      if (!w.ok()) return w.status();
+      acked = *w;
+      if (store_->ShortOfReplicas(acked)) {
+        const std::string found(ElementStr(s->reply.element(0)));
+        auto undo = store_->ScriptOn(c, ScriptId::kRemove, {k.zset}, {k.base, k.channel, found, sid_},
+                                     io + cfg_.wait_timeout, /*wait=*/false);
+        if (!undo.ok()) return undo.status();
+        undone = true;
+      }
+      return std::move(s->reply);
+    });
     if (!r.ok()) {
       Untrack(q, [](const std::string&, const Tracked&) { return false; });  // drop an empty track
       OnRequestFailed(r.status());
       return r.status();
+    }
+    if (undone) {
+      Untrack(q, [&](const std::string&, const Tracked& t) { return t.attempt == attempt_id; });
+      return AbortedError(store_->ShortOfReplicasMessage(acked, "entry found in " + q) + "; it was removed");
     }
     auto entries = ParseEntries(*r, 0, false);
     if (!entries.ok()) return entries.status();
@@ -696,7 +782,7 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
     for (const auto& q : queues) {
       const QueueKeys k = KeysFor(q, cfg_.endpoint.db);
       auto r = store_->ScriptOn(conn, ScriptId::kCloseQueue, {k.zset, k.mirror(sid_)}, {k.base, k.channel},
-                                deadline, false);
+                                deadline, /*wait=*/false);
       if (!r.ok() && conn.broken()) break;
     }
     if (!conn.broken()) {
