@@ -143,12 +143,13 @@ bool ClientCore::try_pending(Pending& p) noexcept {
   Clock::time_point deadline = DeadlineAfter(now(), kRequestTimeout);
   if (p.id.empty()) {
     auto found = p.session->find_own(p.queue, p.attempt_id, deadline);
-    if (!found.ok()) return false;
+    if (!found.ok()) return found.status().code() == ErrorCode::kAborted;  // the store kept nothing
     if (!*found) return true;  // the append never happened
     p.id = (*found)->id;
   }
   Status st = p.session->remove(p.queue, p.id, deadline);
-  return st.ok() || st.code() == ErrorCode::kSessionLost || st.code() == ErrorCode::kNotFound;
+  return st.ok() || st.code() == ErrorCode::kSessionLost || st.code() == ErrorCode::kNotFound ||
+         st.code() == ErrorCode::kAborted;
 }
 
 void ClientCore::remove_guaranteed(const std::shared_ptr<Session>& session, const std::string& queue,

@@ -98,6 +98,9 @@ class Attempt {
       snapshot = std::move(appended->queue);
     } else if (appended.status().code() == ErrorCode::kSessionLost) {
       return PassEnd::kRequeue;
+    } else if (appended.status().code() == ErrorCode::kAborted) {
+      // The store kept nothing (too few replicas, say): fail, leaving nothing.
+      return Fail(UnavailableError(appended.status().message()));
     } else if (!Retryable(appended.status())) {
       return Fail(appended.status());
     } else {
@@ -113,6 +116,7 @@ class Attempt {
         auto own = session->find_own(req_.queue, attempt, req_.deadline);
         if (!own.ok()) {
           if (own.status().code() == ErrorCode::kSessionLost) return PassEnd::kRequeue;
+          if (own.status().code() == ErrorCode::kAborted) return Fail(UnavailableError(own.status().message()));
           if (!Retryable(own.status())) return Fail(own.status());
           continue;
         }
