@@ -36,7 +36,9 @@
 #include <atomic>
 #include <cerrno>
 #include <condition_variable>
+#include <deque>
 #include <map>
+#include <optional>
 #include <mutex>
 #include <random>
 #include <system_error>
@@ -56,7 +58,6 @@ namespace {
 using std::chrono::milliseconds;
 
 constexpr std::int64_t kMaxSequence = std::int64_t{1} << 53;  // exact in a ZSET score
-constexpr std::size_t kMaxQueueName = 1024;
 constexpr std::size_t kPoolSize = 4;
 
 std::string RandomHex(std::size_t bytes) {
@@ -81,13 +82,6 @@ std::string RandomHex(std::size_t bytes) {
     out.push_back(kHex[c & 15]);
   }
   return out;
-}
-
-Status ValidateQueue(std::string_view queue) {
-  if (queue.empty()) return InvalidArgumentError("queue name is empty");
-  if (queue.size() > kMaxQueueName) return InvalidArgumentError("queue name longer than 1024 bytes");
-  if (queue.find('\0') != std::string_view::npos) return InvalidArgumentError("NUL byte in queue name");
-  return OkStatus();
 }
 
 // The names of one queue's keys (see redis_scripts.hpp).
@@ -405,7 +399,7 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
   }
 
   Result<Appended> Append(std::string_view queue, const EntrySpec& spec, Clock::time_point deadline) {
-    if (auto s = ValidateQueue(queue); !s.ok()) return s;
+    if (auto s = ValidateLockName(queue); !s.ok()) return s;
     if (spec.kind.empty()) return InvalidArgumentError("entry kind is empty");
     if (spec.sequence && (*spec.sequence <= 0 || *spec.sequence >= kMaxSequence)) {
       return InvalidArgumentError("entry sequence " + std::to_string(*spec.sequence) + " is out of range");
@@ -478,7 +472,7 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
   }
 
   Result<std::vector<Entry>> List(std::string_view queue, const ListOptions& options, Clock::time_point deadline) {
-    if (auto s = ValidateQueue(queue); !s.ok()) return s;
+    if (auto s = ValidateLockName(queue); !s.ok()) return s;
     if (auto s = Usable(true); !s.ok()) return s;
     const QueueKeys k = KeysFor(queue, cfg_.endpoint.db);
     auto r = store_->Script(ScriptId::kList, {k.zset}, {k.base, k.channel, options.with_owners ? "1" : "0"},
@@ -491,7 +485,7 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
   }
 
   Status Remove(std::string_view queue, std::string_view id, Clock::time_point deadline) {
-    if (auto s = ValidateQueue(queue); !s.ok()) return s;
+    if (auto s = ValidateLockName(queue); !s.ok()) return s;
     if (id.empty()) return InvalidArgumentError("entry id is empty");
     if (auto s = Usable(true); !s.ok()) return s;
     const std::string q(queue);
@@ -520,7 +514,7 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
 
   Result<std::optional<Entry>> FindOwn(std::string_view queue, std::string_view attempt_id,
                                        Clock::time_point deadline) {
-    if (auto s = ValidateQueue(queue); !s.ok()) return s;
+    if (auto s = ValidateLockName(queue); !s.ok()) return s;
     if (attempt_id.empty()) return InvalidArgumentError("attempt id is empty");
     if (auto s = Usable(true); !s.ok()) return s;
     const std::string q(queue);
@@ -575,7 +569,7 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
 
   Status WaitAnyGone(std::string_view queue, std::span<const std::string> ids, Clock::time_point deadline,
                      std::stop_token stop) {
-    if (auto s = ValidateQueue(queue); !s.ok()) return s;
+    if (auto s = ValidateLockName(queue); !s.ok()) return s;
     if (ids.empty()) return InvalidArgumentError("wait_any_gone needs at least one entry id");
     if (auto s = Usable(false); !s.ok()) return s;
     const std::string q(queue);
@@ -606,20 +600,21 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
     return store_->subscriber().Wait(q, k.channel, watch, deadline, std::move(stop), session, check);
   }
 
+  // Every subscriber hears kClosed, and has returned, before the entries
+  // are removed (Deliver runs Cleanup after the notice). From inside a
+  // subscriber it returns at once; the close completes once that subscriber
+  // has returned.
   void Close() noexcept {
-    SessionState prev = state_.load();
-    do {
-      if (prev == SessionState::kClosed) return;
-    } while (!state_.compare_exchange_weak(prev, SessionState::kClosed));
-    StopKeepAlive();
+    std::uint64_t seq = 0;
     try {
-      Emit(SessionState::kClosed);
-      store_->PokeWaiters();
-      Cleanup();
+      seq = Enqueue(SessionState::kClosed, /*cleanup=*/true);
     } catch (...) {
-      // Out of memory, at worst. Cleanup is best effort: the leases run out
-      // on their own.
+      return;  // out of memory: the leases run out on their own
     }
+    if (seq == 0) return;  // already closed
+    StopKeepAlive();
+    store_->PokeWaiters();
+    Deliver(seq, /*wait=*/true);
   }
 
  private:
@@ -724,17 +719,62 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
     cv_.notify_all();
   }
 
-  void Emit(SessionState s) { listeners_.notify(s); }
+  // --- Telling subscribers
+  //
+  // State changes are queued in the order they happen and delivered one at a
+  // time by whichever thread finds nobody delivering. A change made from
+  // inside a subscriber (close() included) is delivered by that same thread
+  // once the subscriber has returned, so no subscriber is ever called from
+  // inside another call. No lock is held while a subscriber runs.
 
+  // Moves to `to` unless the session already ended (or is there), and queues
+  // the notice. Returns its number, or 0 if nothing changed.
+  std::uint64_t Enqueue(SessionState to, bool cleanup) {
+    std::lock_guard<std::mutex> g(notice_mu_);
+    SessionState prev = state_.load();
+    if (prev == to || prev == SessionState::kClosed) return 0;
+    if (prev == SessionState::kLost && to != SessionState::kClosed) return 0;
+    notices_.push_back(Notice{to, cleanup, ++notices_queued_});
+    state_.store(to);
+    return notices_queued_;
+  }
+
+  // Delivers queued notices until none is left, unless another thread is
+  // delivering: then that thread will deliver `seq` too, and with `wait` this
+  // one waits for that (unless it is that thread, inside a subscriber).
+  void Deliver(std::uint64_t seq, bool wait) noexcept {
+    std::unique_lock<std::mutex> lk(notice_mu_);
+    if (deliverer_) {
+      if (!wait || *deliverer_ == std::this_thread::get_id()) return;
+      notice_cv_.wait(lk, [&] { return notices_delivered_ >= seq; });
+      return;
+    }
+    deliverer_ = std::this_thread::get_id();
+    while (!notices_.empty()) {
+      Notice n = notices_.front();
+      notices_.pop_front();
+      lk.unlock();
+      listeners_.notify(n.state);
+      if (n.cleanup) {
+        try {
+          Cleanup();
+        } catch (...) {
+          // Out of memory, at worst. Best effort: the leases run out anyway.
+        }
+      }
+      lk.lock();
+      notices_delivered_ = n.seq;
+      notice_cv_.notify_all();
+    }
+    deliverer_.reset();
+  }
 
   // kConnected <-> kSuspended, or -> kLost. Never leaves kLost or kClosed.
   void Transition(SessionState to) {
-    SessionState prev = state_.load();
-    do {
-      if (prev == to || prev == SessionState::kLost || prev == SessionState::kClosed) return;
-    } while (!state_.compare_exchange_weak(prev, to));
-    Emit(to);
+    std::uint64_t seq = Enqueue(to, /*cleanup=*/false);
+    if (seq == 0) return;
     store_->PokeWaiters();
+    Deliver(seq, /*wait=*/false);
   }
 
   void Lose(std::string reason) {
@@ -979,6 +1019,17 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
   std::string lost_reason_;
 
   ListenerList<SessionState> listeners_;
+  struct Notice {
+    SessionState state;
+    bool cleanup;  // remove the session's entries once it is delivered (close)
+    std::uint64_t seq;
+  };
+  std::mutex notice_mu_;  // guards the notice queue; state_ changes under it
+  std::condition_variable notice_cv_;
+  std::deque<Notice> notices_;
+  std::uint64_t notices_queued_ = 0;
+  std::uint64_t notices_delivered_ = 0;
+  std::optional<std::thread::id> deliverer_;
   std::shared_ptr<void> clock_subscription_;
   int stop_fd_ = -1;  // interrupts the keep-alive's I/O on close
   std::stop_source stop_;
