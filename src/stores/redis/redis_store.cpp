@@ -215,6 +215,12 @@ class StoreCore {
     return IoClock::now() + left;
   }
 
+  // The socket deadline for a request that must follow one whose deadline
+  // may have been used up (taking back an entry a WAIT found undurable).
+  IoClock::time_point OneMoreRoundTrip() const {
+    return IoClock::now() + std::min<Clock::duration>(cfg_.op_timeout, milliseconds(1'000));
+  }
+
   // A script's reply, and how many replicas acknowledged its writes when a
   // WAIT followed it (-1 when none did).
   struct Scripted {
@@ -432,7 +438,7 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
         // counts on it (a waiter behind it could otherwise be granted on a
         // replica that never saw it).
         auto undo = store_->ScriptOn(c, ScriptId::kRemove, {k.zset}, {k.base, k.channel, id, sid_},
-                                     io + cfg_.wait_timeout, /*wait=*/false);
+                                     store_->OneMoreRoundTrip(), /*wait=*/false);
         if (!undo.ok()) return undo.status();  // the entry may exist: find_own settles it
         undone = true;
       }
@@ -539,7 +545,7 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
       if (store_->ShortOfReplicas(acked)) {
         const std::string found(ElementStr(s->reply.element(0)));
         auto undo = store_->ScriptOn(c, ScriptId::kRemove, {k.zset}, {k.base, k.channel, found, sid_},
-                                     io + cfg_.wait_timeout, /*wait=*/false);
+                                     store_->OneMoreRoundTrip(), /*wait=*/false);
         if (!undo.ok()) return undo.status();
         undone = true;
       }
@@ -580,7 +586,8 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
         -> Result<CheckResult> {
       // If this session has confirmed entries in the queue, its lease there
       // must exist: ask on the way.
-      bool relies = HasConfirmed(q);
+      const std::vector<std::string> relied = Relied(q);
+      const bool relies = !relied.empty();
       std::vector<std::string> args = {k.base, k.channel, relies ? sid_ : std::string()};
       args.insert(args.end(), which.begin(), which.end());
       auto r = store_->Script(ScriptId::kCheckGone, {k.zset}, args, store_->IoDeadline(deadline));
@@ -589,7 +596,7 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
         return r.status();
       }
       if (!r->is_array() || r->size() < 2) return InternalError("redis store: malformed reply to check");
-      if (relies && ElementInt(r->element(1)) == 0 && HasConfirmed(q)) {
+      if (relies && ElementInt(r->element(1)) == 0 && StillRelied(q, relied)) {
         Lose("the session's lease in queue " + q + " is gone from the server");
       }
       CheckResult out;
@@ -673,11 +680,29 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
     track.proven = true;
   }
 
-  bool HasConfirmed(const std::string& queue) const {
+  // The entries in `queue` the session holds on to (confirmed, not being
+  // removed).
+  std::vector<std::string> Relied(const std::string& queue) const {
+    std::lock_guard<std::mutex> g(mu_);
+    std::vector<std::string> out;
+    auto it = queues_.find(queue);
+    if (it == queues_.end()) return out;
+    for (const auto& [id, e] : it->second.ids) {
+      if (e.relied_on()) out.push_back(id);
+    }
+    return out;
+  }
+
+  // Whether the session still holds on to any of `ids` (a request that
+  // found them gone may have crossed this session's own remove).
+  bool StillRelied(const std::string& queue, const std::vector<std::string>& ids) const {
     std::lock_guard<std::mutex> g(mu_);
     auto it = queues_.find(queue);
     if (it == queues_.end()) return false;
-    return std::any_of(it->second.ids.begin(), it->second.ids.end(), [](const auto& p) { return p.second.confirmed; });
+    return std::any_of(ids.begin(), ids.end(), [&](const std::string& id) {
+      auto e = it->second.ids.find(id);
+      return e != it->second.ids.end() && e->second.relied_on();
+    });
   }
 
   // The append (or find_own) of `id` succeeded, with a mirror TTL counted
