@@ -12,8 +12,10 @@
 // is extended to expire `ttl` after a request that the client *sent* at some
 // time B (its "basis"): the server receives it later, so it expires no
 // earlier than B + ttl on the server. A reply proves it: the keep-alive's
-// renewal of an existing mirror proves the renewal's basis, an append (or a
-// find_own that found the entry) proves the basis it computed its TTL from.
+// renewal of an existing mirror proves the renewal's basis (unless one of the
+// session's removes, which delete the mirror with the session's last entry
+// in the queue, crossed it), an append (or a find_own that found the entry)
+// proves the basis it computed its TTL from.
 // The client keeps the basis of the session key and of every mirror it
 // relies on (the queues where it has confirmed entries that it is not
 // removing), and declares the session lost at min(basis) + ttl - margin, by
@@ -437,6 +439,7 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
         // Not as durable as asked for: take the entry back before anyone
         // counts on it (a waiter behind it could otherwise be granted on a
         // replica that never saw it).
+        MarkRemoving(q, id);
         auto undo = store_->ScriptOn(c, ScriptId::kRemove, {k.zset}, {k.base, k.channel, id, sid_},
                                      store_->OneMoreRoundTrip(), /*wait=*/false);
         if (!undo.ok()) return undo.status();  // the entry may exist: find_own settles it
@@ -544,6 +547,7 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
       acked = *w;
       if (store_->ShortOfReplicas(acked)) {
         const std::string found(ElementStr(s->reply.element(0)));
+        MarkRemoving(q, found);
         auto undo = store_->ScriptOn(c, ScriptId::kRemove, {k.zset}, {k.base, k.channel, found, sid_},
                                      store_->OneMoreRoundTrip(), /*wait=*/false);
         if (!undo.ok()) return undo.status();
@@ -637,6 +641,10 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
     // (see the file comment).
     Clock::time_point basis;
     bool proven = false;
+    // Changes whenever this session's remove may delete the mirror (its last
+    // entry there gone) and an append make it again: a renewal that crossed
+    // that proves nothing about the mirror now.
+    std::uint64_t epoch = 0;
     bool relied_on() const {
       return std::any_of(ids.begin(), ids.end(), [](const auto& p) { return p.second.relied_on(); });
     }
@@ -668,8 +676,9 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
     std::lock_guard<std::mutex> g(mu_);
     Clock::time_point now = cfg_.clock->now();
     if (now >= LostAtLocked()) return SessionLostError("redis session " + sid_ + " is lost (lease ran out)");
-    auto& track = queues_[queue];
-    if (!id.empty()) track.ids[id] = Tracked{attempt, false};
+    auto [it, inserted] = queues_.try_emplace(queue);
+    if (inserted) it->second.epoch = ++epochs_;
+    if (!id.empty()) it->second.ids[id] = Tracked{attempt, false};
     auto left = std::chrono::ceil<milliseconds>(master_basis_ + cfg_.ttl - now).count();
     return MirrorTtl{std::max<std::int64_t>(left, 1), master_basis_};
   }
@@ -710,16 +719,20 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
   void Confirm(const std::string& queue, const std::string& id, const std::string& attempt,
                Clock::time_point basis) {
     std::lock_guard<std::mutex> g(mu_);
-    auto& track = queues_[queue];
-    track.ids[id] = Tracked{attempt, true};
-    Prove(track, basis);
+    auto [it, inserted] = queues_.try_emplace(queue);
+    if (inserted) it->second.epoch = ++epochs_;
+    it->second.ids[id] = Tracked{attempt, true};
+    Prove(it->second, basis);
     UpdateLostAtLocked();
   }
 
+  // Before a remove of `id` is sent (see Tracked::removing and
+  // QueueTrack::epoch).
   void MarkRemoving(const std::string& queue, const std::string& id) {
     std::lock_guard<std::mutex> g(mu_);
     auto it = queues_.find(queue);
     if (it == queues_.end()) return;
+    it->second.epoch = ++epochs_;
     auto e = it->second.ids.find(id);
     if (e == it->second.ids.end()) return;
     e->second.removing = true;
@@ -861,6 +874,7 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
   // each mirror, pipelined.
   struct RenewItem {
     std::string queue;
+    std::uint64_t epoch;              // the queue's, as of the renewal's start
     std::vector<std::string> relied;  // entries the session holds on to, as of the renewal's start
   };
   Result<std::vector<Reply>> Renew(Conn& conn, const std::vector<RenewItem>& items, IoClock::time_point deadline) {
@@ -909,7 +923,7 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
     const bool exists = ElementInt(reply.element(0)) == 1;
     std::vector<std::string> gone;
     if (exists) {
-      Prove(track, sent);
+      if (track.epoch == item.epoch) Prove(track, sent);
       for (std::size_t j = 1; j < reply.size(); ++j) gone.emplace_back(ElementStr(reply.element(j)));
     } else {
       track.proven = false;
@@ -949,7 +963,7 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
 
       std::vector<RenewItem> items;
       for (const auto& [name, t] : queues_) {
-        RenewItem item{name, {}};
+        RenewItem item{name, t.epoch, {}};
         for (const auto& [id, e] : t.ids) {
           if (e.relied_on()) item.relied.push_back(id);
         }
@@ -1041,6 +1055,7 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
   bool poke_ = false;               // renew now
   Clock::time_point master_basis_;  // of the session key
   std::map<std::string, QueueTrack> queues_;
+  std::uint64_t epochs_ = 0;  // QueueTrack::epoch values, never reused
   std::string lost_reason_;
 
   ListenerList<SessionState> listeners_;
