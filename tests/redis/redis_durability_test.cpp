@@ -173,10 +173,7 @@ TEST(RedisDataLoss, LaggingReplicaPromoted) {
   ropt.replica_of = primary->port();
   auto replica = RedisServer::Start(ropt);
   ASSERT_TRUE(replica);
-  ASSERT_TRUE(Eventually([&] {
-    std::string info = primary->CmdStr({"INFO", "replication"});
-    return info.find("connected_slaves:1") != std::string::npos && info.find("state=online") != std::string::npos;
-  }, 10s));
+  ASSERT_TRUE(primary->AwaitReplicas(1)) << "the replica never acknowledged";
   HoldingProxy proxy(primary->port());
   const std::string q = "loss/failover";
   auto store = MustOpen(proxy.url("?ttl=3s&connect_timeout=1s"));
@@ -430,10 +427,7 @@ TEST(RedisReplicas, UnlockingWhileTheReplicaLagsIsNotRetriedForever) {
   ropt.replica_of = primary->port();
   auto replica = RedisServer::Start(ropt);
   ASSERT_TRUE(replica);
-  ASSERT_TRUE(Eventually([&] {
-    std::string info = primary->CmdStr({"INFO", "replication"});
-    return info.find("connected_slaves:1") != std::string::npos && info.find("state=online") != std::string::npos;
-  }, 10s));
+  ASSERT_TRUE(primary->AwaitReplicas(1)) << "the replica never acknowledged";
   const std::string name = "wait/unlock";
   std::mutex mu;
   std::vector<std::string> background;
@@ -443,7 +437,7 @@ TEST(RedisReplicas, UnlockingWhileTheReplicaLagsIsNotRetriedForever) {
     background.push_back(s.ToString());
   };
   {
-    Client c = Client::connect(primary->url("?wait_replicas=1&wait_timeout=100ms"), options);
+    Client c = Client::connect(primary->url("?wait_replicas=1&wait_timeout=500ms"), options);
     Mutex m(c, name);
     ASSERT_TRUE(m.try_lock_for(5s));
     replica->Freeze();
@@ -451,7 +445,7 @@ TEST(RedisReplicas, UnlockingWhileTheReplicaLagsIsNotRetriedForever) {
     m.unlock();
     EXPECT_EQ(primary->CmdInt({"ZCARD", Key(name, "q")}), 0);
     // One WAIT for the removal, and no more: watch for a retry a while.
-    EXPECT_FALSE(Eventually([&] { return primary->CommandCalls()["wait"] > waits + 1; }, 2s))
+    EXPECT_FALSE(Eventually([&] { return primary->CommandCalls()["wait"] > waits + 1; }, 3s))
         << "the removal is being retried";
     replica->Thaw();
   }

@@ -178,6 +178,26 @@ class RedisServer {
     return out;
   }
 
+  // Writes, on one connection, until `n` replicas acknowledge a write within
+  // 100ms (WAIT), for at most `timeout`. A replica the primary already lists
+  // as online may still be loading what it was sent, and not acknowledge.
+  bool AwaitReplicas(int n, std::chrono::milliseconds timeout = std::chrono::seconds(10)) const {
+    timeval tv{2, 0};
+    redisContext* c = redisConnectWithTimeout("127.0.0.1", port_, tv);
+    if (c == nullptr) return false;
+    bool ok = false;
+    auto until = std::chrono::steady_clock::now() + timeout;
+    while (!c->err && !ok && std::chrono::steady_clock::now() < until) {
+      if (opt_.password) freeReplyObject(redisCommand(c, "AUTH %s", opt_.password->c_str()));
+      freeReplyObject(redisCommand(c, "SET dlock-test:replica-probe 1"));
+      ReplyPtr w(static_cast<redisReply*>(redisCommand(c, "WAIT %d 100", n)));
+      ok = w && w->type == REDIS_REPLY_INTEGER && w->integer >= n;
+    }
+    if (ok) freeReplyObject(redisCommand(c, "DEL dlock-test:replica-probe"));
+    redisFree(c);
+    return ok;
+  }
+
   // Subscribers of a channel (PUBSUB NUMSUB).
   long long NumSub(const std::string& channel) const {
     auto r = Cmd({"PUBSUB", "NUMSUB", channel});

@@ -770,10 +770,7 @@ TEST(RedisFaults, WaitReplicasRequiresAcknowledgements) {
   opt.replica_of = primary->port();
   auto replica = RedisServer::Start(opt);
   ASSERT_TRUE(replica);
-  ASSERT_TRUE(Eventually([&] {
-    std::string info = primary->CmdStr({"INFO", "replication"});
-    return info.find("connected_slaves:1") != std::string::npos && info.find("state=online") != std::string::npos;
-  }, 10s));
+  ASSERT_TRUE(primary->AwaitReplicas(1)) << "the replica never acknowledged";
   auto one = MustOpen(primary->url("?wait_replicas=1"));
   auto s1 = MustSession(*one);
   auto ok = s1->append("wait/q", Spec(), In(5s));
