@@ -11,20 +11,20 @@
 // their queue exists (redis_scripts.hpp). Each mirror, like the session key,
 // is extended to expire `ttl` after a request that the client *sent* at some
 // time B (its "basis"): the server receives it later, so it expires no
-// earlier than B + ttl on the server. A reply proves it: the keep-alive's
-// renewal of an existing mirror proves the renewal's basis (unless one of the
-// session's removes, which delete the mirror with the session's last entry
-// in the queue, crossed it), an append (or a find_own that found the entry)
-// proves the basis it computed its TTL from.
-// The client keeps the basis of the session key and of every mirror it
-// relies on (the queues where it has confirmed entries that it is not
-// removing), and declares the session lost at min(basis) + ttl - margin, by
-// its own monotonic clock: before any lease can run out on the server (clock
-// rates being equal to within the margin), so a holder always hears kLost
-// before anyone else can take its place. Mirrors are only ever extended
-// (PTTL is checked before PEXPIRE), so a late request can never shorten a
-// lease the client counts on; and only appends create them, so a late
-// renewal can never bring back a lease that ran out.
+// earlier than B + ttl on the server. Replies prove a basis: the keep-alive's
+// renewal of an existing mirror proves the renewal's (unless one of the
+// session's removes crossed it: a remove deletes the mirror with the
+// session's last entry in the queue), an append or a find_own that found the
+// entry proves the one it computed its TTL from. The client keeps the basis
+// of the session key and of every mirror it relies on (the queues where it
+// has confirmed entries that it is not removing), and declares the session
+// lost at min(basis) + ttl - margin, by its own monotonic clock: before any
+// lease can run out on the server (clock rates being equal to within the
+// margin), so a holder always hears kLost before anyone else can take its
+// place. Mirrors are only ever extended (PTTL is checked before PEXPIRE), so
+// a late request can never shorten a lease the client counts on; and only
+// appends create them, so a late renewal can never bring back a lease that
+// ran out.
 #include "stores/redis/redis_store.hpp"
 
 #include "core/listeners.hpp"
@@ -40,8 +40,8 @@
 #include <condition_variable>
 #include <deque>
 #include <map>
-#include <optional>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <system_error>
 #include <thread>
@@ -620,7 +620,10 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
     try {
       seq = Enqueue(SessionState::kClosed, /*cleanup=*/true);
     } catch (...) {
-      return;  // out of memory: the leases run out on their own
+      // Out of memory: closed all the same, untold; the leases run out.
+      state_.store(SessionState::kClosed);
+      StopKeepAlive();
+      return;
     }
     if (seq == 0) return;  // already closed
     StopKeepAlive();
