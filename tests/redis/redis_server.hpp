@@ -180,16 +180,25 @@ class RedisServer {
 
   // Writes, on one connection, until `n` replicas acknowledge a write within
   // 100ms (WAIT), for at most `timeout`. A replica the primary already lists
-  // as online may still be loading what it was sent, and not acknowledge.
+  // as online may not be receiving the write stream yet. The write must come
+  // after the replicas connected: before that it makes no replication
+  // offset, and a WAIT for offset 0 counts a replica as soon as it is online.
   bool AwaitReplicas(int n, std::chrono::milliseconds timeout = std::chrono::seconds(10)) const {
     timeval tv{2, 0};
     redisContext* c = redisConnectWithTimeout("127.0.0.1", port_, tv);
     if (c == nullptr) return false;
+    if (opt_.password) freeReplyObject(redisCommand(c, "AUTH %s", opt_.password->c_str()));
+    const std::string connected = "connected_slaves:" + std::to_string(n);
     bool ok = false;
     auto until = std::chrono::steady_clock::now() + timeout;
     while (!c->err && !ok && std::chrono::steady_clock::now() < until) {
-      if (opt_.password) freeReplyObject(redisCommand(c, "AUTH %s", opt_.password->c_str()));
-      freeReplyObject(redisCommand(c, "SET dlock-test:replica-probe 1"));
+      ReplyPtr info(static_cast<redisReply*>(redisCommand(c, "INFO replication")));
+      if (!info || info->type != REDIS_REPLY_STRING ||
+          std::string(info->str, info->len).find(connected) == std::string::npos) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        continue;
+      }
+      freeReplyObject(redisCommand(c, "INCR dlock-test:replica-probe"));
       ReplyPtr w(static_cast<redisReply*>(redisCommand(c, "WAIT %d 100", n)));
       ok = w && w->type == REDIS_REPLY_INTEGER && w->integer >= n;
     }
