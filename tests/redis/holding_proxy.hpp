@@ -83,7 +83,13 @@ class HoldingProxy {
     std::lock_guard<std::mutex> g(mu_);
     hold_requests_.clear();
     hold_replies_.clear();
-    release_ = true;
+    release_requests_ = release_replies_ = true;
+  }
+  // The same for held requests only; held replies stay held.
+  void ReleaseRequests() {
+    std::lock_guard<std::mutex> g(mu_);
+    hold_requests_.clear();
+    release_requests_ = true;
   }
   // New connections go to `port`.
   void SetUpstream(int port) { upstream_.store(port); }
@@ -185,10 +191,11 @@ class HoldingProxy {
 
   void Run() {
     while (!stop_.load()) {
-      bool release = false;
+      bool release_requests = false, release_replies = false;
       {
         std::lock_guard<std::mutex> g(mu_);
-        release = std::exchange(release_, false);
+        release_requests = std::exchange(release_requests_, false);
+        release_replies = std::exchange(release_replies_, false);
         if (cuts_done_ < cuts_asked_) {
           for (auto& c : conns_) CloseBoth(c);
           conns_.clear();
@@ -196,11 +203,12 @@ class HoldingProxy {
           cv_.notify_all();
         }
       }
-      if (release) {
-        for (auto& c : conns_) {
-          if (c.hold_up) c.released = true;
-          c.hold_up = c.hold_down = false;
+      for (auto& c : conns_) {
+        if (release_requests && c.hold_up) {
+          c.released = true;
+          c.hold_up = false;
         }
+        if (release_replies) c.hold_down = false;
       }
       std::vector<pollfd> fds;
       std::vector<Conn*> polled;
@@ -271,7 +279,8 @@ class HoldingProxy {
   std::mutex mu_;
   std::string hold_requests_;  // guarded by mu_
   std::string hold_replies_;   // guarded by mu_
-  bool release_ = false;       // guarded by mu_
+  bool release_requests_ = false;  // guarded by mu_
+  bool release_replies_ = false;   // guarded by mu_
   std::uint64_t cuts_asked_ = 0;  // guarded by mu_
   std::uint64_t cuts_done_ = 0;   // guarded by mu_
   std::condition_variable cv_;

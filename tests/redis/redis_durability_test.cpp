@@ -334,6 +334,41 @@ TEST(RedisLateRequests, AnAppendThatArrivesAfterFindOwnMakesNothing) {
   EXPECT_EQ(Keys(*server, Key(q, "e:*")), std::vector<std::string>{Key(q, "e:" + e0->entry.id)});
 }
 
+// A renewal that reaches the server after the session's own remove of an
+// entry (whose reply is still on its way) finds the entry gone: that is the
+// remove, not lost data, and the session stays connected.
+TEST(RedisLateRequests, ARenewalThatCrossesTheSessionsOwnRemoveIsNoLoss) {
+  auto server = RedisServer::Start();
+  ASSERT_TRUE(server);
+  HoldingProxy proxy(server->port());
+  const std::string q = "late/own-remove";
+  auto store = MustOpen(proxy.url("?ttl=3s&connect_timeout=5s"));
+  auto a = MustSession(*store);
+  ASSERT_TRUE(a);
+  StateLog log(*a);
+  auto e1 = a->append(q, Spec(), In(5s));
+  ASSERT_TRUE(e1.ok()) << e1.status().ToString();
+  // 1. The next renewal leaves the client and is held on the wire.
+  proxy.HoldRequestsWith("dlock:session:" + a->id());
+  ASSERT_TRUE(Eventually([&] { return proxy.held_requests() == 1; }, 5s));
+  // 2. The remove reaches the server; its reply is held.
+  proxy.HoldRepliesTo(Channel(q));
+  auto removed = std::async(std::launch::async, [&] { return a->remove(q, e1->entry.id, In(10s)); });
+  ASSERT_TRUE(Eventually([&] { return server->CmdInt({"EXISTS", Key(q, "e:" + e1->entry.id)}) == 0; }, 5s));
+  // 3. The renewal runs now, finds the entry gone, and its reply is read
+  //    (the keep-alive has sent the next renewal once it has).
+  long long renewals = server->CommandCalls()["pexpire"];
+  proxy.ReleaseRequests();
+  ASSERT_TRUE(Eventually([&] { return server->CommandCalls()["pexpire"] >= renewals + 2 || !log.states().empty(); },
+                         5s));
+  EXPECT_EQ(a->state(), SessionState::kConnected);
+  EXPECT_TRUE(log.states().empty()) << "the session reported: " << Names(log.states());
+  proxy.Release();
+  ASSERT_EQ(removed.wait_for(10s), std::future_status::ready);
+  EXPECT_TRUE(removed.get().ok());
+  EXPECT_EQ(a->state(), SessionState::kConnected);
+}
+
 // ---------------------------------------------------------------- replicas (WAIT)
 
 TEST(RedisReplicas, AnAppendTooFewReplicasAcknowledgedIsAbortedAndUndone) {
