@@ -170,7 +170,8 @@ bool ClientCore::try_pending(Pending& p) noexcept {
       p.id = (*found)->id;
     }
     Status st = p.session->remove(p.queue, p.id, deadline);
-    return st.ok() || st.code() == ErrorCode::kSessionLost || st.code() == ErrorCode::kNotFound;
+    return st.ok() || st.code() == ErrorCode::kSessionLost || st.code() == ErrorCode::kNotFound ||
+           st.code() == ErrorCode::kAborted;
   } catch (...) {
     return false;  // out of memory in the store, at worst: try again later
   }

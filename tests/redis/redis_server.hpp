@@ -1,5 +1,6 @@
 // Test fixture: a private redis-server process (Debian's), on 127.0.0.1 and a
-// free port, with no persistence and a scratch directory. The tests start,
+// free port, with a scratch directory and no persistence unless the options
+// ask for it (an explicit SAVE still writes dump.rdb there). The tests start,
 // stop, freeze (SIGSTOP) and restart it, and talk to it directly over hiredis
 // to look at keys and command counts.
 #ifndef DLOCK_TESTS_REDIS_REDIS_SERVER_HPP_
@@ -108,7 +109,8 @@ class RedisServer {
     ::waitpid(pid_, &st, 0);
     pid_ = -1;
   }
-  // Starts again on the same port, empty (there is no persistence).
+  // SIGKILL, then starts again on the same port from what the server left in
+  // its directory: dump.rdb or appendonlydir/ if it wrote any, else empty.
   bool Restart() {
     Kill();
     for (int attempt = 0; attempt < 50; ++attempt) {  // the port may linger a moment
@@ -174,6 +176,35 @@ class RedisServer {
       pos = colon;
     }
     return out;
+  }
+
+  // Writes, on one connection, until `n` replicas acknowledge a write within
+  // 100ms (WAIT), for at most `timeout`. A replica the primary already lists
+  // as online may not be receiving the write stream yet. The write must come
+  // after the replicas connected: before that it makes no replication
+  // offset, and a WAIT for offset 0 counts a replica as soon as it is online.
+  bool AwaitReplicas(int n, std::chrono::milliseconds timeout = std::chrono::seconds(10)) const {
+    timeval tv{2, 0};
+    redisContext* c = redisConnectWithTimeout("127.0.0.1", port_, tv);
+    if (c == nullptr) return false;
+    if (opt_.password) freeReplyObject(redisCommand(c, "AUTH %s", opt_.password->c_str()));
+    const std::string connected = "connected_slaves:" + std::to_string(n);
+    bool ok = false;
+    auto until = std::chrono::steady_clock::now() + timeout;
+    while (!c->err && !ok && std::chrono::steady_clock::now() < until) {
+      ReplyPtr info(static_cast<redisReply*>(redisCommand(c, "INFO replication")));
+      if (!info || info->type != REDIS_REPLY_STRING ||
+          std::string(info->str, info->len).find(connected) == std::string::npos) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        continue;
+      }
+      freeReplyObject(redisCommand(c, "INCR dlock-test:replica-probe"));
+      ReplyPtr w(static_cast<redisReply*>(redisCommand(c, "WAIT %d 100", n)));
+      ok = w && w->type == REDIS_REPLY_INTEGER && w->integer >= n;
+    }
+    if (ok) freeReplyObject(redisCommand(c, "DEL dlock-test:replica-probe"));
+    redisFree(c);
+    return ok;
   }
 
   // Subscribers of a channel (PUBSUB NUMSUB).

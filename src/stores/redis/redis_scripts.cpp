@@ -13,11 +13,25 @@ namespace {
 // mirrors of the sessions still present (-1 if none): when the next one can
 // run out, for the waiters' fallback re-check.
 //
+// forget_counter() deletes the counter of a queue that has become empty:
+// nothing is kept per name once nobody uses it. The next append takes its
+// token from the server's clock (see kAppend), which is past every token
+// handed out as long as the counter is behind the clock; in the rare case it
+// is not (appends within one microsecond), the counter stays until the queue
+// empties again.
+//
 // An entry is emitted as 5 strings: id, seq, token, kind, attempt (+ owner).
 constexpr const char* kPrelude = R"lua(
 local base, chan, zkey = ARGV[1], ARGV[2], KEYS[1]
 local function ekey(id) return base .. 'e:' .. id end
 local function mkey(sid) return base .. 's:' .. sid end
+local function forget_counter()
+  if redis.call('EXISTS', zkey) == 1 then return end
+  local n = redis.call('GET', base .. 'n')
+  if not n then return end
+  local t = redis.call('TIME')
+  if tonumber(n) < tonumber(t[1]) * 1000000 + tonumber(t[2]) then redis.call('DEL', base .. 'n') end
+end
 local function prune()
   local ids = redis.call('ZRANGE', zkey, 0, -1)
   local seen, dead, soonest = {}, {}, -1
@@ -40,7 +54,10 @@ local function prune()
       dead[#dead + 1] = id
     end
   end
-  if #dead > 0 then redis.call('PUBLISH', chan, table.concat(dead, ' ')) end
+  if #dead > 0 then
+    redis.call('PUBLISH', chan, table.concat(dead, ' '))
+    forget_counter()
+  end
   return soonest
 end
 local function emit(out, id, owners)
@@ -61,16 +78,24 @@ end
 // KEYS: zset, counter, entry hash, own mirror.
 // ARGV: prefix, channel, id, kind, attempt, session, owner, mirror ttl (ms),
 //       sequence ('' for a new one).
-// Returns {seq, token, queue...}. Idempotent: running it again with the same
-// id changes nothing and returns the same entry.
+// Returns {seq, token, queue...}, or {'fenced'} if find_own has given up on
+// the attempt (see kFindOwn): then it makes nothing. Idempotent: running it
+// again with the same id changes nothing and returns the same entry.
 //
-// The counter starts, the first time a queue is used (or after a restart or
-// failover lost it), at the server's clock in microseconds, and only counts
-// up from there: tokens keep growing across such a data loss unless the
-// server clock steps back or the queue took over a million appends a second.
-// Doubles hold integers exactly up to 2^53: good until the year 2255.
+// The token is one more than the counter, and at least the server's clock in
+// microseconds. A server that restarted from an older snapshot or
+// append-only file, or a promoted replica that lagged, has an older counter
+// (or none): the clock has moved on past every token handed out since, so
+// tokens keep growing across such a data loss, as long as the server's clock
+// does not step back (and, on a failover, the new primary's clock is not
+// behind the old one's). Tokens are at most a few steps ahead of the clock:
+// an append takes longer than a microsecond. Doubles hold integers exactly
+// up to 2^53: good until the year 2255.
 constexpr const char* kAppend = R"lua(
 prune()
+if redis.call('EXISTS', KEYS[3]) == 0 and redis.call('GET', base .. 'a:' .. ARGV[5]) == ARGV[6] then
+  return {'fenced'}
+end
 local want = tonumber(ARGV[8])
 local pttl = redis.call('PTTL', KEYS[4])
 if pttl == -2 then
@@ -86,15 +111,10 @@ if redis.call('EXISTS', KEYS[3]) == 1 then
   emit_all(again, false)
   return again
 end
-local token
-if redis.call('EXISTS', KEYS[2]) == 1 then
-  token = redis.call('INCR', KEYS[2])
-else
-  local t = redis.call('TIME')
-  token = tonumber(t[1]) * 1000000 + tonumber(t[2])
-  redis.call('SET', KEYS[2], string.format('%.0f', token))
-end
+local t = redis.call('TIME')
+local token = math.max(tonumber(redis.call('GET', KEYS[2]) or '0') + 1, tonumber(t[1]) * 1000000 + tonumber(t[2]))
 local tok = string.format('%.0f', token)
+redis.call('SET', KEYS[2], tok)
 local seq = ARGV[9]
 if seq == '' then seq = tok end
 redis.call('ZADD', zkey, 'NX', seq, ARGV[3])
@@ -105,12 +125,24 @@ emit_all(out, false)
 return out
 )lua";
 
-// ARGV: prefix, channel, id. Removes the entry whoever owns it; 1 if it was
-// there. Publishes the id so waiters wake.
+// ARGV: prefix, channel, id, remover's session. Removes the entry whoever
+// owns it; 1 if it was there. Publishes the id so waiters wake. The
+// remover's mirror goes too once it has no entry left in the queue (an
+// append makes it again), and the counter once the queue is empty.
 constexpr const char* kRemove = R"lua(
 local n = redis.call('ZREM', zkey, ARGV[3])
 redis.call('DEL', ekey(ARGV[3]))
 if n == 1 then redis.call('PUBLISH', chan, ARGV[3]) end
+local ids = redis.call('ZRANGE', zkey, 0, -1)
+local mine = false
+for i = 1, #ids do
+  if redis.call('HGET', ekey(ids[i]), 'session') == ARGV[4] then
+    mine = true
+    break
+  end
+end
+if not mine then redis.call('DEL', mkey(ARGV[4])) end
+forget_counter()
 return n
 )lua";
 
@@ -123,10 +155,18 @@ return out
 )lua";
 
 // KEYS: zset, own mirror. ARGV: prefix, channel, attempt id, session,
-// mirror ttl (ms). The entry or {}. A found entry's mirror is extended like
-// append does, since the session now counts on it again.
+// mirror ttl (ms), fence ttl (ms). The entry or {}. A found entry's mirror is
+// extended like append does, since the session now counts on it again.
+//
+// Either way the attempt is settled: the fence key dlock:{Q}:a:ATTEMPT (its
+// value is the session) makes an append of it by this session that is still
+// on its way (sent on a connection that timed out) make nothing when it
+// arrives, for as long as the fence lasts (the session's TTL). It is also the
+// write that a WAIT after this script waits for: it comes after the entry's
+// append on the server.
 constexpr const char* kFindOwn = R"lua(
 prune()
+redis.call('SET', base .. 'a:' .. ARGV[3], ARGV[4], 'PX', ARGV[6])
 local ids = redis.call('ZRANGE', zkey, 0, -1)
 for i = 1, #ids do
   local f = redis.call('HMGET', ekey(ids[i]), 'attempt', 'session')
@@ -161,20 +201,32 @@ return out
 constexpr const char* kCloseQueue = R"lua(
 redis.call('DEL', KEYS[2])
 prune()
+forget_counter()
 return 1
 )lua";
 
-// KEYS: mirror. ARGV: ttl (ms), session. Extends the mirror to at least ttl
-// (never shortens it) or creates it; 1 if it existed.
+// KEYS: mirror. ARGV: ttl (ms), prefix, session, ids...
+// Extends the mirror to at least ttl (never shortens it). Returns {0} if the
+// mirror is gone, else {1, ids...}: those of the given entries (the ones the
+// session holds on to) that are no longer the session's entries in the
+// queue, which a server that lost data would show.
+//
+// A mirror that is gone stays gone: it ran out (or the server lost it), its
+// entries are dead, and a renewal that arrives late must not bring them back.
 constexpr const char* kRenewMirror = R"lua(
 local want = tonumber(ARGV[1])
 local pttl = redis.call('PTTL', KEYS[1])
-if pttl == -2 then
-  redis.call('SET', KEYS[1], ARGV[2], 'PX', want)
-  return 0
-end
+if pttl == -2 then return {0} end
 if pttl < want then redis.call('PEXPIRE', KEYS[1], want) end
-return 1
+local out = {1}
+for i = 4, #ARGV do
+  local id = ARGV[i]
+  if redis.call('HGET', ARGV[2] .. 'e:' .. id, 'session') ~= ARGV[3] or
+     not redis.call('ZSCORE', ARGV[2] .. 'q', id) then
+    out[#out + 1] = id
+  end
+end
+return out
 )lua";
 
 constexpr const char* kProbe = "return 1";

@@ -9,8 +9,11 @@
 //   dlock:{Q}:s:SID        STRING, PX ttl: the session's lease *mirrored into
 //                          this queue*. An entry is live while the mirror of
 //                          its session exists.
-//   dlock:{Q}:n            STRING counter: sequence and fencing token.
-//                          Never deleted, so tokens never go back.
+//   dlock:{Q}:n            STRING counter: sequence and fencing token
+//                          (kAppend in redis_scripts.cpp says why tokens
+//                          keep growing).
+//   dlock:{Q}:a:ATTEMPT    STRING, PX ttl: find_own settled this attempt; a
+//                          late append of it makes nothing (kFindOwn).
 //   dlock:{Q}:c[:DB]       pub/sub channel (not a key): the ids of entries
 //                          removed from the queue, space separated.
 //
@@ -40,7 +43,7 @@ enum class ScriptId {
   kFindOwn,      // KEYS zset, mirror
   kCheckGone,    // KEYS zset
   kCloseQueue,   // KEYS zset, mirror
-  kRenewMirror,  // KEYS mirror
+  kRenewMirror,  // KEYS mirror (checks the session's entries too)
   kProbe,        // no keys; checks that scripting works
   kCount_,
 };

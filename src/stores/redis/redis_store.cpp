@@ -9,15 +9,22 @@
 //
 // Session lease accounting. A session's entries live while its *mirror* in
 // their queue exists (redis_scripts.hpp). Each mirror, like the session key,
-// is (re)set to expire `ttl` after a request that the client *sent* at some
+// is extended to expire `ttl` after a request that the client *sent* at some
 // time B (its "basis"): the server receives it later, so it expires no
-// earlier than B + ttl on the server. The client keeps the basis of the
-// session key and of every mirror it relies on, and declares the session lost
-// at min(basis) + ttl - margin, by its own monotonic clock: before any lease
-// can run out on the server (clock rates being equal to within the margin),
-// so a holder always hears kLost before anyone else can take its place.
-// Mirrors are only ever extended (PTTL is checked before PEXPIRE), so a late
-// request can never shorten a lease the client counts on.
+// earlier than B + ttl on the server. Replies prove a basis: the keep-alive's
+// renewal of an existing mirror proves the renewal's (unless one of the
+// session's removes crossed it: a remove deletes the mirror with the
+// session's last entry in the queue), an append or a find_own that found the
+// entry proves the one it computed its TTL from. The client keeps the basis
+// of the session key and of every mirror it relies on (the queues where it
+// has confirmed entries that it is not removing), and declares the session
+// lost at min(basis) + ttl - margin, by its own monotonic clock: before any
+// lease can run out on the server (clock rates being equal to within the
+// margin), so a holder always hears kLost before anyone else can take its
+// place. Mirrors are only ever extended (PTTL is checked before PEXPIRE), so
+// a late request can never shorten a lease the client counts on; and only
+// appends create them, so a late renewal can never bring back a lease that
+// ran out.
 #include "stores/redis/redis_store.hpp"
 
 #include "core/listeners.hpp"
@@ -31,8 +38,10 @@
 #include <atomic>
 #include <cerrno>
 #include <condition_variable>
+#include <deque>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <system_error>
 #include <thread>
@@ -51,7 +60,6 @@ namespace {
 using std::chrono::milliseconds;
 
 constexpr std::int64_t kMaxSequence = std::int64_t{1} << 53;  // exact in a ZSET score
-constexpr std::size_t kMaxQueueName = 1024;
 constexpr std::size_t kPoolSize = 4;
 
 std::string RandomHex(std::size_t bytes) {
@@ -78,13 +86,6 @@ std::string RandomHex(std::size_t bytes) {
   return out;
 }
 
-Status ValidateQueue(std::string_view queue) {
-  if (queue.empty()) return InvalidArgumentError("queue name is empty");
-  if (queue.size() > kMaxQueueName) return InvalidArgumentError("queue name longer than 1024 bytes");
-  if (queue.find('\0') != std::string_view::npos) return InvalidArgumentError("NUL byte in queue name");
-  return OkStatus();
-}
-
 // The names of one queue's keys (see redis_scripts.hpp).
 struct QueueKeys {
   std::string base;     // dlock:{Q}:
@@ -107,6 +108,9 @@ QueueKeys KeysFor(std::string_view queue, int db) {
 }
 
 std::string SessionKey(std::string_view sid) { return "dlock:session:" + std::string(sid); }
+
+// The append script's answer when find_own already settled the attempt.
+bool Fenced(const Reply& r) { return r.is_array() && r.size() == 1 && ElementStr(r.element(0)) == "fenced"; }
 
 void SignalFd(int fd) noexcept {
   std::uint64_t one = 1;
@@ -213,11 +217,33 @@ class StoreCore {
     return IoClock::now() + left;
   }
 
+  // The socket deadline for a request that must follow one whose deadline
+  // may have been used up (taking back an entry a WAIT found undurable).
+  IoClock::time_point OneMoreRoundTrip() const {
+    return IoClock::now() + std::min<Clock::duration>(cfg_.op_timeout, milliseconds(1'000));
+  }
+
+  // A script's reply, and how many replicas acknowledged its writes when a
+  // WAIT followed it (-1 when none did).
+  struct Scripted {
+    Reply reply;
+    int acked = -1;
+  };
+
+  // Fewer replicas acknowledged than wait_replicas asks for.
+  bool ShortOfReplicas(int acked) const { return acked >= 0 && acked < cfg_.wait_replicas; }
+  std::string ShortOfReplicasMessage(int acked, std::string_view what) const {
+    return "redis store: only " + std::to_string(acked) + " of " + std::to_string(cfg_.wait_replicas) +
+           " replicas acknowledged the " + std::string(what) + " within " +
+           std::to_string(cfg_.wait_timeout.count()) + "ms";
+  }
+
   // Runs a script on one connection: EVALSHA, EVAL if the server forgot it
-  // (NOSCRIPT, after a restart or SCRIPT FLUSH); then, for `durable` writes
-  // with wait_replicas set, WAIT in the same round trip.
-  Result<Reply> ScriptOn(Conn& c, ScriptId id, const std::vector<std::string>& keys,
-                         const std::vector<std::string>& args, IoClock::time_point deadline, bool durable) {
+  // (NOSCRIPT, after a restart or SCRIPT FLUSH); then, with `wait` and
+  // wait_replicas set, WAIT in the same round trip. A WAIT that falls short
+  // is not an error here: the caller decides (see Scripted).
+  Result<Scripted> ScriptOn(Conn& c, ScriptId id, const std::vector<std::string>& keys,
+                            const std::vector<std::string>& args, IoClock::time_point deadline, bool wait) {
     Command cmd;
     cmd.reserve(3 + keys.size() + args.size());
     cmd.push_back("EVALSHA");
@@ -226,9 +252,9 @@ class StoreCore {
     cmd.insert(cmd.end(), keys.begin(), keys.end());
     cmd.insert(cmd.end(), args.begin(), args.end());
     std::vector<Command> cmds{cmd};
-    bool wait = durable && cfg_.wait_replicas > 0;
+    wait = wait && cfg_.wait_replicas > 0;
     if (wait) {
-      cmds.push_back({"WAIT", std::to_string(cfg_.wait_replicas), std::to_string(cfg_.wait_timeout.count())});
+      cmds.push_back(WaitCommand());
       deadline += cfg_.wait_timeout;
     }
     auto r = c.Pipeline(cmds, deadline);
@@ -243,17 +269,21 @@ class StoreCore {
     if (first.is_error()) {
       return ErrorReplyStatus(first.str(), "redis store: script " + std::string(ScriptName(id)));
     }
+    Scripted out{std::move(first), -1};
     if (wait) {
       const Reply& w = (*r)[1];
       if (w.is_error()) return ErrorReplyStatus(w.str(), "redis store: WAIT");
-      if (w.integer() < cfg_.wait_replicas) {
-        return UnavailableError("redis store: only " + std::to_string(w.integer()) + " of " +
-                                std::to_string(cfg_.wait_replicas) + " replicas acknowledged the " +
-                                std::string(ScriptName(id)) + " within " +
-                                std::to_string(cfg_.wait_timeout.count()) + "ms (it may or may not survive a failover)");
-      }
+      out.acked = static_cast<int>(w.integer());
     }
-    return std::move(first);
+    return out;
+  }
+
+  // WAIT for the writes made so far on `c`; how many replicas acknowledged.
+  Result<int> WaitOn(Conn& c, IoClock::time_point deadline) {
+    auto w = c.Run(WaitCommand(), deadline + cfg_.wait_timeout);
+    if (!w.ok()) return w.status();
+    if (w->is_error()) return ErrorReplyStatus(w->str(), "redis store: WAIT");
+    return static_cast<int>(w->integer());
   }
 
   // Runs `fn(conn)` on a pooled connection. A request that failed on a
@@ -274,9 +304,14 @@ class StoreCore {
     }
   }
 
+  // A script, without WAIT.
   Result<Reply> Script(ScriptId id, const std::vector<std::string>& keys, const std::vector<std::string>& args,
-                       IoClock::time_point deadline, bool durable = false) {
-    return Pooled(deadline, [&](Conn& c) { return ScriptOn(c, id, keys, args, deadline, durable); });
+                       IoClock::time_point deadline) {
+    return Pooled(deadline, [&](Conn& c) -> Result<Reply> {
+      auto r = ScriptOn(c, id, keys, args, deadline, /*wait=*/false);
+      if (!r.ok()) return r.status();
+      return std::move(r->reply);
+    });
   }
 
   Result<Reply> Command1(const Command& cmd, IoClock::time_point deadline) {
@@ -305,6 +340,10 @@ class StoreCore {
   }
 
  private:
+  Command WaitCommand() const {
+    return {"WAIT", std::to_string(cfg_.wait_replicas), std::to_string(cfg_.wait_timeout.count())};
+  }
+
   const Config cfg_;
   const std::array<std::string, kScriptCount> shas_;
   Pool pool_;
@@ -368,7 +407,7 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
   }
 
   Result<Appended> Append(std::string_view queue, const EntrySpec& spec, Clock::time_point deadline) {
-    if (auto s = ValidateQueue(queue); !s.ok()) return s;
+    if (auto s = ValidateLockName(queue); !s.ok()) return s;
     if (spec.kind.empty()) return InvalidArgumentError("entry kind is empty");
     if (spec.sequence && (*spec.sequence <= 0 || *spec.sequence >= kMaxSequence)) {
       return InvalidArgumentError("entry sequence " + std::to_string(*spec.sequence) + " is out of range");
@@ -377,8 +416,8 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
     const std::string q(queue);
     const QueueKeys k = KeysFor(q, cfg_.endpoint.db);
     const std::string id = RandomHex(16);
-    auto mirror_ms = Track(q, id, spec.attempt_id);
-    if (!mirror_ms.ok()) return mirror_ms.status();
+    auto mirror = Track(q, id, spec.attempt_id);
+    if (!mirror.ok()) return mirror.status();
     std::vector<std::string> args = {k.base,
                                      k.channel,
                                      id,
@@ -386,13 +425,40 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
                                      spec.attempt_id,
                                      sid_,
                                      EncodeOwnerRecord(spec.owner),
-                                     std::to_string(*mirror_ms),
+                                     std::to_string(mirror->ms),
                                      spec.sequence ? std::to_string(*spec.sequence) : std::string()};
-    auto r = store_->Script(ScriptId::kAppend, {k.zset, k.counter, k.entry(id), k.mirror(sid_)}, args,
-                            store_->IoDeadline(deadline), /*durable=*/true);
+    const auto io = store_->IoDeadline(deadline);
+    int acked = -1;
+    bool undone = false;
+    auto r = store_->Pooled(io, [&](Conn& c) -> Result<Reply> {
+      auto s = store_->ScriptOn(c, ScriptId::kAppend, {k.zset, k.counter, k.entry(id), k.mirror(sid_)}, args, io,
+                                /*wait=*/true);
+      if (!s.ok()) return s.status();
+      acked = s->acked;
+      if (store_->ShortOfReplicas(acked) && !Fenced(s->reply)) {
+        // Not as durable as asked for: take the entry back before anyone
+        // counts on it (a waiter behind it could otherwise be granted on a
+        // replica that never saw it).
+        MarkRemoving(q, id);
+        auto undo = store_->ScriptOn(c, ScriptId::kRemove, {k.zset}, {k.base, k.channel, id, sid_},
+                                     store_->OneMoreRoundTrip(), /*wait=*/false);
+        if (!undo.ok()) return undo.status();  // the entry may exist: find_own settles it
+        undone = true;
+      }
+      return std::move(s->reply);
+    });
     if (!r.ok()) {
       OnRequestFailed(r.status());
       return r.status();  // the entry may exist: it stays tracked until find_own says
+    }
+    if (undone) {
+      Untrack(q, [&](const std::string& tracked_id, const Tracked&) { return tracked_id == id; });
+      return AbortedError(store_->ShortOfReplicasMessage(acked, "append to " + q) + "; the entry was removed again");
+    }
+    if (Fenced(*r)) {
+      Untrack(q, [&](const std::string& tracked_id, const Tracked&) { return tracked_id == id; });
+      return AbortedError("redis store: append of attempt " + spec.attempt_id + " to " + q +
+                          " refused: find_own already settled that attempt");
     }
     Appended out;
     std::int64_t seq = 0;
@@ -403,7 +469,7 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
     }
     auto queue_now = ParseEntries(*r, 2, false);
     if (!queue_now.ok()) return queue_now.status();
-    Confirm(q, id);
+    Confirm(q, id, spec.attempt_id, mirror->basis);
     out.entry.id = id;
     out.entry.kind = KnownKind(spec.kind);
     out.entry.sequence = seq;
@@ -415,7 +481,7 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
   }
 
   Result<std::vector<Entry>> List(std::string_view queue, const ListOptions& options, Clock::time_point deadline) {
-    if (auto s = ValidateQueue(queue); !s.ok()) return s;
+    if (auto s = ValidateLockName(queue); !s.ok()) return s;
     if (auto s = Usable(true); !s.ok()) return s;
     const QueueKeys k = KeysFor(queue, cfg_.endpoint.db);
     auto r = store_->Script(ScriptId::kList, {k.zset}, {k.base, k.channel, options.with_owners ? "1" : "0"},
@@ -428,13 +494,25 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
   }
 
   Status Remove(std::string_view queue, std::string_view id, Clock::time_point deadline) {
-    if (auto s = ValidateQueue(queue); !s.ok()) return s;
+    if (auto s = ValidateLockName(queue); !s.ok()) return s;
     if (id.empty()) return InvalidArgumentError("entry id is empty");
     if (auto s = Usable(true); !s.ok()) return s;
     const std::string q(queue);
     const QueueKeys k = KeysFor(q, cfg_.endpoint.db);
-    auto r = store_->Script(ScriptId::kRemove, {k.zset}, {k.base, k.channel, std::string(id)},
-                            store_->IoDeadline(deadline), /*durable=*/true);
+    // Before it is sent: a renewal that finds the entry gone meanwhile must
+    // not take that for lost data.
+    MarkRemoving(q, std::string(id));
+    const auto io = store_->IoDeadline(deadline);
+    // With wait_replicas, WAIT, so that a release normally survives a
+    // failover too. If too few replicas acknowledge in time, the removal has
+    // still happened on the primary: done (a failover to a replica that
+    // missed it brings the entry back until the session's lease there ends).
+    auto r = store_->Pooled(io, [&](Conn& c) -> Result<Reply> {
+      auto s = store_->ScriptOn(c, ScriptId::kRemove, {k.zset}, {k.base, k.channel, std::string(id), sid_}, io,
+                                /*wait=*/true);
+      if (!s.ok()) return s.status();
+      return std::move(s->reply);
+    });
     if (!r.ok()) {
       OnRequestFailed(r.status());
       return r.status();
@@ -445,20 +523,46 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
 
   Result<std::optional<Entry>> FindOwn(std::string_view queue, std::string_view attempt_id,
                                        Clock::time_point deadline) {
-    if (auto s = ValidateQueue(queue); !s.ok()) return s;
+    if (auto s = ValidateLockName(queue); !s.ok()) return s;
     if (attempt_id.empty()) return InvalidArgumentError("attempt id is empty");
     if (auto s = Usable(true); !s.ok()) return s;
     const std::string q(queue);
     const QueueKeys k = KeysFor(q, cfg_.endpoint.db);
-    auto mirror_ms = Track(q, std::string(), std::string());  // the queue's basis, no id yet
-    if (!mirror_ms.ok()) return mirror_ms.status();
-    auto r = store_->Script(ScriptId::kFindOwn, {k.zset, k.mirror(sid_)},
-                            {k.base, k.channel, std::string(attempt_id), sid_, std::to_string(*mirror_ms)},
-                            store_->IoDeadline(deadline));
+    auto mirror = Track(q, std::string(), std::string());  // no id yet
+    if (!mirror.ok()) return mirror.status();
+    const auto io = store_->IoDeadline(deadline);
+    int acked = -1;
+    bool undone = false;
+    auto r = store_->Pooled(io, [&](Conn& c) -> Result<Reply> {
+      auto s = store_->ScriptOn(c, ScriptId::kFindOwn, {k.zset, k.mirror(sid_)},
+                                {k.base, k.channel, std::string(attempt_id), sid_, std::to_string(mirror->ms),
+                                 std::to_string(cfg_.ttl.count())},
+                                io, /*wait=*/false);
+      if (!s.ok()) return s.status();
+      if (cfg_.wait_replicas == 0 || !s->reply.is_array() || s->reply.size() == 0) return std::move(s->reply);
+      // Found: hand it out only as durable as a fresh append would be. The
+      // script wrote after the append did, so this WAIT covers the entry.
+      auto w = store_->WaitOn(c, io);
+      if (!w.ok()) return w.status();
+      acked = *w;
+      if (store_->ShortOfReplicas(acked)) {
+        const std::string found(ElementStr(s->reply.element(0)));
+        MarkRemoving(q, found);
+        auto undo = store_->ScriptOn(c, ScriptId::kRemove, {k.zset}, {k.base, k.channel, found, sid_},
+                                     store_->OneMoreRoundTrip(), /*wait=*/false);
+        if (!undo.ok()) return undo.status();
+        undone = true;
+      }
+      return std::move(s->reply);
+    });
     if (!r.ok()) {
       Untrack(q, [](const std::string&, const Tracked&) { return false; });  // drop an empty track
       OnRequestFailed(r.status());
       return r.status();
+    }
+    if (undone) {
+      Untrack(q, [&](const std::string&, const Tracked& t) { return t.attempt == attempt_id; });
+      return AbortedError(store_->ShortOfReplicasMessage(acked, "entry found in " + q) + "; it was removed");
     }
     auto entries = ParseEntries(*r, 0, false);
     if (!entries.ok()) return entries.status();
@@ -469,17 +573,13 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
       return std::optional<Entry>();
     }
     Entry e = std::move(entries->front());
-    {
-      std::lock_guard<std::mutex> g(mu_);
-      auto& track = queues_[q];
-      track.ids[e.id] = Tracked{std::string(attempt_id), true};
-    }
+    Confirm(q, e.id, std::string(attempt_id), mirror->basis);
     return std::optional<Entry>(std::move(e));
   }
 
   Status WaitAnyGone(std::string_view queue, std::span<const std::string> ids, Clock::time_point deadline,
                      std::stop_token stop) {
-    if (auto s = ValidateQueue(queue); !s.ok()) return s;
+    if (auto s = ValidateLockName(queue); !s.ok()) return s;
     if (ids.empty()) return InvalidArgumentError("wait_any_gone needs at least one entry id");
     if (auto s = Usable(false); !s.ok()) return s;
     const std::string q(queue);
@@ -490,7 +590,8 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
         -> Result<CheckResult> {
       // If this session has confirmed entries in the queue, its lease there
       // must exist: ask on the way.
-      bool relies = HasConfirmed(q);
+      const std::vector<std::string> relied = Relied(q);
+      const bool relies = !relied.empty();
       std::vector<std::string> args = {k.base, k.channel, relies ? sid_ : std::string()};
       args.insert(args.end(), which.begin(), which.end());
       auto r = store_->Script(ScriptId::kCheckGone, {k.zset}, args, store_->IoDeadline(deadline));
@@ -499,7 +600,7 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
         return r.status();
       }
       if (!r->is_array() || r->size() < 2) return InternalError("redis store: malformed reply to check");
-      if (relies && ElementInt(r->element(1)) == 0 && HasConfirmed(q)) {
+      if (relies && ElementInt(r->element(1)) == 0 && StillRelied(q, relied)) {
         Lose("the session's lease in queue " + q + " is gone from the server");
       }
       CheckResult out;
@@ -510,30 +611,46 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
     return store_->subscriber().Wait(q, k.channel, watch, deadline, std::move(stop), session, check);
   }
 
+  // Every subscriber hears kClosed, and has returned, before the entries
+  // are removed (Deliver runs Cleanup after the notice). From inside a
+  // subscriber it returns at once; the close completes once that subscriber
+  // has returned.
   void Close() noexcept {
-    SessionState prev = state_.load();
-    do {
-      if (prev == SessionState::kClosed) return;
-    } while (!state_.compare_exchange_weak(prev, SessionState::kClosed));
-    StopKeepAlive();
+    std::uint64_t seq = 0;
     try {
-      Emit(SessionState::kClosed);
-      store_->PokeWaiters();
-      Cleanup();
+      seq = Enqueue(SessionState::kClosed, /*cleanup=*/true);
     } catch (...) {
-      // Out of memory, at worst. Cleanup is best effort: the leases run out
-      // on their own.
+      // Out of memory: closed all the same, untold; the leases run out.
+      state_.store(SessionState::kClosed);
+      StopKeepAlive();
+      return;
     }
+    if (seq == 0) return;  // already closed
+    StopKeepAlive();
+    store_->PokeWaiters();
+    Deliver(seq, /*wait=*/true);
   }
 
  private:
   struct Tracked {
     std::string attempt;
     bool confirmed = false;  // the append's reply (or find_own) confirmed it
+    bool removing = false;   // a remove was sent: its absence is expected
+    bool relied_on() const { return confirmed && !removing; }
   };
   struct QueueTrack {
     std::map<std::string, Tracked> ids;  // entries of this session that may exist
-    Clock::time_point basis;             // see the file comment
+    // The mirror lasts on the server until at least basis + ttl, if `proven`
+    // (see the file comment).
+    Clock::time_point basis;
+    bool proven = false;
+    // Changes whenever this session's remove may delete the mirror (its last
+    // entry there gone) and an append make it again: a renewal that crossed
+    // that proves nothing about the mirror now.
+    std::uint64_t epoch = 0;
+    bool relied_on() const {
+      return std::any_of(ids.begin(), ids.end(), [](const auto& p) { return p.second.relied_on(); });
+    }
   };
   std::string LostReason() const {
     std::lock_guard<std::mutex> g(mu_);
@@ -542,39 +659,87 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
 
   Clock::time_point LostAtLocked() const {
     Clock::time_point basis = master_basis_;
-    for (const auto& [name, t] : queues_) basis = std::min(basis, t.basis);
+    for (const auto& [name, t] : queues_) {
+      if (t.relied_on()) basis = std::min(basis, t.basis);
+    }
     return basis + cfg_.ttl - cfg_.margin();
   }
   void UpdateLostAtLocked() { lost_at_.store(LostAtLocked().time_since_epoch().count()); }
 
+  // The TTL a request gives the queue's mirror, and the basis it counts
+  // from: what is left of the session key's lease.
+  struct MirrorTtl {
+    std::int64_t ms;
+    Clock::time_point basis;
+  };
+
   // Registers `id` (if not empty) as maybe existing in `queue`, and returns
-  // the TTL to give the queue's mirror now: what is left of the lease that
-  // the queue's basis promises.
-  Result<std::int64_t> Track(const std::string& queue, const std::string& id, const std::string& attempt) {
+  // the TTL for the queue's mirror.
+  Result<MirrorTtl> Track(const std::string& queue, const std::string& id, const std::string& attempt) {
     std::lock_guard<std::mutex> g(mu_);
     Clock::time_point now = cfg_.clock->now();
     if (now >= LostAtLocked()) return SessionLostError("redis session " + sid_ + " is lost (lease ran out)");
     auto [it, inserted] = queues_.try_emplace(queue);
-    if (inserted) it->second.basis = master_basis_;
+    if (inserted) it->second.epoch = ++epochs_;
     if (!id.empty()) it->second.ids[id] = Tracked{attempt, false};
-    UpdateLostAtLocked();
-    auto left = std::chrono::ceil<milliseconds>(it->second.basis + cfg_.ttl - now).count();
-    return std::max<std::int64_t>(left, 1);
+    auto left = std::chrono::ceil<milliseconds>(master_basis_ + cfg_.ttl - now).count();
+    return MirrorTtl{std::max<std::int64_t>(left, 1), master_basis_};
   }
 
-  bool HasConfirmed(const std::string& queue) const {
+  // A reply proved the queue's mirror lasts until at least `basis` + ttl.
+  static void Prove(QueueTrack& track, Clock::time_point basis) {
+    track.basis = track.proven ? std::max(track.basis, basis) : basis;
+    track.proven = true;
+  }
+
+  // The entries in `queue` the session holds on to (confirmed, not being
+  // removed).
+  std::vector<std::string> Relied(const std::string& queue) const {
+    std::lock_guard<std::mutex> g(mu_);
+    std::vector<std::string> out;
+    auto it = queues_.find(queue);
+    if (it == queues_.end()) return out;
+    for (const auto& [id, e] : it->second.ids) {
+      if (e.relied_on()) out.push_back(id);
+    }
+    return out;
+  }
+
+  // Whether the session still holds on to any of `ids` (a request that
+  // found them gone may have crossed this session's own remove).
+  bool StillRelied(const std::string& queue, const std::vector<std::string>& ids) const {
     std::lock_guard<std::mutex> g(mu_);
     auto it = queues_.find(queue);
     if (it == queues_.end()) return false;
-    return std::any_of(it->second.ids.begin(), it->second.ids.end(), [](const auto& p) { return p.second.confirmed; });
+    return std::any_of(ids.begin(), ids.end(), [&](const std::string& id) {
+      auto e = it->second.ids.find(id);
+      return e != it->second.ids.end() && e->second.relied_on();
+    });
   }
 
-  void Confirm(const std::string& queue, const std::string& id) {
+  // The append (or find_own) of `id` succeeded, with a mirror TTL counted
+  // from `basis`.
+  void Confirm(const std::string& queue, const std::string& id, const std::string& attempt,
+               Clock::time_point basis) {
+    std::lock_guard<std::mutex> g(mu_);
+    auto [it, inserted] = queues_.try_emplace(queue);
+    if (inserted) it->second.epoch = ++epochs_;
+    it->second.ids[id] = Tracked{attempt, true};
+    Prove(it->second, basis);
+    UpdateLostAtLocked();
+  }
+
+  // Before a remove of `id` is sent (see Tracked::removing and
+  // QueueTrack::epoch).
+  void MarkRemoving(const std::string& queue, const std::string& id) {
     std::lock_guard<std::mutex> g(mu_);
     auto it = queues_.find(queue);
     if (it == queues_.end()) return;
+    it->second.epoch = ++epochs_;
     auto e = it->second.ids.find(id);
-    if (e != it->second.ids.end()) e->second.confirmed = true;
+    if (e == it->second.ids.end()) return;
+    e->second.removing = true;
+    UpdateLostAtLocked();
   }
 
   template <typename Pred>
@@ -595,17 +760,62 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
     cv_.notify_all();
   }
 
-  void Emit(SessionState s) { listeners_.notify(s); }
+  // --- Telling subscribers
+  //
+  // State changes are queued in the order they happen and delivered one at a
+  // time by whichever thread finds nobody delivering. A change made from
+  // inside a subscriber (close() included) is delivered by that same thread
+  // once the subscriber has returned, so no subscriber is ever called from
+  // inside another call. No lock is held while a subscriber runs.
 
+  // Moves to `to` unless the session already ended (or is there), and queues
+  // the notice. Returns its number, or 0 if nothing changed.
+  std::uint64_t Enqueue(SessionState to, bool cleanup) {
+    std::lock_guard<std::mutex> g(notice_mu_);
+    SessionState prev = state_.load();
+    if (prev == to || prev == SessionState::kClosed) return 0;
+    if (prev == SessionState::kLost && to != SessionState::kClosed) return 0;
+    notices_.push_back(Notice{to, cleanup, ++notices_queued_});
+    state_.store(to);
+    return notices_queued_;
+  }
+
+  // Delivers queued notices until none is left, unless another thread is
+  // delivering: then that thread will deliver `seq` too, and with `wait` this
+  // one waits for that (unless it is that thread, inside a subscriber).
+  void Deliver(std::uint64_t seq, bool wait) noexcept {
+    std::unique_lock<std::mutex> lk(notice_mu_);
+    if (deliverer_) {
+      if (!wait || *deliverer_ == std::this_thread::get_id()) return;
+      notice_cv_.wait(lk, [&] { return notices_delivered_ >= seq; });
+      return;
+    }
+    deliverer_ = std::this_thread::get_id();
+    while (!notices_.empty()) {
+      Notice n = notices_.front();
+      notices_.pop_front();
+      lk.unlock();
+      listeners_.notify(n.state);
+      if (n.cleanup) {
+        try {
+          Cleanup();
+        } catch (...) {
+          // Out of memory, at worst. Best effort: the leases run out anyway.
+        }
+      }
+      lk.lock();
+      notices_delivered_ = n.seq;
+      notice_cv_.notify_all();
+    }
+    deliverer_.reset();
+  }
 
   // kConnected <-> kSuspended, or -> kLost. Never leaves kLost or kClosed.
   void Transition(SessionState to) {
-    SessionState prev = state_.load();
-    do {
-      if (prev == to || prev == SessionState::kLost || prev == SessionState::kClosed) return;
-    } while (!state_.compare_exchange_weak(prev, to));
-    Emit(to);
+    std::uint64_t seq = Enqueue(to, /*cleanup=*/false);
+    if (seq == 0) return;
     store_->PokeWaiters();
+    Deliver(seq, /*wait=*/false);
   }
 
   void Lose(std::string reason) {
@@ -653,7 +863,7 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
     for (const auto& q : queues) {
       const QueueKeys k = KeysFor(q, cfg_.endpoint.db);
       auto r = store_->ScriptOn(conn, ScriptId::kCloseQueue, {k.zset, k.mirror(sid_)}, {k.base, k.channel},
-                                deadline, false);
+                                deadline, /*wait=*/false);
       if (!r.ok() && conn.broken()) break;
     }
     if (!conn.broken()) {
@@ -667,15 +877,18 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
   // each mirror, pipelined.
   struct RenewItem {
     std::string queue;
-    bool must_exist;  // a confirmed entry counts on the mirror
+    std::uint64_t epoch;              // the queue's, as of the renewal's start
+    std::vector<std::string> relied;  // entries the session holds on to, as of the renewal's start
   };
   Result<std::vector<Reply>> Renew(Conn& conn, const std::vector<RenewItem>& items, IoClock::time_point deadline) {
     std::vector<Command> cmds;
     cmds.push_back({"PEXPIRE", SessionKey(sid_), std::to_string(cfg_.ttl.count())});
     for (const auto& item : items) {
       const QueueKeys k = KeysFor(item.queue, cfg_.endpoint.db);
-      cmds.push_back({"EVALSHA", store_->sha(ScriptId::kRenewMirror), "1", k.mirror(sid_),
-                      std::to_string(cfg_.ttl.count()), sid_});
+      Command c = {"EVALSHA", store_->sha(ScriptId::kRenewMirror), "1", k.mirror(sid_),
+                   std::to_string(cfg_.ttl.count()), k.base, sid_};
+      c.insert(c.end(), item.relied.begin(), item.relied.end());
+      cmds.push_back(std::move(c));
     }
     auto r = conn.Pipeline(cmds, deadline);
     if (!r.ok()) return r.status();
@@ -698,6 +911,36 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
       for (std::size_t j = 0; j < again.size(); ++j) (*r)[again[j]] = std::move((*r2)[j]);
     }
     return r;
+  }
+
+  // Reads one mirror's renewal reply (kRenewMirror). Returns why the session
+  // is lost, or "" if it is not: it is if an entry it holds on to is gone
+  // (the server lost data; or an operator removed it), or the mirror those
+  // entries live by is. Entries it started to remove since the renewal was
+  // sent are expected to go.
+  std::string CheckRenewalLocked(const RenewItem& item, const Reply& reply, Clock::time_point sent) {
+    auto it = queues_.find(item.queue);
+    if (it == queues_.end()) return "";  // untracked meanwhile
+    QueueTrack& track = it->second;
+    if (!reply.is_array() || reply.size() < 1) return "a malformed reply to the renewal in queue " + item.queue;
+    const bool exists = ElementInt(reply.element(0)) == 1;
+    std::vector<std::string> gone;
+    if (exists) {
+      if (track.epoch == item.epoch) Prove(track, sent);
+      for (std::size_t j = 1; j < reply.size(); ++j) gone.emplace_back(ElementStr(reply.element(j)));
+    } else {
+      track.proven = false;
+      gone = item.relied;
+    }
+    for (const auto& id : gone) {
+      auto e = track.ids.find(id);
+      if (e == track.ids.end() || !e->second.relied_on()) continue;
+      if (!exists) return "the session's lease in queue " + item.queue + " is gone from the server";
+      return "its entry " + id + " in queue " + item.queue +
+             " is gone from the server (the server lost data, e.g. it restarted from an older snapshot or a "
+             "lagging replica took over; or someone removed the entry)";
+    }
+    return "";
   }
 
   void KeepAlive() {
@@ -723,8 +966,11 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
 
       std::vector<RenewItem> items;
       for (const auto& [name, t] : queues_) {
-        bool confirmed = std::any_of(t.ids.begin(), t.ids.end(), [](const auto& p) { return p.second.confirmed; });
-        items.push_back({name, confirmed});
+        RenewItem item{name, t.epoch, {}};
+        for (const auto& [id, e] : t.ids) {
+          if (e.relied_on()) item.relied.push_back(id);
+        }
+        items.push_back(std::move(item));
       }
       Clock::duration budget = std::min<Clock::duration>(cfg_.op_timeout, LostAtLocked() - now);
       lk.unlock();
@@ -782,14 +1028,14 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
         Lose("the session key is gone from the server (it expired, or the server restarted without its data)");
         return;
       }
-      for (std::size_t i = 0; i < items.size(); ++i) {
-        auto it = queues_.find(items[i].queue);
-        if (replies[i + 1].integer() == 0 && items[i].must_exist && it != queues_.end()) {
-          lk.unlock();
-          Lose("the session's lease in queue " + items[i].queue + " is gone from the server");
-          return;
-        }
-        if (it != queues_.end()) it->second.basis = std::max(it->second.basis, sent);
+      std::string lost;
+      for (std::size_t i = 0; i < items.size() && lost.empty(); ++i) {
+        lost = CheckRenewalLocked(items[i], replies[i + 1], sent);
+      }
+      if (!lost.empty()) {
+        lk.unlock();
+        Lose(std::move(lost));
+        return;
       }
       master_basis_ = sent;
       UpdateLostAtLocked();
@@ -812,9 +1058,21 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
   bool poke_ = false;               // renew now
   Clock::time_point master_basis_;  // of the session key
   std::map<std::string, QueueTrack> queues_;
+  std::uint64_t epochs_ = 0;  // QueueTrack::epoch values, never reused
   std::string lost_reason_;
 
   ListenerList<SessionState> listeners_;
+  struct Notice {
+    SessionState state;
+    bool cleanup;  // remove the session's entries once it is delivered (close)
+    std::uint64_t seq;
+  };
+  std::mutex notice_mu_;  // guards the notice queue; state_ changes under it
+  std::condition_variable notice_cv_;
+  std::deque<Notice> notices_;
+  std::uint64_t notices_queued_ = 0;
+  std::uint64_t notices_delivered_ = 0;
+  std::optional<std::thread::id> deliverer_;
   std::shared_ptr<void> clock_subscription_;
   int stop_fd_ = -1;  // interrupts the keep-alive's I/O on close
   std::stop_source stop_;

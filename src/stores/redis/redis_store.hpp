@@ -9,21 +9,34 @@
 //    server, counting from the moment the last successful renewal was *sent*.
 //  - connect_timeout: for connecting, and for each request (default: the
 //    StoreOptions value, 10s).
-//  - wait_replicas=N: every append and remove is followed by WAIT N, and fails
-//    with kUnavailable if fewer than N replicas acknowledged it within
-//    wait_timeout (default 1s).
+//  - wait_replicas=N: every append is followed by WAIT N; if fewer than N
+//    replicas acknowledge within wait_timeout (default 1s), the store removes
+//    the entry again and the append fails with kAborted. find_own WAITs too
+//    before it returns an entry it found (and takes it back the same way).
+//    Removes WAIT as well, but one that falls short has still happened on
+//    the primary: it counts as done.
 //
 // What this store guarantees, honestly:
 //  - Against one Redis primary that keeps running, entries, leases and
 //    fencing tokens behave as dlock/store.hpp says.
-//  - Replication in Redis is asynchronous. A failover can promote a replica
-//    that had not yet received an append, and a restart without persistence
-//    forgets everything: two holders can then overlap. WAIT narrows the window
-//    (the write reached N replicas) but is not consensus: the promoted replica
-//    need not be one that acknowledged. Fencing tokens are how a resource
-//    protects itself; this store's tokens keep growing even across such a
-//    loss (they start from the server's clock, see redis_scripts.cpp), as
-//    long as the servers' clocks do not step back.
+//  - Replication in Redis is asynchronous, and a restart from an RDB snapshot
+//    or an append-only file (fsync every second) can lose the last writes. A
+//    failover can promote a replica that had not yet received an append, and
+//    a restart can bring back an older state: two holders can then overlap.
+//    WAIT narrows the window (the write reached N replicas) but is not
+//    consensus: the promoted replica need not be one that acknowledged.
+//  - After such a loss, fencing tokens still grow: each append takes
+//    max(counter + 1, the server's clock in microseconds), so it is past
+//    every token handed out before, as long as the server's clock does not
+//    step back (and a promoted replica's clock is not behind the old
+//    primary's). A holder whose entry was lost is told kLost at its next
+//    renewal (every ttl/3), which checks that the session's entries still
+//    exist; until then another client may already hold the lock, with a
+//    larger token. Fencing tokens are how a resource protects itself. (An
+//    entry someone else removed, `dlock break`, ends its holder's session
+//    the same way.)
+//  - A renewal never makes a lease again: one that arrives after the lease
+//    ran out on the server leaves the session's dead entries dead.
 //  - Redis expires keys by the server's wall clock. A server clock that jumps
 //    forward ends leases early; dlock cannot detect that.
 //  - Use `maxmemory-policy noeviction` (the default): an evicted lease key
