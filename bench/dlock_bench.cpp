@@ -578,7 +578,7 @@ json Floor(const Options& o) {
         return call({"EVALSHA", append, "4", base + "q", base + "n", base + "e:" + id, base + "s:" + sid, base,
                      base + "c", id, "lock", hex(), sid, "{}", "30000", ""},
                     [](redisReply* r) { return r->type == REDIS_REPLY_ARRAY; }) &&
-               call({"EVALSHA", remove, "1", base + "q", base, base + "c", id},
+               call({"EVALSHA", remove, "1", base + "q", base, base + "c", id, sid},
                     [](redisReply* r) { return r->type == REDIS_REPLY_INTEGER && r->integer == 1; });
       };
       ops = "dlock's append + remove scripts by EVALSHA (hiredis)";
