@@ -169,8 +169,13 @@ class Attempt {
         queue = std::move(listed).value();
       }
       auto ours = std::find_if(queue.begin(), queue.end(), [&](const Entry& e) { return e.id == entry_.id; });
-      // Our entry is gone: the session ended, or an operator removed it.
-      if (ours == queue.end()) return PassEnd::kRequeue;
+      if (ours == queue.end()) {
+        // Our entry is gone: the session ended, or an operator removed it.
+        // Say we no longer count on it (a store that checks the entries its
+        // session holds, as Redis does, would otherwise end the session).
+        if (!Ended(*session)) client_.remove_guaranteed(session, req_.queue, entry_.id);
+        return PassEnd::kRequeue;
+      }
       // A given sequence (downgrade) is granted by what the caller holds.
       const Verdict v =
           req_.sequence ? Verdict{true, {}} : req_.rule(queue, static_cast<std::size_t>(ours - queue.begin()));

@@ -511,6 +511,34 @@ TEST_P(RecipeTest, NestedNamesAreIndependent) {
   parent.unlock();
 }
 
+// A waiter whose entry an operator removes (`dlock break`) notices when it
+// next looks (here: when the holder releases), queues again and gets the
+// lock; the hold it gets then lasts (on Redis, whose renewals check the
+// entries a session counts on, a stale claim on the broken entry would end
+// the session, and the new hold with it, at the next renewal).
+TEST_P(RecipeTest, AWaiterWhoseEntryIsBrokenStillGetsALastingHold) {
+  const std::string name = UniqueName("broken-waiter");
+  auto a = NewClient();
+  auto b = NewClient();
+  auto op = NewClient();
+  Mutex ma(a, name);
+  Mutex mb(b, name);
+  ma.lock();
+  std::optional<Hold> got;
+  std::jthread waiter([&] { got = mb.acquire(60s); });
+  ASSERT_TRUE(Eventually([&] { return fixture_.entries(name) == 2u; }));
+  auto listed = op.list_entries(name, false).value();
+  ASSERT_EQ(listed.size(), 2u);
+  ASSERT_TRUE(op.remove_entry(name, listed[1].id).ok());
+  ma.unlock();
+  waiter.join();
+  ASSERT_TRUE(got.has_value()) << "the waiter whose entry was broken never got the lock";
+  const std::string session = b.session().value()->id();
+  std::this_thread::sleep_for(1500ms);  // past a renewal of a 3 s Redis lease
+  EXPECT_EQ(got->state(), HoldState::kHeld);
+  EXPECT_EQ(b.session().value()->id(), session) << "the waiter's session ended";
+}
+
 // Widened fault model (issue 11): several threads of each "process" share
 // one lock handle while their sessions end under them. The hold-level rule:
 // no thread may read kHeld (state or lost token) for a hold after another
