@@ -68,7 +68,9 @@ class Hold {
   HoldState state() const noexcept;
 
   // The fencing token: larger than that of every earlier hold of the same
-  // lock in the same store. 0 for an empty Hold.
+  // lock in the same store (a read hold made by downgrading a write hold
+  // continues it, and keeps its token). It stays readable after release();
+  // 0 for an empty Hold.
   std::uint64_t fencing_token() const noexcept;
 
   // The lock name, and how many semaphore permits this hold has (1 for locks).

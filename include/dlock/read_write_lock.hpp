@@ -12,8 +12,10 @@
 // Reentrant per thread on both sides. A thread that holds the write lock may
 // take the read lock and then release the write lock (downgrade); the read
 // entry takes the write entry's place in the queue, so no writer can slip in
-// between. Upgrading (read held, write requested) would deadlock and is
-// refused with dlock::Error(kFailedPrecondition).
+// between; the read hold keeps the write hold's fencing token, so a writer
+// queued behind (whose token is larger) is never outranked by it. Upgrading
+// (read held, write requested) would deadlock and is refused with
+// dlock::Error(kFailedPrecondition).
 //
 // On a name shared with a Mutex, a Mutex hold counts as a writer.
 //

@@ -87,25 +87,36 @@ ClientCore::~ClientCore() {
 }
 
 Result<std::shared_ptr<Session>> ClientCore::session(Clock::time_point deadline) {
-  // One opener at a time, but without mu_: opening may block on the store,
-  // and mu_ is also taken by clock callbacks that a slow store may wait for.
-  std::lock_guard<std::mutex> opening(open_mu_);
-  std::shared_ptr<Session> ended;
-  {
-    std::lock_guard<std::mutex> g(mu_);
-    if (session_) {
-      SessionState s = session_->state();
-      if (s == SessionState::kConnected || s == SessionState::kSuspended) return session_;
-      ended = std::move(session_);
+  while (true) {
+    std::shared_ptr<Session> ended;
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      if (session_) {
+        SessionState s = session_->state();
+        if (s == SessionState::kConnected || s == SessionState::kSuspended) return session_;
+        ended = std::move(session_);
+      }
     }
+    if (ended) {
+      // With no lock held: a close may wait for the store's own threads,
+      // which may be telling a listener that calls back into this client.
+      ended->close();
+      continue;
+    }
+    // One opener at a time, but without mu_: opening may block on the store,
+    // and mu_ is also taken by clock callbacks that a slow store may wait for.
+    std::lock_guard<std::mutex> opening(open_mu_);
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      if (session_) continue;  // another thread opened one meanwhile: look at it
+    }
+    Clock::time_point connect_deadline = std::min(deadline, DeadlineAfter(now(), options_.connect_timeout));
+    auto opened = store_->open_session(connect_deadline);
+    if (!opened.ok()) return opened.status();
+    std::lock_guard<std::mutex> g(mu_);
+    session_ = *opened;
+    return session_;
   }
-  if (ended) ended->close();
-  Clock::time_point connect_deadline = std::min(deadline, DeadlineAfter(now(), options_.connect_timeout));
-  auto opened = store_->open_session(connect_deadline);
-  if (!opened.ok()) return opened.status();
-  std::lock_guard<std::mutex> g(mu_);
-  session_ = *opened;
-  return session_;
 }
 
 SessionState ClientCore::session_state() const {

@@ -16,9 +16,17 @@ std::shared_ptr<HoldCore> HoldCore::Make(std::shared_ptr<ClientCore> client, std
     std::lock_guard<std::mutex> g(core->mu_);
     core->subscription_ = std::move(sub);
   }
-  // The session may have changed before we subscribed.
-  SessionState now = core->session_->state();
-  if (now != SessionState::kConnected) core->on_session_state(now);
+  // The session may have changed before we subscribed. What we read here
+  // races with the session's own ordered delivery (a reconnect delivered
+  // while we apply an older kSuspended would leave the hold uncertain for
+  // good), so read again until what we applied is what the session says.
+  SessionState applied = SessionState::kConnected;
+  for (int round = 0; round < 64; ++round) {
+    const SessionState now = core->session_->state();
+    if (now == applied) break;
+    core->on_session_state(now);
+    applied = now;
+  }
   return core;
 }
 
@@ -144,11 +152,10 @@ std::shared_ptr<void> Hold::on_state_change(std::function<void(HoldState)> fn) c
   return core_->on_state_change(std::move(fn));
 }
 
+// The core stays until the Hold is destroyed or assigned: another thread may
+// be reading the hold's state while this one releases it (hold.hpp).
 void Hold::release() noexcept {
-  if (core_) {
-    core_->release();
-    core_.reset();
-  }
+  if (core_) core_->release();
 }
 
 }  // namespace dlock

@@ -40,11 +40,23 @@ enum class Found { kYes, kNo, kEnded };
 class Attempt {
  public:
   Attempt(ClientCore& client, const AcquireRequest& request) : client_(client), req_(request) {}
+  Attempt(const Attempt&) = delete;
+  Attempt& operator=(const Attempt&) = delete;
+
+  // Reached with an entry of ours still placed only when an exception (an
+  // allocation failing in a store, say) cut a pass short: remove it, or the
+  // orphan would block the lock for as long as the session lives.
+  ~Attempt() {
+    if (placed_) client_.remove_guaranteed(placed_, req_.queue, entry_.id);
+    if (unsettled_) client_.forget_attempt(unsettled_, req_.queue, unsettled_attempt_);
+  }
 
   Result<std::optional<Acquired>> Run() {
-    while (true) {
-      if (Expired()) return std::optional<Acquired>();
-      auto session = SessionForPass();
+    // The first pass is made whatever the deadline (any timeout makes at
+    // least one try, as for a TimedLockable); later ones only in time.
+    for (bool first = true;; first = false) {
+      if (Stopped() || (!first && Expired())) return std::optional<Acquired>();
+      auto session = SessionForPass(first);
       if (!session.ok()) {
         // The caller's time ran out before the store answered: that is a
         // timeout, not proof that the store is down.
@@ -53,6 +65,7 @@ class Attempt {
       }
       switch (Pass(*session)) {
         case PassEnd::kGranted:
+          placed_.reset();  // the caller owns it now
           return std::optional<Acquired>(Acquired{*session, entry_, std::move(granted_queue_)});
         case PassEnd::kGaveUp: return std::optional<Acquired>();
         case PassEnd::kError: return error_;
@@ -67,9 +80,13 @@ class Attempt {
   bool Stopped() const { return req_.stop.stop_requested(); }
   bool Expired() const { return Stopped() || client_.now() >= req_.deadline; }
 
-  Result<std::shared_ptr<Session>> SessionForPass() {
+  // The session of the next pass. A first pass whose deadline has already
+  // passed is a try, and may take a try's time to open one.
+  Result<std::shared_ptr<Session>> SessionForPass(bool first) {
     if (req_.session) return req_.session;
-    return client_.session(req_.deadline);
+    Clock::time_point deadline = req_.deadline;
+    if (first && client_.now() >= deadline) deadline = DeadlineAfter(client_.now(), ClientCore::kRequestTimeout);
+    return client_.session(deadline);
   }
 
   static bool Ended(const Session& session) {
@@ -91,26 +108,27 @@ class Attempt {
     while (true) {
       const std::string attempt = client_.new_attempt_id();
       EntrySpec spec{req_.kind, attempt, client_.owner(req_.thread), req_.sequence};
+      unsettled_ = session;  // until the store says what became of the append
+      unsettled_attempt_ = attempt;
       auto appended = session->append(req_.queue, spec, req_.deadline);
       if (appended.ok()) {
-        entry_ = appended->entry;
+        Placed(session, appended->entry);
         snapshot = std::move(appended->queue);
         return std::nullopt;
       }
       const Status& failed = appended.status();
       switch (failed.code()) {
-        case ErrorCode::kSessionLost: return PassEnd::kRequeue;  // its entries went with it
-        case ErrorCode::kAborted: return Fail(Undurable(failed));  // the store left nothing
+        case ErrorCode::kSessionLost: return Settled(PassEnd::kRequeue);  // its entries went with it
+        case ErrorCode::kAborted: return Settled(Fail(Undurable(failed)));  // the store left nothing
         case ErrorCode::kUnavailable: break;  // the entry may or may not exist
-        default: return Fail(failed);  // refused: nothing was made
+        default: return Settled(Fail(failed));  // refused: nothing was made
       }
       // The outcome is unknown: look for the entry by its attempt id.
-      switch (FindAttempt(session, attempt)) {
+      const Found found = FindAttempt(session, attempt);
+      unsettled_.reset();  // found, never made, or handed to the background clean-up
+      switch (found) {
         case Found::kYes:
-          if (!entry_.token) {
-            client_.remove_guaranteed(session, req_.queue, entry_.id);
-            return Fail(InternalError("store returned an own entry without a fencing token"));
-          }
+          if (!entry_.token) return GiveUp(session, Fail(InternalError("store returned an own entry without a fencing token")));
           return std::nullopt;
         case Found::kNo:
           if (Expired()) return PassEnd::kGaveUp;  // nothing was made; nothing to remove
@@ -134,7 +152,7 @@ class Attempt {
       auto own = session->find_own(req_.queue, attempt, req_.deadline);
       if (own.ok()) {
         if (!own->has_value()) return Found::kNo;
-        entry_ = **own;
+        Placed(session, **own);
         return Found::kYes;
       }
       switch (own.status().code()) {
@@ -174,6 +192,7 @@ class Attempt {
         // Say we no longer count on it (a store that checks the entries its
         // session holds, as Redis does, would otherwise end the session).
         if (!Ended(*session)) client_.remove_guaranteed(session, req_.queue, entry_.id);
+        placed_.reset();
         return PassEnd::kRequeue;
       }
       // A given sequence (downgrade) is granted by what the caller holds.
@@ -202,20 +221,35 @@ class Attempt {
   // A request failed while our entry exists: nullopt to try again (contact
   // is back), or how the pass ends.
   std::optional<PassEnd> AfterFailure(const std::shared_ptr<Session>& session, const Status& failed) {
-    if (failed.code() == ErrorCode::kSessionLost) return PassEnd::kRequeue;
-    if (failed.code() != ErrorCode::kUnavailable) {
-      client_.remove_guaranteed(session, req_.queue, entry_.id);
-      return Fail(failed);
-    }
+    if (failed.code() == ErrorCode::kSessionLost) return Gone(PassEnd::kRequeue);
+    if (failed.code() != ErrorCode::kUnavailable) return GiveUp(session, Fail(failed));
     if (Recover(session) && !Expired()) return std::nullopt;
-    if (Ended(*session)) return Expired() ? PassEnd::kGaveUp : PassEnd::kRequeue;
+    if (Ended(*session)) return Gone(Expired() ? PassEnd::kGaveUp : PassEnd::kRequeue);
     return GiveUp(session);
   }
 
+  // Our entry exists: entry_ is it, and it is ours to remove until granted.
+  void Placed(const std::shared_ptr<Session>& session, Entry entry) {
+    entry_ = std::move(entry);
+    placed_ = session;
+    unsettled_.reset();
+  }
+  // The append's outcome is known and nothing was made.
+  PassEnd Settled(PassEnd end) {
+    unsettled_.reset();
+    return end;
+  }
+  // Our entry went with its session.
+  PassEnd Gone(PassEnd end) {
+    placed_.reset();
+    return end;
+  }
+
   // Gives up with our entry placed: removes it and reports why.
-  PassEnd GiveUp(const std::shared_ptr<Session>& session) {
+  PassEnd GiveUp(const std::shared_ptr<Session>& session, PassEnd end = PassEnd::kGaveUp) {
     client_.remove_guaranteed(session, req_.queue, entry_.id);
-    return PassEnd::kGaveUp;
+    placed_.reset();
+    return end;
   }
 
   PassEnd Fail(Status s) {
@@ -252,6 +286,9 @@ class Attempt {
   ClientCore& client_;
   const AcquireRequest& req_;
   Entry entry_;
+  std::shared_ptr<Session> placed_;     // set while entry_ exists and is ours to remove
+  std::shared_ptr<Session> unsettled_;  // set while an append's outcome is unknown
+  std::string unsettled_attempt_;
   std::vector<Entry> granted_queue_;
   Status error_;
   PassEnd ended_ = PassEnd::kGaveUp;  // how FindAttempt's kEnded ends the pass

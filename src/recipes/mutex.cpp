@@ -6,17 +6,19 @@
 namespace dlock {
 namespace internal {
 
-Hold MakeHold(const Client& client, const std::string& name, const std::string& queue, const Acquired& acquired) {
+Hold MakeHold(const Client& client, const std::string& name, const std::string& queue, const Acquired& acquired,
+              std::optional<std::uint64_t> token) {
   std::vector<HeldEntry> entries{{queue, acquired.entry.id, acquired.entry.sequence}};
   return Hold(HoldCore::Make(client.core(), acquired.session, name, std::move(entries),
-                             acquired.entry.token.value_or(0), 1));
+                             token.value_or(acquired.entry.token.value_or(0)), 1));
 }
 
-std::optional<Hold> AcquireHold(const Client& client, const std::string& name, const AcquireRequest& request) {
+std::optional<Hold> AcquireHold(const Client& client, const std::string& name, const AcquireRequest& request,
+                                std::optional<std::uint64_t> token) {
   auto acquired = AcquireEntry(*client.core(), request);
   if (!acquired.ok()) throw Error(acquired.status());
   if (!acquired->has_value()) return std::nullopt;
-  return MakeHold(client, name, request.queue, **acquired);
+  return MakeHold(client, name, request.queue, **acquired, token);
 }
 
 AcquireRequest MakeRequest(const Client& client, std::string queue, std::string_view kind, GrantRule rule,
@@ -74,15 +76,19 @@ void ThreadOwnedLock::unlock() noexcept {
   {
     std::lock_guard<std::mutex> g(mu_);
     auto it = owned_.find(std::this_thread::get_id());
-    if (it == owned_.end()) {
-      client_.core()->report(FailedPreconditionError("unlock() of " + name_ + " by a thread that does not hold it"));
-      return;
+    if (it != owned_.end()) {
+      if (--it->second.count > 0) return;
+      to_release = std::move(it->second.hold);
+      owned_.erase(it);
     }
-    if (--it->second.count > 0) return;
-    to_release = std::move(it->second.hold);
-    owned_.erase(it);
   }
-  to_release.release();  // outside mu_: one store round trip
+  // Both outside mu_: the release is a store round trip, and the report
+  // runs the application's callback, which may call back into this lock.
+  if (!to_release.core()) {
+    client_.core()->report(FailedPreconditionError("unlock() of " + name_ + " by a thread that does not hold it"));
+    return;
+  }
+  to_release.release();
 }
 
 const Hold* ThreadOwnedLock::current() const {
@@ -109,16 +115,22 @@ std::optional<std::uint64_t> ThreadOwnedLock::fencing_token() const {
 }
 
 std::stop_token ThreadOwnedLock::lost_token() const {
+  // Read outside mu_: lost_token() may request the stop, which runs the
+  // application's stop callbacks, which may call back into this lock.
+  std::shared_ptr<HoldCore> core = current_core();
+  return core ? core->lost_token() : std::stop_token();
+}
+
+std::shared_ptr<HoldCore> ThreadOwnedLock::current_core() const {
   std::lock_guard<std::mutex> g(mu_);
   const Hold* h = current();
-  return h ? h->lost_token() : std::stop_token();
+  return h ? h->core() : nullptr;
 }
 
 std::optional<HoldState> ThreadOwnedLock::hold_state() const {
-  std::lock_guard<std::mutex> g(mu_);
-  const Hold* h = current();
-  if (!h) return std::nullopt;
-  return h->state();
+  std::shared_ptr<HoldCore> core = current_core();
+  if (!core) return std::nullopt;
+  return core->state();
 }
 
 }  // namespace internal

@@ -27,6 +27,7 @@ class ReadWriteCore {
   bool lock_read(Clock::duration timeout, std::stop_token stop, bool try_only) {
     const auto me = std::this_thread::get_id();
     std::optional<std::int64_t> downgrade_from;
+    std::uint64_t write_token = 0;
     std::shared_ptr<Session> write_session;
     {
       std::lock_guard<std::mutex> g(mu_);
@@ -40,6 +41,7 @@ class ReadWriteCore {
         ThrowIfLost(it->second.write);
         const auto& held = it->second.write.core()->entries().front();
         downgrade_from = held.sequence;
+        write_token = it->second.write.fencing_token();
         write_session = it->second.write.core()->session();
       }
     }
@@ -51,7 +53,10 @@ class ReadWriteCore {
       request.session = write_session;
       request.use_gate = false;
     }
-    auto hold = AcquireHold(client_, name_, request);
+    // A downgraded read hold keeps the write hold's fencing token: it takes
+    // the writer's place, and a writer queued behind must not get a smaller
+    // token than a hold granted before it.
+    auto hold = AcquireHold(client_, name_, request, downgrade_from ? std::optional(write_token) : std::nullopt);
     if (!hold) return false;
     std::lock_guard<std::mutex> g(mu_);
     auto& t = threads_[me];
@@ -95,9 +100,14 @@ class ReadWriteCore {
     return h->fencing_token();
   }
   std::stop_token lost_token(bool write) const {
-    std::lock_guard<std::mutex> g(mu_);
-    const Hold* h = find(write);
-    return h ? h->lost_token() : std::stop_token();
+    // Outside mu_: requesting the stop runs the application's callbacks,
+    // which may call back into this lock.
+    std::shared_ptr<HoldCore> core;
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      if (const Hold* h = find(write)) core = h->core();
+    }
+    return core ? core->lost_token() : std::stop_token();
   }
 
   std::optional<Hold> acquire(std::string_view kind, Clock::duration timeout, std::stop_token stop) {
@@ -133,17 +143,22 @@ class ReadWriteCore {
 
   void unlock(int PerThread::*count, Hold PerThread::*hold, const char* side) noexcept {
     Hold to_release;
+    bool held = false;
     {
       std::lock_guard<std::mutex> g(mu_);
       auto it = threads_.find(std::this_thread::get_id());
-      if (it == threads_.end() || it->second.*count == 0) {
-        client_.core()->report(FailedPreconditionError(std::string("unlock of the ") + side + " lock of " + name_ +
-                                                       " by a thread that does not hold it"));
-        return;
+      if (it != threads_.end() && it->second.*count > 0) {
+        held = true;
+        if (--(it->second.*count) > 0) return;
+        to_release = std::move(it->second.*hold);
+        if (it->second.reads == 0 && it->second.writes == 0) threads_.erase(it);
       }
-      if (--(it->second.*count) > 0) return;
-      to_release = std::move(it->second.*hold);
-      if (it->second.reads == 0 && it->second.writes == 0) threads_.erase(it);
+    }
+    // Both outside mu_: the application's callback may call back in.
+    if (!held) {
+      client_.core()->report(FailedPreconditionError(std::string("unlock of the ") + side + " lock of " + name_ +
+                                                     " by a thread that does not hold it"));
+      return;
     }
     to_release.release();
   }

@@ -79,6 +79,12 @@ std::optional<Lease> Semaphore::acquire_impl(std::uint32_t count, Clock::duratio
       for (auto& e : mine) core.remove_guaranteed(session, leases, e.id);
       mine.clear();
     };
+    // On every way out, an exception included, no lease stays behind
+    // unless it went into the Lease (moving it leaves `mine` empty).
+    struct GiveBackOnExit {
+      const decltype(give_back)& fn;
+      ~GiveBackOnExit() { fn(); }
+    } give_back_on_exit{give_back};
     Round outcome = Round::kRetry;
     for (std::uint32_t i = 0; i < count; ++i) {
       AcquireRequest lease = request;
@@ -138,6 +144,12 @@ std::optional<Lease> Semaphore::acquire_impl(std::uint32_t count, Clock::duratio
         break;
       }
       if (listed->size() <= permits_) {
+        // A stop request wins over a grant that comes after it.
+        if (stop.stop_requested()) {
+          give_back();
+          outcome = Round::kGaveUp;
+          break;
+        }
         return Lease(internal::HoldCore::Make(client_.core(), session, name_, std::move(mine), token, count));
       }
       if (try_only || expired()) {
@@ -220,15 +232,18 @@ class SemaphoreMutexCore {
 
   void unlock() noexcept {
     Hold released;
+    bool was_locked;
     {
       std::lock_guard<std::mutex> g(mu_);
-      if (!locked_) {
-        client_.core()->report(FailedPreconditionError("unlock() of SemaphoreMutex " + semaphore_.name() +
-                                                       ", which is not locked"));
-        return;
-      }
+      was_locked = locked_;
       locked_ = false;
       released = std::move(hold_);
+    }
+    // Outside mu_: the application's callback may call back in.
+    if (!was_locked) {
+      client_.core()->report(FailedPreconditionError("unlock() of SemaphoreMutex " + semaphore_.name() +
+                                                     ", which is not locked"));
+      return;
     }
     released.release();  // outside mu_: one store round trip
     gate_->leave();       // the next lock() of this object may go to the store now
@@ -245,8 +260,13 @@ class SemaphoreMutexCore {
     return hold_.state();
   }
   std::stop_token lost_token() const {
-    std::lock_guard<std::mutex> g(mu_);
-    return locked_ ? hold_.lost_token() : std::stop_token();
+    // Outside mu_: requesting the stop runs the application's callbacks.
+    std::shared_ptr<HoldCore> core;
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      if (locked_) core = hold_.core();
+    }
+    return core ? core->lost_token() : std::stop_token();
   }
 
   Semaphore& semaphore() noexcept { return semaphore_; }

@@ -14,11 +14,14 @@
 
 namespace dlock::internal {
 
-// Builds the Hold for an entry acquired in `queue`.
-Hold MakeHold(const Client& client, const std::string& name, const std::string& queue, const Acquired& acquired);
+// Builds the Hold for an entry acquired in `queue`, with the entry's token
+// or `token` if given.
+Hold MakeHold(const Client& client, const std::string& name, const std::string& queue, const Acquired& acquired,
+              std::optional<std::uint64_t> token = std::nullopt);
 
 // Runs AcquireEntry and turns errors into dlock::Error.
-std::optional<Hold> AcquireHold(const Client& client, const std::string& name, const AcquireRequest& request);
+std::optional<Hold> AcquireHold(const Client& client, const std::string& name, const AcquireRequest& request,
+                                std::optional<std::uint64_t> token = std::nullopt);
 
 // AcquireRequest for `queue` with a deadline `timeout` from now.
 AcquireRequest MakeRequest(const Client& client, std::string queue, std::string_view kind, GrantRule rule,
@@ -32,6 +35,7 @@ class ThreadOwnedLock {
   bool lock_for(Clock::duration timeout, std::stop_token stop, bool try_only);
   void unlock() noexcept;
   const Hold* current() const;  // the calling thread's hold; guarded use only
+  std::shared_ptr<HoldCore> current_core() const;  // the same, shared, for use outside mu_
   std::optional<Hold> acquire(Clock::duration timeout, std::stop_token stop);
 
   bool owned_by_current_thread() const;

@@ -201,6 +201,8 @@ class Core : public std::enable_shared_from_this<Core> {
   void FoldClockLocked();
   // Requires mu_: when this process counts the session lost.
   Clock::time_point LostAtLocked() const { return basis_ + timeout_ - LostMargin(timeout_); }
+  // Requires mu_: the negotiated session timeout.
+  Clock::duration TimeoutLocked() const { return timeout_; }
 
   // --- Subscribers.
   struct Sub {
@@ -982,6 +984,16 @@ Status ZkSession::await_open(Clock::time_point deadline) {
 bool ZkSession::reusable() const noexcept {
   std::lock_guard<std::mutex> g(core_->mu_);
   return core_->phase_ == Core::Phase::kConnecting || core_->phase_ == Core::Phase::kOpen;
+}
+
+Clock::duration ZkSession::time_left() const noexcept {
+  std::lock_guard<std::mutex> g(core_->mu_);
+  return core_->LostAtLocked() - core_->clock().now();
+}
+
+Clock::duration ZkSession::negotiated_timeout() const noexcept {
+  std::lock_guard<std::mutex> g(core_->mu_);
+  return core_->TimeoutLocked();
 }
 
 std::string ZkSession::id() const { return Hex(core_->session_id()); }

@@ -64,6 +64,10 @@ class ZkSession final : public Session {
   Status await_open(Clock::time_point deadline);
   // Still connecting, or open and neither lost nor closed.
   bool reusable() const noexcept;
+  // Of the negotiated session timeout, how much is left before this session
+  // counts itself lost (the lost deadline less now).
+  Clock::duration time_left() const noexcept;
+  Clock::duration negotiated_timeout() const noexcept;
 
   std::string id() const override;
   SessionState state() const noexcept override;

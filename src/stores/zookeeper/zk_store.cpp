@@ -17,12 +17,20 @@ class ZkStore final : public Store {
   std::string url() const override { return config_->redacted_url; }
 
   Result<std::shared_ptr<Session>> open_session(Clock::time_point deadline) override {
-    std::shared_ptr<zk::ZkSession> session = zk::ZkSession::Start(config_, clock_);
-    // The attempt itself ends at the connect timeout; the caller's deadline
-    // may end the wait for it sooner (the session is then closed).
-    Status opened = session->await_open(deadline);
-    if (!opened.ok()) return opened;
-    return std::shared_ptr<Session>(std::move(session));
+    // A session counts its lost deadline from when it started connecting
+    // (when the leader made it is unknown here). One that took most of the
+    // timeout to open (a silent server tried first) would count itself lost
+    // soon after: drop it and open another, within the caller's deadline.
+    for (int attempt = 0;; ++attempt) {
+      std::shared_ptr<zk::ZkSession> session = zk::ZkSession::Start(config_, clock_);
+      // The attempt itself ends at the connect timeout; the caller's deadline
+      // may end the wait for it sooner (the session is then closed).
+      Status opened = session->await_open(deadline);
+      if (!opened.ok()) return opened;
+      const bool fresh_enough = session->time_left() >= session->negotiated_timeout() / 2;
+      if (fresh_enough || attempt == 2 || clock_->now() >= deadline) return std::shared_ptr<Session>(std::move(session));
+      session->close();
+    }
   }
 
  private:

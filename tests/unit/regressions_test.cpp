@@ -1,0 +1,454 @@
+// Regression tests for defects an adversarial review found in the first
+// round of issue 11's fixes (each failed on that code; the comment above
+// each test tells the interleaving). Only mem:// and a delegating wrapper
+// around it are used, so each run is deterministic.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <mutex>
+#include <thread>
+
+#include "dlock/dlock.hpp"
+#include "support/stores.hpp"
+
+namespace dlock {
+namespace {
+
+using namespace std::chrono_literals;
+using testing::Eventually;
+
+[[maybe_unused]] std::string SessionOf(const Client& c) { return c.session().value()->id(); }
+
+struct ManualWorld {
+  std::shared_ptr<ManualClock> clock = std::make_shared<ManualClock>();
+  std::shared_ptr<MemStore> store;
+  Client a, b;
+  ManualWorld() : store(MakeStore(clock)), a(MakeClient(store, clock)), b(MakeClient(store, clock)) {}
+  static std::shared_ptr<MemStore> MakeStore(const std::shared_ptr<ManualClock>& clock) {
+    MemStoreOptions options;
+    options.clock = clock;
+    return MemStore::create(options);
+  }
+  static Client MakeClient(const std::shared_ptr<MemStore>& store, const std::shared_ptr<ManualClock>& clock) {
+    ClientOptions options;
+    options.clock = clock;
+    return Client::with_store(store, options);
+  }
+};
+
+// ---------------------------------------------------------------------------
+// Finding: "a stop request wins over a grant" was fixed in the engine
+// (AwaitTurn) only. Semaphore::acquire (and so SemaphoreMutex::lock_for)
+// decides its own grant in semaphore.cpp step 3 and never looks at `stop`
+// there: a stop requested while the last look at the leases is on its way
+// still returns a lease.
+//
+// Interleaving: B waits for A's lease (wait_any_gone); A releases; B's wait
+// returns OK; B lists the leases (held back by delay_next); the caller
+// requests stop; the list comes back with B's lease alone -> B returns a
+// Lease although stop was requested before the grant was decided.
+// The Mutex control case, with the same interleaving, returns nullopt.
+TEST(Regressions, SemaphoreGivesUpWhenStopComesBeforeItsGrant) {
+  ManualWorld w;
+  auto& [clock, store, a, b] = w;
+  Semaphore sa(a, "review/sem-stop", 1);
+  Semaphore sb(b, "review/sem-stop", 1);
+  auto held = sa.acquire(1, 1s);
+  ASSERT_TRUE(held);
+
+  std::stop_source stop;
+  std::atomic<bool> done{false};
+  std::optional<Lease> got;
+  std::jthread waiter([&] {
+    got = sb.acquire(1, kForever, stop.get_token());
+    done = true;
+  });
+  // B holds <name>/locks and has its lease appended: 3 entries (A's lease,
+  // B's lock entry, B's lease); B now waits for A's lease to go.
+  ASSERT_TRUE(Eventually([&] { return store->entry_count() == 3u && store->op_count("wait") >= 1u; }));
+  store->delay_next("list", 1s);
+  held.reset();  // A's lease goes; B wakes and lists (held back)
+  ASSERT_TRUE(Eventually([&] { return store->op_count("delayed") >= 1u; }));
+  stop.request_stop();  // before the grant is decided
+  clock->advance(2s);   // the list returns: only B's lease
+  ASSERT_TRUE(Eventually([&] { return done.load(); }));
+  waiter.join();
+  EXPECT_FALSE(got.has_value()) << "Semaphore::acquire returned a lease (token " << (got ? got->fencing_token() : 0)
+                                << ") although stop was requested before its grant was decided";
+}
+
+TEST(Regressions, MutexGivesUpWhenStopComesBeforeItsGrant) {
+  ManualWorld w;
+  auto& [clock, store, a, b] = w;
+  Mutex ma(a, "review/mutex-stop");
+  Mutex mb(b, "review/mutex-stop");
+  auto held = ma.acquire(1s);
+  ASSERT_TRUE(held);
+  std::stop_source stop;
+  std::atomic<bool> done{false};
+  std::optional<Hold> got;
+  std::jthread waiter([&] {
+    got = mb.acquire(kForever, stop.get_token());
+    done = true;
+  });
+  ASSERT_TRUE(Eventually([&] { return store->entry_count() == 2u && store->op_count("wait") >= 1u; }));
+  store->delay_next("list", 1s);
+  held.reset();
+  ASSERT_TRUE(Eventually([&] { return store->op_count("delayed") >= 1u; }));
+  stop.request_stop();
+  clock->advance(2s);
+  ASSERT_TRUE(Eventually([&] { return done.load(); }));
+  waiter.join();
+  EXPECT_FALSE(got.has_value());
+  EXPECT_TRUE(Eventually([&] { return store->entry_count() == 0u; }));
+}
+
+// ---------------------------------------------------------------------------
+// Finding: item 11 made a timeout <= 0 one try, but a tiny *positive* timeout
+// still never tries: AcquireEntry's Run() returns "timed out" at its very
+// first line (Expired()) before any request is sent. So on a free lock
+// try_lock_for(0ns) succeeds while try_lock_for(1us) fails; the standard
+// TimedLockable (and std::timed_mutex) attempts the lock at least once for
+// any timeout.
+TEST(Regressions, TinyPositiveTimeoutsStillTryOnce) {
+  auto store = MemStore::create();
+  auto a = Client::with_store(store);
+  ASSERT_TRUE(a.session().ok());  // the session exists: nothing left to open
+  Mutex m(a, "review/tiny");
+  ASSERT_TRUE(m.try_lock_for(0ns)) << "control: a zero timeout is one try";
+  m.unlock();
+  const auto appends_before = store->op_count("append");
+  EXPECT_TRUE(m.try_lock_for(1ns)) << "try_lock_for(1ns) on a free lock returned false without trying; appends made: "
+                                  << store->op_count("append") - appends_before;
+  if (m.owned_by_current_thread()) m.unlock();
+  int failures = 0;
+  for (int i = 0; i < 20; ++i) {
+    if (m.try_lock_for(1us)) {
+      m.unlock();
+    } else {
+      ++failures;
+    }
+  }
+  EXPECT_EQ(failures, 0) << failures << " of 20 try_lock_for(1us) on a free lock returned false";
+  Semaphore sem(a, "review/tiny-sem", 1);
+  EXPECT_TRUE(sem.acquire(1, 1us).has_value()) << "Semaphore::acquire(1, 1us) on a free semaphore";
+}
+
+// ---------------------------------------------------------------------------
+// Finding: a downgraded read hold gets a fresh token (mem, file: the next
+// counter value; ZooKeeper: its own czxid) but the write entry's place in
+// the queue. A writer that queued behind the write hold has an older,
+// smaller token, and is granted after the read hold: tokens of successive
+// holds of one lock go down. hold.hpp: "The fencing token: larger than that
+// of every earlier hold of the same lock in the same store"; README: a
+// resource should "remember the largest token it has seen and refuse
+// requests carrying a smaller one" -- it would refuse this writer.
+TEST(Regressions, DowngradedReadHoldNeverOutranksTheWriterQueuedBehindIt) {
+  auto store = MemStore::create();
+  auto a = Client::with_store(store);
+  auto b = Client::with_store(store);
+  ReadWriteLock rwa(a, "review/downgrade");
+  ReadWriteLock rwb(b, "review/downgrade");
+  rwa.writer().lock();
+  const std::uint64_t write_token = rwa.writer().fencing_token().value();
+  std::atomic<std::uint64_t> next_writer_token{0};
+  std::jthread writer([&] {
+    rwb.writer().lock();
+    next_writer_token = rwb.writer().fencing_token().value();
+    rwb.writer().unlock();
+  });
+  ASSERT_TRUE(Eventually([&] { return store->entry_count() == 2u; }));  // B queued behind A's write
+  rwa.reader().lock_shared();  // downgrade
+  const std::uint64_t read_token = rwa.reader().fencing_token().value();
+  rwa.writer().unlock();
+  std::this_thread::sleep_for(50ms);
+  EXPECT_EQ(next_writer_token.load(), 0u) << "the writer slipped in during the downgrade";
+  rwa.reader().unlock_shared();
+  writer.join();
+  // Holds in grant order: write (A), read (A, downgraded: it continues the
+  // write hold and keeps its token), write (B).
+  EXPECT_EQ(read_token, write_token);
+  EXPECT_GT(next_writer_token.load(), read_token)
+      << "tokens in grant order: write " << write_token << ", read " << read_token << ", then write "
+      << next_writer_token.load() << ": the later writer carries a smaller token than the read hold before it";
+}
+
+// ---------------------------------------------------------------------------
+// A Store that delegates to a MemStore and lets a test act at two exact
+// points of HoldCore::Make: inside subscribe() (before the hold's listener
+// is registered) and inside state() (after Make read it).
+class HookedStore final : public Store {
+ public:
+  explicit HookedStore(std::shared_ptr<MemStore> inner) : inner_(std::move(inner)) {}
+  std::string url() const override { return inner_->url(); }
+  Result<std::shared_ptr<Session>> open_session(Clock::time_point d) override {
+    auto s = inner_->open_session(d);
+    if (!s.ok()) return s.status();
+    return std::shared_ptr<Session>(std::make_shared<HookedSession>(std::move(*s), this));
+  }
+  std::function<void(const std::string&)> before_subscribe;   // runs once
+  std::function<void(const std::string&)> after_state_read;   // runs once
+  std::atomic<int> wait_throws{0};       // the next N wait_any_gone calls throw std::bad_alloc
+  std::atomic<int> subscribe_throws{0};  // the next N subscribe calls throw std::bad_alloc
+
+ private:
+  class HookedSession final : public Session {
+   public:
+    HookedSession(std::shared_ptr<Session> inner, HookedStore* store) : inner_(std::move(inner)), store_(store) {}
+    std::string id() const override { return inner_->id(); }
+    SessionState state() const noexcept override {
+      SessionState s = inner_->state();
+      if (auto hook = std::exchange(store_->after_state_read, nullptr)) hook(id());
+      return s;
+    }
+    std::shared_ptr<void> subscribe(std::function<void(SessionState)> fn) override {
+      if (store_->subscribe_throws.fetch_sub(1) > 0) throw std::bad_alloc();
+      if (auto hook = std::exchange(store_->before_subscribe, nullptr)) hook(id());
+      return inner_->subscribe(std::move(fn));
+    }
+    Result<Appended> append(std::string_view q, const EntrySpec& s, Clock::time_point d) override {
+      return inner_->append(q, s, d);
+    }
+    Result<std::vector<Entry>> list(std::string_view q, const ListOptions& o, Clock::time_point d) override {
+      return inner_->list(q, o, d);
+    }
+    Status wait_any_gone(std::string_view q, std::span<const std::string> ids, Clock::time_point d,
+                         std::stop_token st) override {
+      if (store_->wait_throws.fetch_sub(1) > 0) throw std::bad_alloc();
+      return inner_->wait_any_gone(q, ids, d, std::move(st));
+    }
+    Status remove(std::string_view q, std::string_view id, Clock::time_point d) override {
+      return inner_->remove(q, id, d);
+    }
+    Result<std::optional<Entry>> find_own(std::string_view q, std::string_view a, Clock::time_point d) override {
+      return inner_->find_own(q, a, d);
+    }
+    void close() noexcept override { inner_->close(); }
+
+   private:
+    std::shared_ptr<Session> inner_;
+    HookedStore* store_;
+  };
+  std::shared_ptr<MemStore> inner_;
+};
+
+// Finding: HoldCore::Make subscribes, then reads the session's state and, if
+// it is not kConnected, applies it itself -- on the acquiring thread, outside
+// the session's ordered delivery. If the session was suspended just before
+// the subscription and the reconnect is delivered between Make's read and
+// Make's apply, the hold hears kConnected first (no change: it is kHeld) and
+// then Make's stale kSuspended: it says kUncertain for good although its
+// session is connected (state() keeps the worse "told" value).
+TEST(Regressions, HoldMadeDuringAReconnectEndsUpHeld) {
+  auto mem = MemStore::create();
+  auto hooked = std::make_shared<HookedStore>(mem);
+  auto a = Client::with_store(hooked);
+  Mutex m(a, "review/make-race");
+  ASSERT_TRUE(a.session().ok());
+  // The blip: suspended after the grant, before Make subscribes, and back
+  // (delivered to the new listener) right after Make read kSuspended.
+  hooked->before_subscribe = [&](const std::string& id) {
+    mem->suspend(id);
+    hooked->after_state_read = [&](const std::string& sid) { mem->resume(sid); };
+  };
+  auto hold = m.acquire(1s);
+  ASSERT_TRUE(hold);
+  ASSERT_EQ(a.session_state(), SessionState::kConnected);
+  EXPECT_TRUE(Eventually([&] { return hold->state() == HoldState::kHeld; }, 2s))
+      << "the session is connected, but the hold says " << HoldStateName(hold->state()) << " for good";
+}
+
+// Finding: the acquisition engine is not exception-safe. Store methods may
+// throw std::bad_alloc (item 15 says so, and made try_pending catch it), and
+// so may HoldCore::Make after the grant; an exception that leaves
+// AcquireEntry/AcquireHold after our entry was placed leaves the entry in the
+// queue for the rest of the session's life: an orphan (item 13's class of
+// leak). A granted orphan is at the head of the queue, so nobody else can
+// take the lock while that session lives (a long-lived Client: forever).
+TEST(Regressions, AllocationFailureWhileWaitingLeavesNoOrphan) {
+  auto mem = MemStore::create();
+  auto hooked = std::make_shared<HookedStore>(mem);
+  auto a = Client::with_store(hooked);
+  auto d = Client::with_store(mem);
+  Mutex md(d, "review/orphan-oom");
+  Mutex ma(a, "review/orphan-oom");
+  md.lock();
+  hooked->wait_throws = 1;  // out of memory inside wait_any_gone, after the append
+  EXPECT_THROW(ma.try_lock_for(1s), std::bad_alloc);
+  md.unlock();
+  std::this_thread::sleep_for(100ms);
+  EXPECT_EQ(mem->entry_count(), 0u) << "the failed acquire's entry stayed, and is now at the head of the queue";
+  EXPECT_TRUE(md.try_lock_for(300ms)) << "nobody can take the lock while client a's session lives";
+  if (md.owned_by_current_thread()) md.unlock();
+}
+
+// Control: an exception in HoldCore::Make (after the grant) is covered, since
+// the HoldCore already exists and its destructor releases the entry.
+TEST(Regressions, AllocationFailureInHoldCreationLeavesNoOrphan) {
+  auto mem = MemStore::create();
+  auto hooked = std::make_shared<HookedStore>(mem);
+  auto a = Client::with_store(hooked);
+  Mutex ma(a, "review/orphan-oom-make");
+  ASSERT_TRUE(a.session().ok());
+  hooked->subscribe_throws = 1;
+  EXPECT_THROW(ma.try_lock(), std::bad_alloc);
+  EXPECT_TRUE(Eventually([&] { return mem->entry_count() == 0u; }, 2s));
+}
+
+// Finding (thread safety): hold.hpp says of dlock::Hold "all methods are
+// thread-safe, including release() racing with a state change", but Hold
+// keeps a plain std::shared_ptr<HoldCore> core_ that release() resets while
+// state()/lost_token()/fencing_token() read it: a data race, and a
+// use-after-free when the reset drops the last reference while the other
+// thread is inside core_->state(). A watchdog thread polling a hold's
+// state while the worker releases it is the everyday case. Run under TSan
+// (build with -DDLOCK_SANITIZE=thread): it reports the race on core_.
+TEST(Regressions, HoldStateMayBeReadWhileAnotherThreadReleases) {
+  auto store = MemStore::create();
+  auto a = Client::with_store(store);
+  Mutex m(a, "review/hold-race");
+  for (int round = 0; round < 200; ++round) {
+    auto hold = m.acquire(1s);
+    ASSERT_TRUE(hold);
+    std::atomic<bool> go{false};
+    std::jthread watchdog([&] {
+      while (!go) {
+      }
+      for (int i = 0; i < 50; ++i) [[maybe_unused]] auto s = hold->state();
+    });
+    go = true;
+    hold->release();
+  }
+}
+
+// Runs `body` in a forked child, so that a deadlock cannot hang the test
+// binary: "exit N", or "HUNG" if it had to be killed after `limit`.
+std::string RunInChild(const std::function<int()>& body, std::chrono::seconds limit) {
+  std::fflush(nullptr);
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    int rc = 1;
+    try {
+      rc = body();
+    } catch (...) {
+      rc = 2;
+    }
+    ::_exit(rc);
+  }
+  auto end = std::chrono::steady_clock::now() + limit;
+  int status = 0;
+  while (std::chrono::steady_clock::now() < end) {
+    if (::waitpid(pid, &status, WNOHANG) == pid) {
+      return WIFEXITED(status) ? "exit " + std::to_string(WEXITSTATUS(status)) : "signal";
+    }
+    std::this_thread::sleep_for(20ms);
+  }
+  if (std::getenv("REVIEW_STACKS")) {  // where it hangs
+    std::string cmd = "gdb -q -batch -p " + std::to_string(pid) +
+                      " -ex 'thread apply all bt 14' 2>/dev/null | grep -E '^(Thread|#)' | grep -E "
+                      "'Thread|dlock::|lock|Scenario' >&2";
+    [[maybe_unused]] int rc = std::system(cmd.c_str());
+  }
+  ::kill(pid, SIGKILL);
+  ::waitpid(pid, &status, 0);
+  return "HUNG";
+}
+
+// Finding: since item 7, lost_token() requests the stop itself when it reads
+// an uncertain/lost session before the store thread has told the hold, and
+// the token's stop_callbacks then run on the calling thread -- for Mutex,
+// SemaphoreMutex and ReadWriteLock, inside the accessor, with the object's
+// internal mutex (ThreadOwnedLock::mu_, SemaphoreMutexCore::mu_,
+// ReadWriteCore::mu_) held. A callback that touches the same object
+// (unlock(), hold_state(), fencing_token()) locks that mutex again on the same
+// thread: a self-deadlock. Before item 7 the callbacks only ran on the store's
+// thread, with no lock of the object held.
+//
+// Interleaving: the session is suspended; its delivery is held up in another
+// hold's listener (subscribed earlier), so this hold is not told yet; the
+// owning thread calls m.lost_token() -> mu_ -> HoldCore::lost_token() ->
+// request_stop() -> callback -> m.hold_state() -> mu_ again.
+int LostTokenCallbackScenario(bool semaphore_mutex, bool touch_object = true) {
+  auto store = MemStore::create();
+  auto a = Client::with_store(store);
+  Mutex first(a, "review/cb-first");
+  auto blocker = first.acquire(1s);  // its listener comes first in the session's order
+  if (!blocker) return 3;
+  std::atomic<bool> in_listener{false}, let_go{false};
+  auto sub = blocker->on_state_change([&](HoldState) {
+    in_listener = true;
+    for (int i = 0; i < 20000 && !let_go; ++i) std::this_thread::sleep_for(1ms);
+  });
+  Mutex m(a, "review/cb-mutex");
+  SemaphoreMutex sm(a, "review/cb-semmutex");
+  std::atomic<int> callbacks{0};
+  std::optional<std::stop_callback<std::function<void()>>> cb;
+  if (semaphore_mutex) {
+    sm.lock();
+    cb.emplace(sm.lost_token(), std::function<void()>([&] {
+                 ++callbacks;
+                 if (touch_object) sm.unlock();  // give the lock back as soon as it is in doubt
+               }));
+  } else {
+    m.lock();
+    cb.emplace(m.lost_token(), std::function<void()>([&] {
+                 ++callbacks;
+                 if (touch_object) [[maybe_unused]] auto st = m.hold_state();  // log how it stands
+               }));
+  }
+  std::thread suspender([&] { store->suspend(a.session().value()->id()); });
+  while (!in_listener) std::this_thread::sleep_for(1ms);
+  // The session says kSuspended; this thread's hold has not been told.
+  std::stop_token t = semaphore_mutex ? sm.lost_token() : m.lost_token();  // deadlocks here
+  let_go = true;
+  suspender.join();
+  return (t.stop_requested() && callbacks == 1) ? 0 : 4;
+}
+
+// Finding (same shape): client.hpp says on_background_error "Runs on a dlock
+// thread", but ThreadOwnedLock::unlock() (and SemaphoreMutexCore::unlock,
+// ReadWriteCore::unlock) calls it on the caller's thread with the object's
+// mutex held. An error handler that looks at the same Mutex (to log who owns
+// it) deadlocks the unlocking thread.
+TEST(Regressions, BackgroundErrorCallbackMayCallIntoTheMutex) {
+  std::string outcome = RunInChild(
+      [] {
+        auto store = MemStore::create();
+        std::function<void()> on_error;
+        ClientOptions options;
+        options.on_background_error = [&](const Status&) {
+          if (on_error) on_error();
+        };
+        auto a = Client::with_store(store, options);
+        Mutex m(a, "review/bg-error");
+        on_error = [&] { [[maybe_unused]] bool mine = m.owned_by_current_thread(); };
+        m.unlock();  // not locked: a no-op "reported to on_background_error"
+        return 0;
+      },
+      std::chrono::seconds(10));
+  EXPECT_EQ(outcome, "exit 0") << "Mutex::unlock() with an on_background_error that reads the Mutex: " << outcome;
+}
+
+TEST(Regressions, LostTokenStopCallbackMayTouchTheMutex) {
+  std::string outcome = RunInChild([] { return LostTokenCallbackScenario(false); }, std::chrono::seconds(15));
+  EXPECT_EQ(outcome, "exit 0") << "Mutex::lost_token(): " << outcome;
+}
+
+TEST(Regressions, LostTokenStopCallbackMayUnlockTheSemaphoreMutex) {
+  std::string outcome = RunInChild([] { return LostTokenCallbackScenario(true); }, std::chrono::seconds(15));
+  EXPECT_EQ(outcome, "exit 0") << "SemaphoreMutex::lost_token(): " << outcome;
+}
+
+// Control: the same steps with callbacks that do not touch the object.
+TEST(Regressions, LostTokenStopCallbackNotTouchingTheObject) {
+  EXPECT_EQ(RunInChild([] { return LostTokenCallbackScenario(false, false); }, std::chrono::seconds(15)), "exit 0");
+  EXPECT_EQ(RunInChild([] { return LostTokenCallbackScenario(true, false); }, std::chrono::seconds(15)), "exit 0");
+}
+
+}  // namespace
+}  // namespace dlock
