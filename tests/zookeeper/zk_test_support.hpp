@@ -284,6 +284,8 @@ class TcpProxy {
   void partition() { partitioned_ = true; }
   void heal() { partitioned_ = false; }
   void reset() { reset_ = true; }
+  // How many connections it has accepted so far.
+  int accepted() const { return accepted_.load(); }
 
  private:
   int Connect() {
@@ -323,7 +325,10 @@ class TcpProxy {
         int c = ::accept4(listen_, nullptr, nullptr, SOCK_CLOEXEC);
         // Connections made during a partition are held but never connected
         // upstream: like a network that swallows the handshake.
-        if (c >= 0) pairs_.emplace_back(c, silent ? -1 : Connect());
+        if (c >= 0) {
+          pairs_.emplace_back(c, silent ? -1 : Connect());
+          ++accepted_;
+        }
       }
       if (silent) continue;
       std::vector<std::size_t> dead;
@@ -356,6 +361,7 @@ class TcpProxy {
   int listen_ = -1;
   int port_ = 0;
   std::atomic<bool> stop_{false}, partitioned_{false}, reset_{false};
+  std::atomic<int> accepted_{0};
   std::vector<std::pair<int, int>> pairs_;  // client, server (-1: held, never connected)
   std::thread thread_;
 };

@@ -21,14 +21,16 @@ class ZkStore final : public Store {
     // (when the leader made it is unknown here). One that took most of the
     // timeout to open (a silent server tried first) would count itself lost
     // soon after: drop it and open another, within the caller's deadline.
-    for (int attempt = 0;; ++attempt) {
+    while (true) {
       std::shared_ptr<zk::ZkSession> session = zk::ZkSession::Start(config_, clock_);
       // The attempt itself ends at the connect timeout; the caller's deadline
       // may end the wait for it sooner (the session is then closed).
       Status opened = session->await_open(deadline);
       if (!opened.ok()) return opened;
+      // Out of time to try again: a session that will soon count itself
+      // lost is still a session (its holds hear kLost; the next one opens).
       const bool fresh_enough = session->time_left() >= session->negotiated_timeout() / 2;
-      if (fresh_enough || attempt == 2 || clock_->now() >= deadline) return std::shared_ptr<Session>(std::move(session));
+      if (fresh_enough || clock_->now() >= deadline) return std::shared_ptr<Session>(std::move(session));
       session->close();
     }
   }
