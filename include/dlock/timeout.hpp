@@ -11,6 +11,7 @@
 #include <string_view>
 
 #include "dlock/clock.hpp"
+#include "dlock/export.hpp"
 #include "dlock/status.hpp"
 
 namespace dlock {
@@ -34,7 +35,7 @@ Clock::duration ToTimeout(const std::chrono::time_point<C, D>& tp) {
 
 // Parses "500ms", "10s", "2m", "1h", "250us"; a bare number is milliseconds.
 // kInvalidArgument names what is wrong.
-Result<std::chrono::milliseconds> ParseDuration(std::string_view text);
+DLOCK_EXPORT Result<std::chrono::milliseconds> ParseDuration(std::string_view text);
 
 }  // namespace dlock
 

@@ -8,12 +8,12 @@ namespace internal {
 
 Hold MakeHold(const Client& client, const std::string& name, const std::string& queue, const Acquired& acquired) {
   std::vector<HeldEntry> entries{{queue, acquired.entry.id, acquired.entry.sequence}};
-  return Hold(HoldCore::Make(client.core(), acquired.session, name, std::move(entries),
-                             acquired.entry.token.value_or(0), 1));
+  return WrapHold(HoldCore::Make(CoreOf(client), acquired.session, name, std::move(entries),
+                                 acquired.entry.token.value_or(0), 1));
 }
 
 std::optional<Hold> AcquireHold(const Client& client, const std::string& name, const AcquireRequest& request) {
-  auto acquired = AcquireEntry(*client.core(), request);
+  auto acquired = AcquireEntry(*CoreOf(client), request);
   if (!acquired.ok()) throw Error(acquired.status());
   if (!acquired->has_value()) return std::nullopt;
   return MakeHold(client, name, request.queue, **acquired);
@@ -28,7 +28,7 @@ AcquireRequest MakeRequest(const Client& client, std::string queue, std::string_
   // A timeout <= 0 is one try, as for the standard TimedLockable.
   try_only = try_only || timeout <= Clock::duration::zero();
   // A try still needs time for its round trips.
-  r.deadline = DeadlineAfter(client.core()->now(), try_only ? Clock::duration(ClientCore::kRequestTimeout) : timeout);
+  r.deadline = DeadlineAfter(CoreOf(client)->now(), try_only ? Clock::duration(ClientCore::kRequestTimeout) : timeout);
   r.stop = std::move(stop);
   r.try_only = try_only;
   // A try never waits for its turn, so it never queues behind this process's
@@ -75,7 +75,7 @@ void ThreadOwnedLock::unlock() noexcept {
     std::lock_guard<std::mutex> g(mu_);
     auto it = owned_.find(std::this_thread::get_id());
     if (it == owned_.end()) {
-      client_.core()->report(FailedPreconditionError("unlock() of " + name_ + " by a thread that does not hold it"));
+      CoreOf(client_)->report(FailedPreconditionError("unlock() of " + name_ + " by a thread that does not hold it"));
       return;
     }
     if (--it->second.count > 0) return;

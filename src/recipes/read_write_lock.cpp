@@ -38,9 +38,9 @@ class ReadWriteCore {
       }
       if (it != threads_.end() && it->second.writes > 0) {
         ThrowIfLost(it->second.write);
-        const auto& held = it->second.write.core()->entries().front();
+        const auto& held = CoreOf(it->second.write)->entries().front();
         downgrade_from = held.sequence;
-        write_session = it->second.write.core()->session();
+        write_session = CoreOf(it->second.write)->session();
       }
     }
     auto request = MakeRequest(client_, name_, entry_kind::kRead, SharedRule, timeout, std::move(stop), try_only);
@@ -137,7 +137,7 @@ class ReadWriteCore {
       std::lock_guard<std::mutex> g(mu_);
       auto it = threads_.find(std::this_thread::get_id());
       if (it == threads_.end() || it->second.*count == 0) {
-        client_.core()->report(FailedPreconditionError(std::string("unlock of the ") + side + " lock of " + name_ +
+        CoreOf(client_)->report(FailedPreconditionError(std::string("unlock of the ") + side + " lock of " + name_ +
                                                        " by a thread that does not hold it"));
         return;
       }

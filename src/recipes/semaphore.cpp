@@ -48,7 +48,7 @@ std::optional<Lease> Semaphore::acquire_impl(std::uint32_t count, Clock::duratio
     throw Error(InvalidArgumentError("cannot take " + std::to_string(count) + " of the " + std::to_string(permits_) +
                                      " permits of " + name_));
   }
-  ClientCore& core = *client_.core();
+  ClientCore& core = *internal::CoreOf(client_);
   const std::string locks = name_ + "/locks";
   const std::string leases = name_ + "/leases";
   auto request = internal::MakeRequest(client_, locks, entry_kind::kLock, internal::ExclusiveRule, timeout, stop,
@@ -138,7 +138,8 @@ std::optional<Lease> Semaphore::acquire_impl(std::uint32_t count, Clock::duratio
         break;
       }
       if (listed->size() <= permits_) {
-        return Lease(internal::HoldCore::Make(client_.core(), session, name_, std::move(mine), token, count));
+        return internal::WrapHold(
+            internal::HoldCore::Make(internal::CoreOf(client_), session, name_, std::move(mine), token, count));
       }
       if (try_only || expired()) {
         give_back();
@@ -183,7 +184,7 @@ class SemaphoreMutexCore {
       : semaphore_(client, std::move(name), 1), client_(std::move(client)) {
     // A clock moved by hand must re-check the deadlines of local waiters.
     std::weak_ptr<LocalGate> weak = gate_;
-    clock_subscription_ = client_.core()->on_clock_advance([weak] {
+    clock_subscription_ = internal::CoreOf(client_)->on_clock_advance([weak] {
       if (auto gate = weak.lock()) gate->poke();
     });
   }
@@ -194,14 +195,16 @@ class SemaphoreMutexCore {
 
   bool lock_for(Clock::duration timeout, std::stop_token stop, bool try_only) {
     try_only = try_only || timeout <= Clock::duration::zero();
-    const Clock::time_point deadline = DeadlineAfter(client_.core()->now(), timeout);
-    if (try_only ? !gate_->try_enter() : !gate_->enter(client_.core()->clock(), deadline, stop)) return false;
+    const Clock::time_point deadline = DeadlineAfter(internal::CoreOf(client_)->now(), timeout);
+    if (try_only ? !gate_->try_enter() : !gate_->enter(internal::CoreOf(client_)->clock(), deadline, stop)) {
+      return false;
+    }
     std::optional<Lease> lease;
     try {
       if (try_only) {
         lease = semaphore_.try_acquire(1);
       } else {
-        Clock::duration left = deadline == kNoDeadline ? kForever : deadline - client_.core()->now();
+        Clock::duration left = deadline == kNoDeadline ? kForever : deadline - internal::CoreOf(client_)->now();
         lease = semaphore_.acquire(1, std::max(left, Clock::duration::zero()), std::move(stop));
       }
     } catch (...) {
@@ -223,7 +226,7 @@ class SemaphoreMutexCore {
     {
       std::lock_guard<std::mutex> g(mu_);
       if (!locked_) {
-        client_.core()->report(FailedPreconditionError("unlock() of SemaphoreMutex " + semaphore_.name() +
+        internal::CoreOf(client_)->report(FailedPreconditionError("unlock() of SemaphoreMutex " + semaphore_.name() +
                                                        ", which is not locked"));
         return;
       }
