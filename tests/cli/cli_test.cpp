@@ -51,11 +51,11 @@ class CliTest : public ::testing::TestWithParam<std::string> {
     std::filesystem::remove_all(dir_);
   }
 
-  // Starts `dlock ARGS...`; stdout goes to `out_file` if given. The
-  // environment is ours with `env_changes` applied ("NAME=value" sets,
-  // "NAME" unsets).
+  // Starts `dlock ARGS...`; stdout goes to `out_file` and stderr to
+  // `err_file` if given. The environment is ours with `env_changes` applied
+  // ("NAME=value" sets, "NAME" unsets).
   pid_t Start(std::vector<std::string> args, const std::string& out_file = "",
-              const std::vector<std::string>& env_changes = {}) {
+              const std::vector<std::string>& env_changes = {}, const std::string& err_file = "") {
     args.insert(args.begin(), DLOCK_CLI);
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
@@ -74,6 +74,9 @@ class CliTest : public ::testing::TestWithParam<std::string> {
     posix_spawn_file_actions_init(&actions);
     if (!out_file.empty()) {
       posix_spawn_file_actions_addopen(&actions, 1, out_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    }
+    if (!err_file.empty()) {
+      posix_spawn_file_actions_addopen(&actions, 2, err_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
     }
     posix_spawnattr_t attr;
     posix_spawnattr_init(&attr);
@@ -319,6 +322,105 @@ TEST_P(CliTest, InterruptedRunNeverStartsItsCommand) {
   EXPECT_EQ(Wait(run), 128 + SIGINT);
   EXPECT_FALSE(std::filesystem::exists(ran)) << "the command ran after dlock was told to stop";
   EXPECT_TRUE(Eventually([&] { return Entries() == 0u; }));
+}
+
+// Issue 12: a bare number is no duration (it once meant milliseconds); the
+// message shows the forms that work.
+TEST_P(CliTest, RefusesADurationWithoutAUnit) {
+  const std::string err = dir_ + "/err";
+  EXPECT_EQ(Wait(Start({"run", "--url", url_, "--timeout", "10", name_, "--", "true"}, "", {}, err)), 2);
+  const std::string text = Read(err);
+  EXPECT_NE(text.find("--timeout: duration '10' has no unit"), std::string::npos) << text;
+  EXPECT_NE(text.find("10s"), std::string::npos) << text;
+  EXPECT_NE(text.find("10ms"), std::string::npos) << text;
+  EXPECT_EQ(Wait(Start({"run", "--url", url_, "--kill-after", "3", name_, "--", "true"}, "", {}, err)), 2);
+  EXPECT_EQ(Entries(), 0u);
+}
+
+// Issue 12: the timeout message gives the duration with its unit.
+TEST_P(CliTest, TimeoutMessageSaysTheUnit) {
+  StartHolder();
+  const std::string err = dir_ + "/err";
+  EXPECT_EQ(Wait(Start({"run", "--url", url_, "--timeout", "1500ms", name_, "--", "true"}, "", {}, err)), 3);
+  EXPECT_NE(Read(err).find("timed out after 1500ms waiting for " + name_), std::string::npos) << Read(err);
+}
+
+// Issue 12: a store that never answers is unreachable (exit 5), not a lock
+// held by someone else (exit 3, "timed out"), on every server store.
+TEST_P(CliTest, UnreachableStoreExits5NotTimedOut) {
+  if (GetParam() != "file") GTEST_SKIP() << "runs once, on closed ports of its own";
+  const std::string err = dir_ + "/err";
+  int tried = 0;
+  for (const std::string& scheme : SupportedSchemes()) {
+    std::string url;
+    if (scheme == "zk") url = "zk://127.0.0.1:1/dlock-test";
+    if (scheme == "redis") url = "redis://127.0.0.1:1";
+    if (url.empty()) continue;
+    ++tried;
+    const auto start = std::chrono::steady_clock::now();
+    EXPECT_EQ(Wait(Start({"run", "--url", url, "--timeout", "2s", "demo/x", "--", "true"}, "", {}, err)), 5) << url;
+    const std::string text = Read(err);
+    EXPECT_EQ(text.find("timed out"), std::string::npos) << url << ": " << text;
+    EXPECT_LT(std::chrono::steady_clock::now() - start, 20s) << url;
+    if (scheme == "zk") {
+      EXPECT_NE(text.find("store unreachable: " + url + " did not answer within 2s"), std::string::npos) << text;
+    }
+  }
+  if (tried == 0) GTEST_SKIP() << "no server store in this build";
+}
+
+// Issue 12: `dlock status` fits its table into the terminal ($COLUMNS),
+// shortening long entry ids in the middle; `--wide` prints them whole, and
+// `break` takes the short form.
+TEST_P(CliTest, StatusFitsTheTerminalAndBreakTakesTheShortId) {
+  StartHolder();
+  auto client = Client::connect(url_);
+  auto entries = Inspect(client, name_);
+  ASSERT_TRUE(entries.ok() && entries->size() == 1u);
+  const std::string id = entries->front().entry.id;
+
+  const std::string out = dir_ + "/status";
+  ASSERT_EQ(Wait(Start({"status", "--url", url_, name_}, out, {"COLUMNS=80"})), 0);
+  std::istringstream lines(Read(out));
+  std::string header, row;
+  ASSERT_TRUE(std::getline(lines, header));
+  ASSERT_TRUE(std::getline(lines, row));
+  EXPECT_LE(header.size(), 80u) << header;
+  EXPECT_LE(row.size(), 80u) << row;
+  EXPECT_EQ(header.rfind("ROLE ", 0), 0u) << header;
+  std::istringstream fields(row);
+  std::string role, kind, token, shown, queue;
+  fields >> role >> kind >> token >> shown >> queue;
+  EXPECT_EQ(role, "holder");
+  EXPECT_EQ(kind, "lock");
+  EXPECT_EQ(queue, "main") << "the queue of NAME itself";
+  if (GetParam() == "file") {
+    EXPECT_GT(id.size(), 80u) << "a file:// id is longer than a terminal";
+  }
+  if (id.size() > 60) {
+    EXPECT_NE(shown, id) << "a long id is shortened";
+  }
+  if (shown != id) {
+    const auto dots = shown.find("...");
+    ASSERT_NE(dots, std::string::npos) << shown;
+    EXPECT_TRUE(id.starts_with(shown.substr(0, dots)) && id.ends_with(shown.substr(dots + 3))) << shown << " " << id;
+  }
+
+  ASSERT_EQ(Wait(Start({"status", "--url", url_, "--wide", name_}, out, {"COLUMNS=80"})), 0);
+  EXPECT_NE(Read(out).find(" " + id + " "), std::string::npos) << Read(out);
+
+  ASSERT_EQ(RunToEnd({"break", "--url", url_, name_, shown}, out), 0);
+  EXPECT_NE(Read(out).find(id), std::string::npos) << Read(out);
+  EXPECT_TRUE(Eventually([&] { return Entries() == 0u; }, 30s));
+}
+
+// Issue 12: --version names the version and the stores compiled in.
+TEST_P(CliTest, VersionNamesTheStores) {
+  if (GetParam() != "file") GTEST_SKIP() << "the same on every store";
+  const std::string out = dir_ + "/version";
+  ASSERT_EQ(RunToEnd({"--version"}, out), 0);
+  EXPECT_EQ(Read(out), Version() + "\n");
+  EXPECT_EQ(Read(out).rfind(std::string("dlock ") + DLOCK_VERSION_STRING + " (stores: file mem", 0), 0u) << Read(out);
 }
 
 INSTANTIATE_TEST_SUITE_P(Stores, CliTest, ::testing::ValuesIn(testing::MultiProcessSpecs()),
