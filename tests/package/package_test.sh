@@ -97,7 +97,9 @@ case $check in
       'typeinfo for dlock::Error' 'typeinfo for dlock::Store' 'dlock::ParseDuration('; do
       grep -qF "$want" <<<"$symbols" || fail "libdlock.so does not export $want"
     done
-    [ "$total" -lt 400 ] || fail "$total exported symbols: more than the public API needs"
+    # 210 in a RelWithDebInfo build, ~350 in a Debug one (more std templates
+    # instantiated out of line); 1055 before the internals were hidden.
+    [ "$total" -lt 600 ] || fail "$total exported symbols: more than the public API needs"
     ;;
 
   man)
