@@ -3,6 +3,7 @@
 # check per CTest test (label "package"):
 #
 #   package_test.sh exports          BUILD    libdlock.so exports no internals
+#   package_test.sh private-api      SOURCE BUILD  the public headers give no way to internals
 #   package_test.sh man              BUILD    dlock(1) renders and covers --help
 #   package_test.sh completion       BUILD    the bash completion completes
 #   package_test.sh installed-cli    BUILD WORK  `cmake --install` to an odd prefix; dlock runs from there
@@ -100,6 +101,29 @@ case $check in
     # 210 in a RelWithDebInfo build, ~350 in a Debug one (more std templates
     # instantiated out of line); 1055 before the internals were hidden.
     [ "$total" -lt 600 ] || fail "$total exported symbols: more than the public API needs"
+    ;;
+
+  private-api)
+    # The public headers give no way to dlock's internals: each snippet must
+    # fail to compile, while the control (the same includes, public calls
+    # only) compiles. (As fmt's compile-error-test.)
+    src=$1 build=$2
+    work=$(mktemp -d)
+    trap 'rm -rf "$work"' EXIT
+    try_compile() {  # try_compile NAME BODY: 0 if it compiles
+      printf '#include <dlock/dlock.hpp>\n#include <memory>\nint main() {\n  auto client = dlock::Client::connect("mem://");\n  dlock::Hold hold;\n  %s\n}\n' "$2" >"$work/$1.cpp"
+      "$CXX" -std=c++20 -fsyntax-only -I"$src/include" -I"$build/include" "$work/$1.cpp" 2>"$work/$1.err"
+    }
+    try_compile control 'return client.url().empty() || hold.fencing_token() != 0;' ||
+      { cat "$work/control.err" >&2; fail "the control program does not compile"; }
+    for snippet in 'client.core();' 'hold.core();' \
+      'dlock::Hold h(std::shared_ptr<dlock::internal::HoldCore>{});' \
+      'dlock::internal::Access::Core(client);'; do
+      if try_compile snippet "$snippet"; then
+        fail "a public header lets a program write: $snippet"
+      fi
+      note "does not compile: $snippet"
+    done
     ;;
 
   man)
