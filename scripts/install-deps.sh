@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs the Debian packages dlock needs to build, test and benchmark.
+# Installs the Debian packages dlock needs to build, test, package and
+# benchmark (dpkg-dev and file: cpack -G DEB; man-db: the man page test).
 # Does nothing when they are all present (so it also works offline then).
 set -euo pipefail
 
@@ -10,7 +11,8 @@ packages=(
   libzookeeper-mt-dev zookeeper default-jre-headless python3-kazoo
   libcurator-recipes-java default-jdk-headless
   libhiredis-dev redis-server python3-redis
-  procps iproute2
+  procps iproute2 gdb
+  dpkg-dev file man-db
 )
 
 missing=()
@@ -20,9 +22,16 @@ done
 if [ ${#missing[@]} -eq 0 ]; then
   exit 0
 fi
-echo "install-deps: installing ${missing[*]}" >&2
+echo "install-deps: installing ${missing[*]} and what they need (a few minutes on a fresh machine)" >&2
 sudo=""
 [ "$(id -u)" -eq 0 ] || sudo="sudo"
 export DEBIAN_FRONTEND=noninteractive
+echo "install-deps: apt-get update" >&2
 $sudo apt-get update -qq
-$sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+# One line per package as it is set up, so that a long install shows progress.
+if ! $sudo apt-get install -y -q --no-install-recommends "${missing[@]}" 2>&1 |
+  { grep --line-buffered -E '^(Setting up|E:|W:)' || true; } | sed -u 's/^/install-deps: /' >&2; then
+  echo "install-deps: apt-get install failed" >&2
+  exit 1
+fi
+echo "install-deps: done" >&2

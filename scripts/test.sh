@@ -27,6 +27,10 @@ if [ $quick -eq 0 ]; then
   TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
     run_suite build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDLOCK_SANITIZE=thread || status=1
 fi
-# Last, so that its summary closes the output.
-run_suite build -DCMAKE_BUILD_TYPE=RelWithDebInfo || status=1
+# Last, so that its summary closes the output. This build alone also runs the
+# packaging tests (ctest -L package): the install tree, the static,
+# add_subdirectory and pkg-config consumers, and the .deb, which is installed
+# on this machine and removed again; its prefix is /usr, as a Debian
+# package's is.
+run_suite build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDLOCK_PACKAGE_TESTS=ON -DCMAKE_INSTALL_PREFIX=/usr || status=1
 exit $status

@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "dlock/clock.hpp"
+#include "dlock/export.hpp"
 #include "dlock/status.hpp"
 #include "dlock/store.hpp"
 
@@ -34,6 +35,7 @@ namespace dlock {
 
 namespace internal {
 class ClientCore;
+struct Access;  // defined only inside the library
 }  // namespace internal
 
 struct ClientOptions {
@@ -48,7 +50,7 @@ struct ClientOptions {
   std::function<void(const Status&)> on_background_error;
 };
 
-class Client {
+class DLOCK_EXPORT Client {
  public:
   // Opens the store named by `url` (see OpenStore in dlock/store.hpp). Does
   // not open a session yet. Throws dlock::Error on a bad URL or an
@@ -80,9 +82,8 @@ class Client {
   // acquires open a new session.
   void close_session() noexcept;
 
-  const std::shared_ptr<internal::ClientCore>& core() const noexcept { return core_; }
-
  private:
+  friend struct internal::Access;
   explicit Client(std::shared_ptr<internal::ClientCore> core) : core_(std::move(core)) {}
   std::shared_ptr<internal::ClientCore> core_;
 };

@@ -15,12 +15,14 @@
 #include <stop_token>
 #include <vector>
 
+#include "dlock/export.hpp"
+
 namespace dlock {
 
 // dlock::Clock
 //
 // Thread-safe. Implementations must be monotonic.
-class Clock {
+class DLOCK_EXPORT Clock {
  public:
   using duration = std::chrono::steady_clock::duration;
   using time_point = std::chrono::steady_clock::time_point;
@@ -51,14 +53,14 @@ class Clock {
 inline constexpr Clock::time_point kNoDeadline = Clock::time_point::max();
 
 // Adds `timeout` to `now` without overflowing: a huge timeout means none.
-Clock::time_point DeadlineAfter(Clock::time_point now, Clock::duration timeout) noexcept;
+DLOCK_EXPORT Clock::time_point DeadlineAfter(Clock::time_point now, Clock::duration timeout) noexcept;
 
 // dlock::ManualClock
 //
 // A clock that stands still until `advance()` moves it. For tests. Waiters
 // blocked in `wait_until` on a store that registered through `on_advance` are
 // re-checked on every advance. Thread-safe.
-class ManualClock final : public Clock {
+class DLOCK_EXPORT ManualClock final : public Clock {
  public:
   explicit ManualClock(time_point start = time_point(std::chrono::hours(1)));
 

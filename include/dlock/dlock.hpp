@@ -4,10 +4,12 @@
 // (ZooKeeper, Redis, ...) and on two embedded stores that need no server
 // (mem:// in-process, file:// host-local). Include this one header.
 //
-//   auto client = dlock::Client::connect("file:///run/myapp/locks");
+//   auto client = dlock::Client::connect("file://");  // this user's /tmp/dlock-UID
 //   dlock::Mutex m(client, "jobs/nightly");
-//   std::unique_lock lock(m);
+//   std::unique_lock lock(m);  // <mutex>; std::shared_lock needs <shared_mutex>
 //   do_work(*m.fencing_token());
+//
+// examples/quickstart.cpp is a whole program.
 #ifndef DLOCK_DLOCK_HPP_
 #define DLOCK_DLOCK_HPP_
 

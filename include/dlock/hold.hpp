@@ -38,20 +38,22 @@
 #include <string>
 #include <string_view>
 
+#include "dlock/export.hpp"
+
 namespace dlock {
 
 enum class HoldState { kHeld, kUncertain, kLost, kReleased };
-std::string_view HoldStateName(HoldState state) noexcept;
+DLOCK_EXPORT std::string_view HoldStateName(HoldState state) noexcept;
 
 namespace internal {
 class HoldCore;
+struct Access;  // defined only inside the library
 }  // namespace internal
 
-class Hold {
+class DLOCK_EXPORT Hold {
  public:
   // An empty hold: holds nothing, released() is true.
   Hold() noexcept = default;
-  explicit Hold(std::shared_ptr<internal::HoldCore> core) noexcept : core_(std::move(core)) {}
   Hold(Hold&&) noexcept = default;
   Hold& operator=(Hold&& other) noexcept;
   Hold(const Hold&) = delete;
@@ -71,6 +73,13 @@ class Hold {
   // lock in the same store (a read hold made by downgrading a write hold
   // continues it, and keeps its token). It stays readable after release();
   // 0 for an empty Hold.
+  //
+  // The convention across dlock: a Hold (or Lease) is one hold, so its token
+  // is a plain number (0, never a real token, once it is empty). The lock
+  // objects that a thread locks and unlocks (Mutex, SemaphoreMutex,
+  // ReadWriteLock::Reader and ::Writer) may or may not be held by the caller
+  // at any moment, so theirs is std::optional: std::nullopt when the calling
+  // thread (SemaphoreMutex: the object) does not hold the lock.
   std::uint64_t fencing_token() const noexcept;
 
   // The lock name, and how many semaphore permits this hold has (1 for locks).
@@ -99,9 +108,9 @@ class Hold {
   // in the background until it succeeds or the session ends. Idempotent.
   void release() noexcept;
 
-  const std::shared_ptr<internal::HoldCore>& core() const noexcept { return core_; }
-
  private:
+  friend struct internal::Access;
+  explicit Hold(std::shared_ptr<internal::HoldCore> core) noexcept : core_(std::move(core)) {}
   std::shared_ptr<internal::HoldCore> core_;
 };
 

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "dlock/client.hpp"
+#include "dlock/export.hpp"
 #include "dlock/status.hpp"
 #include "dlock/store.hpp"
 
@@ -30,7 +31,7 @@ struct EntryInfo {
 // Entries of every recipe that can use `name`: Mutex / ReadWriteLock entries
 // in the name's own queue, then Semaphore leases (holders) and Semaphore
 // acquirers (waiters). Holders first within each queue; queue order kept.
-Result<std::vector<EntryInfo>> Inspect(const Client& client, std::string_view name);
+DLOCK_EXPORT Result<std::vector<EntryInfo>> Inspect(const Client& client, std::string_view name);
 
 }  // namespace dlock
 

@@ -25,6 +25,7 @@
 #include <string_view>
 
 #include "dlock/clock.hpp"
+#include "dlock/export.hpp"
 #include "dlock/status.hpp"
 #include "dlock/store.hpp"
 
@@ -34,7 +35,7 @@ struct MemStoreOptions {
   std::shared_ptr<Clock> clock;  // nullptr: Clock::system()
 };
 
-class MemStore final : public Store, public std::enable_shared_from_this<MemStore> {
+class DLOCK_EXPORT MemStore final : public Store, public std::enable_shared_from_this<MemStore> {
  public:
   static std::shared_ptr<MemStore> create(MemStoreOptions options = {});
   ~MemStore() override;

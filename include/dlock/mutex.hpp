@@ -37,6 +37,7 @@
 #include <string>
 
 #include "dlock/client.hpp"
+#include "dlock/export.hpp"
 #include "dlock/hold.hpp"
 #include "dlock/timeout.hpp"
 
@@ -46,7 +47,7 @@ namespace internal {
 class ThreadOwnedLock;
 }  // namespace internal
 
-class Mutex {
+class DLOCK_EXPORT Mutex {
  public:
   // Throws dlock::Error(kInvalidArgument) if `name` is not a valid lock name.
   Mutex(Client client, std::string name);
@@ -75,7 +76,9 @@ class Mutex {
 
   bool owned_by_current_thread() const;
   // The calling thread's hold: its fencing token, lost signal and state, or
-  // nullopt / an empty token if this thread does not hold the lock.
+  // nullopt / an empty token if this thread does not hold the lock. (A lock
+  // object's token is optional because the caller may not hold it; a Hold's
+  // is a plain number: see Hold::fencing_token.)
   std::optional<std::uint64_t> fencing_token() const;
   std::stop_token lost_token() const;
   std::optional<HoldState> hold_state() const;

@@ -19,6 +19,10 @@
 //
 // On a name shared with a Mutex, a Mutex hold counts as a writer.
 //
+// Reader::fencing_token() and Writer::fencing_token() are the calling
+// thread's, std::nullopt when it does not hold that side (the convention of
+// every lock object; a Hold's token is a plain number: see hold.hpp).
+//
 // Thread-safety: all methods are thread-safe; lock functions block and throw
 // dlock::Error when the store fails; unlock functions never throw.
 #ifndef DLOCK_READ_WRITE_LOCK_HPP_
@@ -32,6 +36,7 @@
 #include <string>
 
 #include "dlock/client.hpp"
+#include "dlock/export.hpp"
 #include "dlock/hold.hpp"
 #include "dlock/timeout.hpp"
 
@@ -41,10 +46,10 @@ namespace internal {
 class ReadWriteCore;
 }  // namespace internal
 
-class ReadWriteLock {
+class DLOCK_EXPORT ReadWriteLock {
  public:
   // The shared side; SharedTimedLockable, so std::shared_lock works.
-  class Reader {
+  class DLOCK_EXPORT Reader {
    public:
     void lock_shared();
     bool try_lock_shared();
@@ -68,7 +73,7 @@ class ReadWriteLock {
   };
 
   // The exclusive side; TimedLockable, so std::unique_lock works.
-  class Writer {
+  class DLOCK_EXPORT Writer {
    public:
     void lock();
     bool try_lock();

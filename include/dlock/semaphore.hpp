@@ -34,6 +34,7 @@
 #include <string>
 
 #include "dlock/client.hpp"
+#include "dlock/export.hpp"
 #include "dlock/hold.hpp"
 #include "dlock/timeout.hpp"
 
@@ -43,7 +44,7 @@ namespace internal {
 class SemaphoreMutexCore;
 }  // namespace internal
 
-class Semaphore {
+class DLOCK_EXPORT Semaphore {
  public:
   // Throws dlock::Error(kInvalidArgument) for a bad name or zero permits.
   Semaphore(Client client, std::string name, std::uint32_t permits);
@@ -72,7 +73,7 @@ class Semaphore {
   std::uint32_t permits_;
 };
 
-class SemaphoreMutex {
+class DLOCK_EXPORT SemaphoreMutex {
  public:
   SemaphoreMutex(Client client, std::string name);
   ~SemaphoreMutex();
@@ -95,7 +96,7 @@ class SemaphoreMutex {
   void unlock() noexcept;
 
   // The current hold's token, state and lost signal; nullopt / empty if
-  // unlocked.
+  // unlocked (the convention of every lock object: see Hold::fencing_token).
   std::optional<std::uint64_t> fencing_token() const;
   std::optional<HoldState> hold_state() const;
   std::stop_token lost_token() const;

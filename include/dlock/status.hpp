@@ -24,6 +24,8 @@
 #include <utility>
 #include <variant>
 
+#include "dlock/export.hpp"
+
 namespace dlock {
 
 // dlock::ErrorCode
@@ -58,13 +60,13 @@ enum class ErrorCode {
 };
 
 // Returns the enumerator's name without the `k`, e.g. "DeadlineExceeded".
-std::string_view ErrorCodeName(ErrorCode code) noexcept;
+DLOCK_EXPORT std::string_view ErrorCodeName(ErrorCode code) noexcept;
 
 // dlock::Status
 //
 // An error code and a message, or OK. Cheap to copy when OK. Thread-compatible:
 // const methods may be called concurrently.
-class [[nodiscard]] Status {
+class [[nodiscard]] DLOCK_EXPORT Status {
  public:
   Status() noexcept = default;
   Status(ErrorCode code, std::string message)
@@ -109,7 +111,7 @@ inline Status InternalError(std::string m) { return {ErrorCode::kInternal, std::
 //
 // The exception thrown by the entry points that cannot return a Status
 // (constructors, `lock()`, `Client::connect`). `what()` is `status().ToString()`.
-class Error : public std::runtime_error {
+class DLOCK_EXPORT Error : public std::runtime_error {
  public:
   explicit Error(Status status);
   const Status& status() const noexcept { return status_; }
@@ -120,7 +122,7 @@ class Error : public std::runtime_error {
 };
 
 // Throws dlock::Error if `status` is not OK.
-void ThrowIfError(const Status& status);
+DLOCK_EXPORT void ThrowIfError(const Status& status);
 
 // dlock::Result<T>
 //

@@ -45,6 +45,7 @@
 #include <vector>
 
 #include "dlock/clock.hpp"
+#include "dlock/export.hpp"
 #include "dlock/status.hpp"
 
 namespace dlock {
@@ -56,7 +57,7 @@ enum class SessionState {
   kLost,       // expired: every entry of the session is gone (or going)
   kClosed,     // closed locally; entries were removed or are going with it
 };
-std::string_view SessionStateName(SessionState state) noexcept;
+DLOCK_EXPORT std::string_view SessionStateName(SessionState state) noexcept;
 
 // Kind tags the recipes write. Entries of other clients (Curator, kazoo) are
 // mapped onto these where their meaning is the same.
@@ -78,8 +79,8 @@ struct OwnerRecord {
 
 // A compact JSON object. Decode accepts unknown fields and rejects anything
 // that is not a JSON object with fields of the right types.
-std::string EncodeOwnerRecord(const OwnerRecord& owner);
-Result<OwnerRecord> DecodeOwnerRecord(std::string_view data);
+DLOCK_EXPORT std::string EncodeOwnerRecord(const OwnerRecord& owner);
+DLOCK_EXPORT Result<OwnerRecord> DecodeOwnerRecord(std::string_view data);
 
 // What to append.
 struct EntrySpec {
@@ -106,7 +107,7 @@ struct Entry {
 };
 
 // Queue order: by sequence, then by id.
-bool QueueOrder(const Entry& a, const Entry& b) noexcept;
+DLOCK_EXPORT bool QueueOrder(const Entry& a, const Entry& b) noexcept;
 
 struct Appended {
   Entry entry;  // always has its token
@@ -124,7 +125,7 @@ struct ListOptions {
 // A handle on one store session. Thread-safe. Blocking methods block the
 // calling thread for at most about `deadline` (plus one store round trip) and
 // return kUnavailable while the session is suspended rather than wait for it.
-class Session {
+class DLOCK_EXPORT Session {
  public:
   virtual ~Session() = default;
 
@@ -190,7 +191,7 @@ class Session {
 // dlock::Store
 //
 // A connection to one store, shared by every lock of a Client. Thread-safe.
-class Store {
+class DLOCK_EXPORT Store {
  public:
   virtual ~Store() = default;
 
@@ -239,15 +240,15 @@ struct StoreOptions {
 //   file://                   the default directory: /tmp/dlock-<uid>, whatever the environment
 // plus each server store compiled in (see README). Unknown schemes and
 // malformed URLs fail with kInvalidArgument naming what is wrong.
-Result<std::shared_ptr<Store>> OpenStore(std::string_view url, const StoreOptions& options = {});
+DLOCK_EXPORT Result<std::shared_ptr<Store>> OpenStore(std::string_view url, const StoreOptions& options = {});
 
 // The schemes this build of dlock understands, e.g. {"file", "mem", "zk"}.
-std::vector<std::string> SupportedSchemes();
+DLOCK_EXPORT std::vector<std::string> SupportedSchemes();
 
 // Lock names are path-like: "/"-separated segments of [A-Za-z0-9._-],
 // at most 512 bytes; no empty, "." or ".." segments; no leading or trailing
 // "/". Returns kInvalidArgument naming the problem.
-Status ValidateLockName(std::string_view name);
+DLOCK_EXPORT Status ValidateLockName(std::string_view name);
 
 }  // namespace dlock
 

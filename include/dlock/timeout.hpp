@@ -11,6 +11,7 @@
 #include <string_view>
 
 #include "dlock/clock.hpp"
+#include "dlock/export.hpp"
 #include "dlock/status.hpp"
 
 namespace dlock {
@@ -32,9 +33,10 @@ Clock::duration ToTimeout(const std::chrono::time_point<C, D>& tp) {
   return ToTimeout(tp - C::now());
 }
 
-// Parses "500ms", "10s", "2m", "1h", "250us"; a bare number is milliseconds.
-// kInvalidArgument names what is wrong.
-Result<std::chrono::milliseconds> ParseDuration(std::string_view text);
+// Parses "500ms", "10s", "2m", "1h", "250us": a number and a unit. A bare
+// number ("10") is refused, since it could mean any unit. kInvalidArgument
+// names what is wrong and shows the accepted forms.
+DLOCK_EXPORT Result<std::chrono::milliseconds> ParseDuration(std::string_view text);
 
 }  // namespace dlock
 

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "core/access.hpp"
 #include "core/client_core.hpp"
 #include "core/listeners.hpp"
 #include "dlock/hold.hpp"

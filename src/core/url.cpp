@@ -272,7 +272,14 @@ Result<std::chrono::milliseconds> ParseDuration(std::string_view text) {
   std::string_view unit = text.substr(digits);
   using namespace std::chrono;
   std::int64_t v = static_cast<std::int64_t>(value);
-  if (unit.empty() || unit == "ms") return milliseconds(v);
+  if (unit.empty()) {
+    // A bare number once meant milliseconds, which nobody guessed (`--timeout
+    // 10` was 10 ms): a duration says its unit.
+    return InvalidArgumentError("duration '" + std::string(text) + "' has no unit: write it like " +
+                                std::string(text) + "s, " + std::string(text) + "ms, " + std::string(text) +
+                                "m or " + std::string(text) + "h (units: us, ms, s, m, h)");
+  }
+  if (unit == "ms") return milliseconds(v);
   if (unit == "us") return duration_cast<milliseconds>(microseconds(v));
   if (unit == "s") return milliseconds(v * 1000);
   if (unit == "m") return milliseconds(v * 60'000);

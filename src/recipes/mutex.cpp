@@ -1,5 +1,6 @@
 #include "dlock/mutex.hpp"
 
+#include "core/access.hpp"
 #include "core/hold_core.hpp"
 #include "recipes/thread_owned_lock.hpp"
 
@@ -9,13 +10,13 @@ namespace internal {
 Hold MakeHold(const Client& client, const std::string& name, const std::string& queue, const Acquired& acquired,
               std::optional<std::uint64_t> token) {
   std::vector<HeldEntry> entries{{queue, acquired.entry.id, acquired.entry.sequence}};
-  return Hold(HoldCore::Make(client.core(), acquired.session, name, std::move(entries),
+  return WrapHold(HoldCore::Make(CoreOf(client), acquired.session, name, std::move(entries),
                              token.value_or(acquired.entry.token.value_or(0)), 1));
 }
 
 std::optional<Hold> AcquireHold(const Client& client, const std::string& name, const AcquireRequest& request,
                                 std::optional<std::uint64_t> token) {
-  auto acquired = AcquireEntry(*client.core(), request);
+  auto acquired = AcquireEntry(*CoreOf(client), request);
   if (!acquired.ok()) throw Error(acquired.status());
   if (!acquired->has_value()) return std::nullopt;
   return MakeHold(client, name, request.queue, **acquired, token);
@@ -30,7 +31,7 @@ AcquireRequest MakeRequest(const Client& client, std::string queue, std::string_
   // A timeout <= 0 is one try, as for the standard TimedLockable.
   try_only = try_only || timeout <= Clock::duration::zero();
   // A try still needs time for its round trips.
-  r.deadline = DeadlineAfter(client.core()->now(), try_only ? Clock::duration(ClientCore::kRequestTimeout) : timeout);
+  r.deadline = DeadlineAfter(CoreOf(client)->now(), try_only ? Clock::duration(ClientCore::kRequestTimeout) : timeout);
   r.stop = std::move(stop);
   r.try_only = try_only;
   // A try never waits for its turn, so it never queues behind this process's
@@ -84,8 +85,8 @@ void ThreadOwnedLock::unlock() noexcept {
   }
   // Both outside mu_: the release is a store round trip, and the report
   // runs the application's callback, which may call back into this lock.
-  if (!to_release.core()) {
-    client_.core()->report(FailedPreconditionError("unlock() of " + name_ + " by a thread that does not hold it"));
+  if (!CoreOf(to_release)) {
+    CoreOf(client_)->report(FailedPreconditionError("unlock() of " + name_ + " by a thread that does not hold it"));
     return;
   }
   to_release.release();
@@ -124,7 +125,7 @@ std::stop_token ThreadOwnedLock::lost_token() const {
 std::shared_ptr<HoldCore> ThreadOwnedLock::current_core() const {
   std::lock_guard<std::mutex> g(mu_);
   const Hold* h = current();
-  return h ? h->core() : nullptr;
+  return h ? CoreOf(*h) : nullptr;
 }
 
 std::optional<HoldState> ThreadOwnedLock::hold_state() const {

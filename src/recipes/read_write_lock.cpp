@@ -4,6 +4,7 @@
 #include <mutex>
 #include <thread>
 
+#include "core/access.hpp"
 #include "core/hold_core.hpp"
 #include "recipes/thread_owned_lock.hpp"
 
@@ -39,10 +40,10 @@ class ReadWriteCore {
       }
       if (it != threads_.end() && it->second.writes > 0) {
         ThrowIfLost(it->second.write);
-        const auto& held = it->second.write.core()->entries().front();
+        const auto& held = CoreOf(it->second.write)->entries().front();
         downgrade_from = held.sequence;
         write_token = it->second.write.fencing_token();
-        write_session = it->second.write.core()->session();
+        write_session = CoreOf(it->second.write)->session();
       }
     }
     auto request = MakeRequest(client_, name_, entry_kind::kRead, SharedRule, timeout, std::move(stop), try_only);
@@ -105,7 +106,7 @@ class ReadWriteCore {
     std::shared_ptr<HoldCore> core;
     {
       std::lock_guard<std::mutex> g(mu_);
-      if (const Hold* h = find(write)) core = h->core();
+      if (const Hold* h = find(write)) core = CoreOf(*h);
     }
     return core ? core->lost_token() : std::stop_token();
   }
@@ -156,7 +157,7 @@ class ReadWriteCore {
     }
     // Both outside mu_: the application's callback may call back in.
     if (!held) {
-      client_.core()->report(FailedPreconditionError(std::string("unlock of the ") + side + " lock of " + name_ +
+      CoreOf(client_)->report(FailedPreconditionError(std::string("unlock of the ") + side + " lock of " + name_ +
                                                      " by a thread that does not hold it"));
       return;
     }

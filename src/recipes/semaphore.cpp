@@ -7,6 +7,7 @@
 
 #include <algorithm>
 
+#include "core/access.hpp"
 #include "core/hold_core.hpp"
 #include "recipes/thread_owned_lock.hpp"
 
@@ -48,7 +49,7 @@ std::optional<Lease> Semaphore::acquire_impl(std::uint32_t count, Clock::duratio
     throw Error(InvalidArgumentError("cannot take " + std::to_string(count) + " of the " + std::to_string(permits_) +
                                      " permits of " + name_));
   }
-  ClientCore& core = *client_.core();
+  ClientCore& core = *internal::CoreOf(client_);
   const std::string locks = name_ + "/locks";
   const std::string leases = name_ + "/leases";
   auto request = internal::MakeRequest(client_, locks, entry_kind::kLock, internal::ExclusiveRule, timeout, stop,
@@ -150,7 +151,7 @@ std::optional<Lease> Semaphore::acquire_impl(std::uint32_t count, Clock::duratio
           outcome = Round::kGaveUp;
           break;
         }
-        return Lease(internal::HoldCore::Make(client_.core(), session, name_, std::move(mine), token, count));
+        return internal::WrapHold(internal::HoldCore::Make(internal::CoreOf(client_), session, name_, std::move(mine), token, count));
       }
       if (try_only || expired()) {
         give_back();
@@ -195,7 +196,7 @@ class SemaphoreMutexCore {
       : semaphore_(client, std::move(name), 1), client_(std::move(client)) {
     // A clock moved by hand must re-check the deadlines of local waiters.
     std::weak_ptr<LocalGate> weak = gate_;
-    clock_subscription_ = client_.core()->on_clock_advance([weak] {
+    clock_subscription_ = CoreOf(client_)->on_clock_advance([weak] {
       if (auto gate = weak.lock()) gate->poke();
     });
   }
@@ -206,14 +207,14 @@ class SemaphoreMutexCore {
 
   bool lock_for(Clock::duration timeout, std::stop_token stop, bool try_only) {
     try_only = try_only || timeout <= Clock::duration::zero();
-    const Clock::time_point deadline = DeadlineAfter(client_.core()->now(), timeout);
-    if (try_only ? !gate_->try_enter() : !gate_->enter(client_.core()->clock(), deadline, stop)) return false;
+    const Clock::time_point deadline = DeadlineAfter(CoreOf(client_)->now(), timeout);
+    if (try_only ? !gate_->try_enter() : !gate_->enter(CoreOf(client_)->clock(), deadline, stop)) return false;
     std::optional<Lease> lease;
     try {
       if (try_only) {
         lease = semaphore_.try_acquire(1);
       } else {
-        Clock::duration left = deadline == kNoDeadline ? kForever : deadline - client_.core()->now();
+        Clock::duration left = deadline == kNoDeadline ? kForever : deadline - CoreOf(client_)->now();
         lease = semaphore_.acquire(1, std::max(left, Clock::duration::zero()), std::move(stop));
       }
     } catch (...) {
@@ -241,7 +242,7 @@ class SemaphoreMutexCore {
     }
     // Outside mu_: the application's callback may call back in.
     if (!was_locked) {
-      client_.core()->report(FailedPreconditionError("unlock() of SemaphoreMutex " + semaphore_.name() +
+      CoreOf(client_)->report(FailedPreconditionError("unlock() of SemaphoreMutex " + semaphore_.name() +
                                                      ", which is not locked"));
       return;
     }
@@ -264,7 +265,7 @@ class SemaphoreMutexCore {
     std::shared_ptr<HoldCore> core;
     {
       std::lock_guard<std::mutex> g(mu_);
-      if (locked_) core = hold_.core();
+      if (locked_) core = CoreOf(hold_);
     }
     return core ? core->lost_token() : std::stop_token();
   }

@@ -86,7 +86,12 @@ TEST(Url, ParsesDurations) {
   EXPECT_EQ(internal::ParseDuration("500ms").value(), std::chrono::milliseconds(500));
   EXPECT_EQ(internal::ParseDuration("10s").value(), std::chrono::seconds(10));
   EXPECT_EQ(internal::ParseDuration("2m").value(), std::chrono::minutes(2));
-  EXPECT_EQ(internal::ParseDuration("250").value(), std::chrono::milliseconds(250));
+  // A bare number has no unit: refused, with the forms that work.
+  auto bare = internal::ParseDuration("250");
+  ASSERT_FALSE(bare.ok());
+  EXPECT_EQ(bare.status().code(), ErrorCode::kInvalidArgument);
+  EXPECT_NE(bare.status().message().find("250s"), std::string::npos) << bare.status().message();
+  EXPECT_NE(bare.status().message().find("250ms"), std::string::npos) << bare.status().message();
   EXPECT_FALSE(internal::ParseDuration("ten").ok());
   EXPECT_FALSE(internal::ParseDuration("5 parsecs").ok());
   EXPECT_FALSE(internal::ParseDuration("99999999999999999999s").ok());

@@ -2,6 +2,7 @@
 // stuck lock. A thin layer over the public library: everything it knows
 // about stores and recipes comes from <dlock/dlock.hpp>.
 #include <poll.h>
+#include <sys/ioctl.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/eventfd.h>
@@ -11,6 +12,8 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
+#include <array>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -38,14 +41,68 @@ enum Exit : int {
   kCannotStart = 6,
 };
 
-constexpr const char* kExitHelp =
-    "Exit status: the command's own status (128+N if it was killed by signal N), or\n"
-    "  2  usage error\n"
-    "  3  timed out waiting for the lock\n"
-    "  4  the lock was lost while the command ran (it was sent SIGTERM, then SIGKILL)\n"
-    "  5  the store is unreachable or refused the request\n"
-    "  6  the command could not be started\n"
-    "  128+N  dlock was stopped by signal N while still waiting (nothing is left in the store)";
+// The one source of the texts that --help, the man page (dlock --man, run
+// at build time into dlock.1) and the bash completion (dlock
+// --bash-completion) show, besides the options that CLI11 knows.
+struct Doc {
+  const char* term;
+  const char* text;
+};
+
+constexpr Doc kExitStatuses[] = {
+    {"0", "run: the command exited 0; status: shown; break: removed"},
+    {"1", "break: nothing to remove (or the command's own status 1)"},
+    {"2", "usage error: a bad option, name, duration or URL; break: several holders, name the ENTRY"},
+    {"3", "run: timed out waiting for the lock (--timeout)"},
+    {"4", "run: the lock was lost while the command ran (it was sent SIGTERM, then SIGKILL after --kill-after)"},
+    {"5", "the store is unreachable (it never answered before the deadline) or refused the request"},
+    {"6", "run: the command could not be started"},
+    {"128+N", "run: the command was killed by signal N; or dlock got signal N while still waiting (nothing is "
+              "left in the store)"},
+};
+constexpr const char* kExitIntro = "run exits with the command's own status; otherwise:";
+
+constexpr Doc kEnvironment[] = {
+    {"DLOCK_URL", "the store, when --url is not given; else file://, the directory /tmp/dlock-UID"},
+    {"DLOCK_ZK_LOG", "1: print the ZooKeeper C client's log on stderr (zk:// stores)"},
+    {"COLUMNS", "the width that status fits its table into (default: the terminal's; no limit when not a "
+                "terminal)"},
+};
+constexpr Doc kRunEnvironment[] = {
+    {"DLOCK_NAME", "the lock name"},
+    {"DLOCK_URL", "the store URL, password removed"},
+    {"DLOCK_FENCING_TOKEN", "the hold's fencing token: pass it to resources that refuse stale holders"},
+};
+constexpr Doc kStatusColumns[] = {
+    {"ROLE", "holder (has the lock, a shared hold or a permit) or waiter; holders first, each in queue order"},
+    {"KIND", "lock (a mutex: dlock run, dlock::Mutex), read or write (the sides of a read-write lock: dlock run "
+             "--shared takes read), lease (a semaphore permit: dlock run --permits), foreign (another client's "
+             "entry of an unknown kind)"},
+    {"TOKEN", "the entry's fencing token (- if the store does not list it)"},
+    {"ENTRY", "the entry's id in the store; a long id is shortened in the middle (...) to fit the terminal: "
+              "--wide or --json print it whole, and break takes it either way"},
+    {"QUEUE", "main: the queue of NAME itself (mutexes, read-write locks); leases: a semaphore's permits held "
+              "(NAME/leases); locks: a semaphore's waiting acquirers (NAME/locks)"},
+    {"HOST", "the host of the process that made the entry (- for another client's entry)"},
+    {"PID", "that process's id"},
+    {"SINCE", "how long ago the entry was made, by the wall clock of that host"},
+};
+constexpr const char* kDurationForms = "a number and a unit: 250ms, 10s, 2m, 1h (also us)";
+
+std::string Indented(const Doc* begin, const Doc* end, std::size_t width) {
+  std::string out;
+  for (const Doc* d = begin; d != end; ++d) {
+    std::string term = d->term;
+    out += "  " + term + std::string(term.size() < width ? width - term.size() : 1, ' ') + d->text + "\n";
+  }
+  return out;
+}
+template <std::size_t N>
+std::string Indented(const Doc (&docs)[N], std::size_t width) {
+  return Indented(docs, docs + N, width);
+}
+
+std::string ExitHelp() { return std::string("Exit status: ") + kExitIntro + "\n" + Indented(kExitStatuses, 8); }
 
 [[noreturn]] void Die(int code, const std::string& message) {
   std::fprintf(stderr, "dlock: %s\n", message.c_str());
@@ -74,6 +131,16 @@ std::chrono::milliseconds DurationOrDie(const std::string& text, const char* wha
   auto d = dlock::ParseDuration(text);
   if (!d.ok()) Die(kUsage, std::string(what) + ": " + d.status().message());
   return *d;
+}
+
+// A duration as a person writes it, in its largest exact unit: "10s", "2m",
+// "1500ms".
+std::string FormatDuration(std::chrono::milliseconds d) {
+  const auto ms = d.count();
+  if (ms != 0 && ms % 3'600'000 == 0) return std::to_string(ms / 3'600'000) + "h";
+  if (ms != 0 && ms % 60'000 == 0) return std::to_string(ms / 60'000) + "m";
+  if (ms != 0 && ms % 1000 == 0) return std::to_string(ms / 1000) + "s";
+  return std::to_string(ms) + "ms";
 }
 
 std::string HumanDuration(std::int64_t ms) {
@@ -158,7 +225,10 @@ int Run(const RunOptions& o) {
   if (o.command.empty()) Die(kUsage, "run: no command given (dlock run NAME -- COMMAND [ARG...])");
   if (o.shared && o.permits) Die(kUsage, "run: --shared and --permits cannot be combined");
   if (auto s = dlock::ValidateLockName(o.name); !s.ok()) Die(kUsage, s.message());
-  const auto timeout = o.timeout.empty() ? dlock::kForever : dlock::ToTimeout(DurationOrDie(o.timeout, "--timeout"));
+  const bool has_timeout = !o.timeout.empty();
+  const std::chrono::milliseconds timeout_ms =
+      has_timeout ? DurationOrDie(o.timeout, "--timeout") : std::chrono::milliseconds(0);
+  const auto timeout = has_timeout ? dlock::ToTimeout(timeout_ms) : dlock::kForever;
   const auto kill_after = DurationOrDie(o.kill_after, "--kill-after");
 
   // Signals are read from a signalfd; block them before any thread starts so
@@ -198,24 +268,27 @@ int Run(const RunOptions& o) {
   });
   StatusLine line(::isatty(STDERR_FILENO));
   int cancelled_by = 0;
+  // Reads every queued signal: a stop signal cancels the wait, and is never
+  // missed because the lock came at the same moment.
+  auto read_stop_signals = [&] {
+    signalfd_siginfo info{};
+    while (::read(signals, &info, sizeof info) == sizeof info) {
+      if (info.ssi_signo != SIGCHLD && !cancelled_by) {
+        cancelled_by = static_cast<int>(info.ssi_signo);
+        cancel.request_stop();
+      }
+    }
+  };
   while (true) {
     pollfd fds[2] = {{signals, POLLIN, 0}, {acquired_fd, POLLIN, 0}};
     if (::poll(fds, 2, line.refresh_ms()) < 0 && errno != EINTR) break;
+    if (fds[0].revents) read_stop_signals();  // signals first: they win over a grant
     if (fds[1].revents) break;
-    if (fds[0].revents) {
-      signalfd_siginfo info{};
-      while (::read(signals, &info, sizeof info) == sizeof info) {
-        if (info.ssi_signo != SIGCHLD && !cancelled_by) {
-          cancelled_by = static_cast<int>(info.ssi_signo);
-          cancel.request_stop();
-        }
-      }
-      continue;
-    }
-    line.show(WaitingText(client, o));
+    if (!fds[0].revents) line.show(WaitingText(client, o));
   }
   acquirer.join();
   line.clear();
+  read_stop_signals();  // any that came while the acquirer finished
   if (failure) Die(ExitFor(*failure), failure->ToString());
   if (hold && cancelled_by) hold->release();  // told to stop: never start the command
   if (!hold || cancelled_by) {
@@ -223,7 +296,15 @@ int Run(const RunOptions& o) {
       std::fprintf(stderr, "dlock: stopped by signal %d while waiting for %s\n", cancelled_by, o.name.c_str());
       return 128 + cancelled_by;
     }
-    Die(kTimedOut, "timed out after " + o.timeout + " waiting for " + o.name);
+    const std::string after = has_timeout ? " after " + FormatDuration(timeout_ms) : "";
+    // A store that never answered is not a lock held by someone else: no
+    // session could be opened before the deadline (on every store: Redis
+    // fails this way at connect already).
+    if (client.session_state() == dlock::SessionState::kClosed) {
+      const std::string within = has_timeout ? " within " + FormatDuration(timeout_ms) : "";
+      Die(kStoreFailed, "store unreachable: " + client.url() + " did not answer" + within + " (nothing was acquired)");
+    }
+    Die(kTimedOut, "timed out" + after + " waiting for " + o.name);
   }
 
   // 2. Run the command; forward signals; stop it if the lock is lost.
@@ -258,6 +339,20 @@ int Run(const RunOptions& o) {
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
+
+  // The last moment to decide not to start: told to stop, or the lock is no
+  // longer certainly ours (the process may have been paused since the grant
+  // while another holder got it: starting now would run two commands).
+  read_stop_signals();
+  if (cancelled_by) {
+    hold->release();
+    std::fprintf(stderr, "dlock: stopped by signal %d before starting the command\n", cancelled_by);
+    return 128 + cancelled_by;
+  }
+  if (hold->state() != dlock::HoldState::kHeld) {
+    hold->release();
+    Die(kLockLost, "the lock " + o.name + " was lost before the command could start (its store session ended)");
+  }
 
   posix_spawnattr_t attr;
   posix_spawnattr_init(&attr);
@@ -339,7 +434,32 @@ nlohmann::json EntryJson(const dlock::EntryInfo& e) {
   return j;
 }
 
-int Status(const std::string& url, const std::string& name, bool json) {
+// The width to fit the table into: $COLUMNS, else the terminal's, else 0
+// (no limit: a pipe or a file gets whole ids).
+std::size_t OutputWidth() {
+  if (const char* env = std::getenv("COLUMNS"); env && *env) {
+    char* end = nullptr;
+    long v = std::strtol(env, &end, 10);
+    if (*end == '\0' && v > 0) return static_cast<std::size_t>(v);
+  }
+  winsize ws{};
+  if (::isatty(STDOUT_FILENO) && ::ioctl(STDOUT_FILENO, TIOCGWINSZ, &ws) == 0 && ws.ws_col > 0) return ws.ws_col;
+  return 0;
+}
+
+// "head...tail" in at most `width` characters.
+std::string ShortenMiddle(const std::string& s, std::size_t width) {
+  if (s.size() <= width || width < 5) return s;
+  const std::size_t keep = width - 3;
+  return s.substr(0, (keep + 1) / 2) + "..." + s.substr(s.size() - keep / 2);
+}
+
+// The QUEUE column: which of the name's queues the entry is in.
+std::string QueueLabel(const std::string& queue, const std::string& name) {
+  return queue == name ? "main" : queue.substr(name.size() + 1);
+}
+
+int Status(const std::string& url, const std::string& name, bool json, bool wide) {
   if (auto s = dlock::ValidateLockName(name); !s.ok()) Die(kUsage, s.message());
   auto client = ConnectOrDie(url);
   auto entries = dlock::Inspect(client, name);
@@ -355,21 +475,46 @@ int Status(const std::string& url, const std::string& name, bool json) {
     std::printf("%s: free (no holders, no waiters) on %s\n", name.c_str(), client.url().c_str());
     return 0;
   }
-  std::printf("%-7s %-6s %-10s %-44s %-8s %-20s %-8s %s\n", "ROLE", "KIND", "TOKEN", "ENTRY", "QUEUE", "HOST", "PID",
-              "SINCE");
+  enum { kRole, kKind, kToken, kEntry, kQueue, kHost, kPid, kSince, kColumns };
+  std::vector<std::array<std::string, kColumns>> rows;
+  std::array<std::string, kColumns> header;
+  for (std::size_t c = 0; c < kColumns; ++c) header[c] = kStatusColumns[c].term;
+  rows.push_back(header);
   for (bool holders : {true, false}) {
     for (const auto& e : *entries) {
       if (e.holds != holders) continue;
-      std::string queue = e.queue == name ? "." : e.queue.substr(name.size() + 1);
-      std::string token = e.entry.token ? std::to_string(*e.entry.token) : "-";
-      std::string host = e.entry.owner ? e.entry.owner->host : "-";
-      std::string pid = e.entry.owner ? std::to_string(e.entry.owner->pid) : "-";
-      std::string since = e.entry.owner && e.entry.owner->acquired_unix_ms > 0
-                              ? HumanDuration(NowUnixMs() - e.entry.owner->acquired_unix_ms) + " ago"
-                              : "-";
-      std::printf("%-7s %-6s %-10s %-44s %-8s %-20s %-8s %s\n", e.holds ? "holder" : "waiter", e.entry.kind.c_str(),
-                  token.c_str(), e.entry.id.c_str(), queue.c_str(), host.c_str(), pid.c_str(), since.c_str());
+      const auto& owner = e.entry.owner;
+      rows.push_back({e.holds ? "holder" : "waiter", e.entry.kind,
+                      e.entry.token ? std::to_string(*e.entry.token) : "-", e.entry.id, QueueLabel(e.queue, name),
+                      owner ? owner->host : "-", owner ? std::to_string(owner->pid) : "-",
+                      owner && owner->acquired_unix_ms > 0
+                          ? HumanDuration(NowUnixMs() - owner->acquired_unix_ms) + " ago"
+                          : "-"});
     }
+  }
+  std::array<std::size_t, kColumns> widths{};
+  for (const auto& row : rows) {
+    for (std::size_t c = 0; c < kColumns; ++c) widths[c] = std::max(widths[c], row[c].size());
+  }
+  // Fit the terminal: the entry ids give way first (down to 20 characters),
+  // then host names (down to 8); --wide keeps everything whole.
+  const std::size_t limit = wide ? 0 : OutputWidth();
+  std::size_t total = kColumns - 1;
+  for (auto w : widths) total += w;
+  for (auto [column, floor] : {std::pair<int, std::size_t>{kEntry, 20}, {kHost, 8}}) {
+    if (limit == 0 || total <= limit || widths[column] <= floor) continue;
+    const std::size_t cut = std::min(total - limit, widths[column] - floor);
+    widths[column] -= cut;
+    total -= cut;
+  }
+  for (auto& row : rows) {
+    std::string line;
+    for (std::size_t c = 0; c < kColumns; ++c) {
+      std::string cell = ShortenMiddle(row[c], widths[c]);
+      if (c + 1 < kColumns) cell.resize(std::max(cell.size(), widths[c]), ' ');
+      line += (c ? " " : "") + cell;
+    }
+    std::printf("%s\n", line.c_str());
   }
   return 0;
 }
@@ -381,12 +526,35 @@ int Break(const std::string& url, const std::string& name, const std::string& en
   auto client = ConnectOrDie(url);
   auto entries = dlock::Inspect(client, name);
   if (!entries.ok()) Die(ExitFor(entries.status()), entries.status().ToString());
+  // ENTRY as status shows it: the whole id, the id shortened in the middle
+  // ("head...tail"), or a prefix of it; it must name one entry.
   std::vector<const dlock::EntryInfo*> targets;
+  const auto dots = entry_id.find("...");
   for (const auto& e : *entries) {
-    if (entry_id.empty() ? e.holds : e.entry.id == entry_id) targets.push_back(&e);
+    const std::string& id = e.entry.id;
+    if (!entry_id.empty() && id == entry_id) {
+      targets.assign(1, &e);
+      break;
+    }
+    bool match = false;
+    if (entry_id.empty()) {
+      match = e.holds;
+    } else if (dots != std::string::npos) {
+      const std::string head = entry_id.substr(0, dots), tail = entry_id.substr(dots + 3);
+      match = id.size() >= head.size() + tail.size() && id.starts_with(head) && id.ends_with(tail);
+    } else {
+      match = id.starts_with(entry_id);
+    }
+    if (match) targets.push_back(&e);
   }
   if (targets.empty()) {
     Die(1, entry_id.empty() ? name + " has no holder" : "no entry " + entry_id + " in " + name);
+  }
+  if (targets.size() > 1 && !entry_id.empty()) {
+    std::string ids;
+    for (auto* t : targets) ids += "\n  " + t->entry.id;
+    Die(kUsage, "ENTRY " + entry_id + " matches " + std::to_string(targets.size()) + " entries of " + name +
+                    "; give more of it:" + ids);
   }
   if (targets.size() > 1) {
     std::string ids;
@@ -400,49 +568,231 @@ int Break(const std::string& url, const std::string& name, const std::string& en
   return 0;
 }
 
+// ------------------------------------------------ man page and completion
+
+// roff text: backslashes, and a leading . or ' that would start a request.
+std::string Roff(const std::string& text) {
+  std::string out;
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (c == '\\') {
+      out += "\\e";
+    } else if (c == '-') {
+      out += "\\-";
+    } else {
+      if ((c == '.' || c == '\'') && (i == 0 || text[i - 1] == '\n')) out += "\\&";
+      out += c;
+    }
+  }
+  return out;
+}
+
+std::string OptionSynopsis(const CLI::Option* o) {
+  std::string names;
+  for (const auto& n : o->get_snames()) names += (names.empty() ? "-" : ", -") + n;
+  for (const auto& n : o->get_lnames()) names += (names.empty() ? "--" : ", --") + n;
+  if (o->get_positional()) names = o->get_name(true);
+  return names;
+}
+
+// " DURATION" for --timeout: the value's name, as --help shows it.
+std::string OptionValue(const CLI::Option* o) {
+  if (o->get_positional() || o->get_expected_max() == 0) return "";
+  std::string type = o->get_type_name();
+  return " " + type.substr(0, type.find(':'));
+}
+
+// Options in --help order, the help flag last.
+std::vector<const CLI::Option*> VisibleOptions(const CLI::App* app, bool positional) {
+  std::vector<const CLI::Option*> out;
+  for (const CLI::Option* o : app->get_options()) {
+    if (o->get_group().empty() || o->get_positional() != positional) continue;
+    out.push_back(o);
+  }
+  return out;
+}
+
+void PrintDocsRoff(const Doc* begin, const Doc* end) {
+  for (const Doc* d = begin; d != end; ++d) {
+    std::printf(".TP\n.B %s\n%s\n", Roff(d->term).c_str(), Roff(d->text).c_str());
+  }
+}
+template <std::size_t N>
+void PrintDocsRoff(const Doc (&docs)[N]) {
+  PrintDocsRoff(docs, docs + N);
+}
+
+// dlock(1), from the same definitions as --help.
+void PrintManPage(const CLI::App& app, const std::vector<CLI::App*>& commands, const char* app_text) {
+  std::printf(".\\\" Generated by `dlock --man` at build time: edit tools/cli/dlock.cpp, not this file.\n");
+  std::printf(".TH DLOCK 1 \"\" \"dlock %s\" \"User Commands\"\n", DLOCK_VERSION_STRING);
+  std::printf(".SH NAME\ndlock \\- run commands under a distributed lock, show and break locks\n");
+  std::printf(".SH SYNOPSIS\n");
+  for (const CLI::App* c : commands) {
+    std::printf(".B dlock %s\n", c->get_name().c_str());
+    for (const CLI::Option* o : VisibleOptions(c, false)) {
+      if (o->get_lnames() == std::vector<std::string>{"help"}) continue;
+      std::printf("[\\fB%s\\fR%s]\n", Roff(OptionSynopsis(o)).c_str(), Roff(OptionValue(o)).c_str());
+    }
+    for (const CLI::Option* o : VisibleOptions(c, true)) {
+      const std::string n = o->get_name(true);
+      const std::string shown = n == "COMMAND" ? "\\-\\- COMMAND [ARG...]" : Roff(n);
+      std::printf(o->get_required() ? "\\fI%s\\fR\n" : "[\\fI%s\\fR]\n", shown.c_str());
+    }
+    std::printf(".br\n");
+  }
+  std::printf(".B dlock\n\\fB\\-\\-version\\fR | \\fB\\-\\-help\\fR\n");
+  std::printf(".SH DESCRIPTION\n%s\n", Roff(app_text).c_str());
+  std::printf(".PP\nDurations are %s.\n", Roff(kDurationForms).c_str());
+  std::printf(".SH COMMANDS\n");
+  for (const CLI::App* c : commands) {
+    std::printf(".SS \"dlock %s\"\n%s\n", c->get_name().c_str(), Roff(c->get_description()).c_str());
+    for (const CLI::Option* o : VisibleOptions(c, true)) {
+      std::printf(".TP\n.I %s\n%s\n", Roff(o->get_name(true)).c_str(), Roff(o->get_description()).c_str());
+    }
+    for (const CLI::Option* o : VisibleOptions(c, false)) {
+      std::string text = o->get_description();
+      if (!o->get_default_str().empty()) text += " (default: " + o->get_default_str() + ")";
+      std::printf(".TP\n.BR \"%s\"%s\n%s\n", Roff(OptionSynopsis(o)).c_str(),
+                  OptionValue(o).empty() ? "" : (" \" " + Roff(OptionValue(o).substr(1)) + "\"").c_str(),
+                  Roff(text).c_str());
+    }
+    if (c->get_name() == "run") {
+      std::printf(".PP\nThe command gets in its environment:\n");
+      PrintDocsRoff(kRunEnvironment);
+      std::printf(".PP\nINT, TERM and HUP go to the command; while dlock still waits they cancel the wait, "
+                  "leaving nothing in the store.\n");
+    }
+    if (c->get_name() == "status") {
+      std::printf(".PP\nThe columns of the table:\n");
+      PrintDocsRoff(kStatusColumns);
+    }
+  }
+  std::printf(".SH OPTIONS\n");
+  for (const CLI::Option* o : VisibleOptions(&app, false)) {
+    std::printf(".TP\n.B %s\n%s\n", Roff(OptionSynopsis(o)).c_str(), Roff(o->get_description()).c_str());
+  }
+  std::printf(".SH ENVIRONMENT\n");
+  PrintDocsRoff(kEnvironment);
+  std::printf(".SH EXIT STATUS\n%s\n", Roff(kExitIntro).c_str());
+  PrintDocsRoff(kExitStatuses);
+  std::printf(".SH EXAMPLES\n.nf\n%s\n.fi\n",
+              Roff("dlock run cron/backup -- /usr/local/bin/backup\n"
+                   "DLOCK_URL=zk://zk1:2181,zk2:2181/locks dlock run --timeout 10m deploy/prod -- ./deploy.sh\n"
+                   "dlock run --permits 3 --url redis://cache:6379 slots/migrate -- ./migrate-one.sh\n"
+                   "dlock status --json deploy/prod | jq '.holders[0].pid'")
+                  .c_str());
+  std::printf(".SH FILES\n.TP\n.I /tmp/dlock\\-UID\nthe default store (file://): one directory per user, mode "
+              "0700\n");
+  std::printf(".SH SEE ALSO\nflock(1), timeout(1); /usr/share/doc/dlock/README.md\n");
+}
+
+// A bash completion for the subcommands and options --help lists.
+void PrintBashCompletion(const CLI::App& app, const std::vector<CLI::App*>& commands) {
+  std::string top, cases, takes_value, schemes;
+  for (const CLI::Option* o : VisibleOptions(&app, false)) {
+    for (const auto& n : o->get_lnames()) top += " --" + n;
+  }
+  for (const auto& scheme : dlock::SupportedSchemes()) schemes += (schemes.empty() ? "" : " ") + scheme + "://";
+  for (const CLI::App* c : commands) {
+    top += " " + c->get_name();
+    std::string words;
+    for (const CLI::Option* o : VisibleOptions(c, false)) {
+      for (const auto& n : o->get_lnames()) {
+        words += " --" + n;
+        const std::string alt = "--" + n;
+        const bool listed = ("|" + takes_value + "|").find("|" + alt + "|") != std::string::npos;
+        if (o->get_expected_max() != 0 && n != "url" && !listed) {
+          takes_value += (takes_value.empty() ? "" : "|") + alt;
+        }
+      }
+      for (const auto& n : o->get_snames()) words += " -" + n;
+    }
+    cases += "    " + c->get_name() + ") COMPREPLY=($(compgen -W \"" + words.substr(1) + "\" -- \"$cur\")) ;;\n";
+  }
+  std::string names;
+  for (const CLI::App* c : commands) names += (names.empty() ? "" : "|") + c->get_name();
+  std::printf(
+      "# bash completion for dlock. Generated by `dlock --bash-completion` at build time:\n"
+      "# edit tools/cli/dlock.cpp, not this file.\n"
+      "_dlock() {\n"
+      "  local cur=${COMP_WORDS[COMP_CWORD]} prev=${COMP_WORDS[COMP_CWORD-1]} sub='' i\n"
+      "  COMPREPLY=()\n"
+      "  for ((i = 1; i < COMP_CWORD; i++)); do\n"
+      "    case ${COMP_WORDS[i]} in\n"
+      "      --) [[ $sub == run ]] && COMPREPLY=($(compgen -c -- \"$cur\")); return 0 ;;\n"
+      "      %s) [[ -z $sub ]] && sub=${COMP_WORDS[i]} ;;\n"
+      "    esac\n"
+      "  done\n"
+      "  case $prev in\n"
+      "    --url) COMPREPLY=($(compgen -W \"%s\" -- \"$cur\")); return 0 ;;\n"
+      "    %s) return 0 ;;\n"
+      "  esac\n"
+      "  case $sub in\n"
+      "    '') COMPREPLY=($(compgen -W \"%s\" -- \"$cur\")) ;;\n"
+      "%s"
+      "  esac\n"
+      "  return 0\n"
+      "}\n"
+      "complete -F _dlock dlock\n",
+      names.c_str(), schemes.c_str(), takes_value.c_str(), top.substr(1).c_str(), cases.c_str());
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  const char* app_text =
+      "dlock runs a command while it holds a distributed lock (run), shows who holds and who waits for a "
+      "lock (status), and removes a wedged holder's entry (break). The store is --url, else $DLOCK_URL, "
+      "else the embedded file:// store: a directory per user on this host.";
   CLI::App app{"dlock: distributed locks from the shell.\n"
                "The store is --url, else $DLOCK_URL, else the embedded file:// store.\n"
-               "Durations are written like 500ms, 10s, 2m."};
-  app.footer(kExitHelp);
-  app.require_subcommand(1);
+               "Durations are " + std::string(kDurationForms) + "."};
+  const std::string exit_help = ExitHelp();
+  app.footer("Environment:\n" + Indented(kEnvironment, 14) + "\n" + exit_help);
+  app.require_subcommand(0, 1);
+  bool version = false, man = false, completion = false;
+  app.add_flag("--version", version, "print the version and the stores compiled in, and exit");
+  // Build-time generators (hidden: no group).
+  app.add_flag("--man", man, "print the man page dlock(1) in roff")->group("");
+  app.add_flag("--bash-completion", completion, "print the bash completion script")->group("");
   std::string url = DefaultUrl();
 
   RunOptions run;
   auto* run_cmd = app.add_subcommand("run", "Wait for the lock NAME, run COMMAND while holding it, release it.");
-  run_cmd->add_option("--url", url, "store URL");
-  run_cmd->add_option("--timeout", run.timeout, "give up waiting after this long (exit 3)");
+  run_cmd->add_option("--url", url, "store URL (default: $DLOCK_URL, else file://)")->type_name("URL");
+  run_cmd->add_option("--timeout", run.timeout, "give up waiting after this long (exit 3); 0s: one try")
+      ->type_name("DURATION");
   run_cmd->add_option("--permits", run.permits, "take one of N permits of a semaphore instead of the mutex")
-      ->check(CLI::Range(1u, 1'000'000u));
+      ->check(CLI::Range(1u, 1'000'000u))
+      ->type_name("N");
   run_cmd->add_flag("--shared", run.shared, "take a shared hold: shared holders run together, excluding plain runs");
   run_cmd->add_option("--kill-after", run.kill_after, "if the lock is lost: SIGKILL this long after SIGTERM")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->type_name("DURATION");
   run_cmd->add_option("NAME", run.name, "lock name, e.g. cron/backup")->required();
   run_cmd->add_option("COMMAND", run.command, "the command and its arguments, after --")->required();
-  run_cmd->footer(
-      "The command gets DLOCK_NAME, DLOCK_URL and DLOCK_FENCING_TOKEN in its environment.\n"
-      "INT, TERM and HUP go to the command; while still waiting they cancel the wait.\n\n" +
-      std::string(kExitHelp));
+  run_cmd->footer("The command gets in its environment:\n" + Indented(kRunEnvironment, 21) +
+                  "INT, TERM and HUP go to the command; while still waiting they cancel the wait.\n\n" + exit_help);
 
   std::string status_name;
-  bool json = false;
+  bool json = false, wide = false;
   auto* status_cmd = app.add_subcommand("status", "Show who holds and who waits for NAME, in queue order.");
-  status_cmd->add_option("--url", url, "store URL");
-  status_cmd->add_flag("--json", json, "one JSON object: {name, url, holders: [...], waiters: [...]}");
+  status_cmd->add_option("--url", url, "store URL (default: $DLOCK_URL, else file://)")->type_name("URL");
+  status_cmd->add_flag("--json", json, "one JSON object: {name, url, holders: [...], waiters: [...]}, ids whole");
+  status_cmd->add_flag("--wide", wide, "do not shorten entry ids or host names to fit the terminal");
   status_cmd->add_option("NAME", status_name, "lock name")->required();
-  status_cmd->footer("Exit status: 0 shown, 2 usage error, 5 the store is unreachable or refused the request.");
+  status_cmd->footer("Columns:\n" + Indented(kStatusColumns, 8) + "\n" + exit_help);
 
   std::string break_name, break_entry;
   auto* break_cmd =
       app.add_subcommand("break", "Remove the holder's entry of NAME (or the entry ENTRY): for a wedged holder.");
-  break_cmd->add_option("--url", url, "store URL");
+  break_cmd->add_option("--url", url, "store URL (default: $DLOCK_URL, else file://)")->type_name("URL");
   break_cmd->add_option("NAME", break_name, "lock name")->required();
-  break_cmd->add_option("ENTRY", break_entry, "the entry to remove, as `dlock status` shows it");
-  break_cmd->footer(
-      "Exit status: 0 removed, 1 nothing to remove, 2 usage error (or several holders: name ENTRY),\n"
-      "5 the store is unreachable or refused the request.");
+  break_cmd->add_option("ENTRY", break_entry,
+                        "the entry to remove, as status shows it (whole, shortened with ..., or a unique prefix)");
+  break_cmd->footer(exit_help);
+  const std::vector<CLI::App*> commands = {run_cmd, status_cmd, break_cmd};
 
   try {
     app.parse(argc, argv);
@@ -450,11 +800,24 @@ int main(int argc, char** argv) {
     int rc = app.exit(e);
     return rc == 0 ? 0 : kUsage;
   }
+  if (version) {
+    std::printf("%s\n", dlock::Version().c_str());
+    return 0;
+  }
+  if (man) {
+    PrintManPage(app, commands, app_text);
+    return 0;
+  }
+  if (completion) {
+    PrintBashCompletion(app, commands);
+    return 0;
+  }
   if (*run_cmd) {
     run.url = url;
     return Run(run);
   }
-  if (*status_cmd) return Status(url, status_name, json);
+  if (*status_cmd) return Status(url, status_name, json, wide);
   if (*break_cmd) return Break(url, break_name, break_entry);
+  std::fprintf(stderr, "%s\ndlock: a command is required (run, status or break)\n", app.help().c_str());
   return kUsage;
 }

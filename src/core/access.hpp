@@ -1,0 +1,32 @@
+// Internal: the library's one way into the private parts of the public
+// handles (Client, Hold). The public headers declare dlock::internal::Access
+// as a friend and nothing more; it is defined only here, inside the library,
+// so applications cannot reach a Client's or a Hold's internals.
+#ifndef DLOCK_SRC_CORE_ACCESS_HPP_
+#define DLOCK_SRC_CORE_ACCESS_HPP_
+
+#include <memory>
+#include <utility>
+
+#include "dlock/client.hpp"
+#include "dlock/hold.hpp"
+
+namespace dlock::internal {
+
+class ClientCore;
+class HoldCore;
+
+struct Access {
+  static const std::shared_ptr<ClientCore>& Core(const Client& client) noexcept { return client.core_; }
+  static const std::shared_ptr<HoldCore>& Core(const Hold& hold) noexcept { return hold.core_; }
+  static Hold Wrap(std::shared_ptr<HoldCore> core) noexcept { return Hold(std::move(core)); }
+};
+
+inline const std::shared_ptr<ClientCore>& CoreOf(const Client& client) noexcept { return Access::Core(client); }
+inline const std::shared_ptr<HoldCore>& CoreOf(const Hold& hold) noexcept { return Access::Core(hold); }
+// A Hold over a HoldCore the recipes made.
+inline Hold WrapHold(std::shared_ptr<HoldCore> core) noexcept { return Access::Wrap(std::move(core)); }
+
+}  // namespace dlock::internal
+
+#endif  // DLOCK_SRC_CORE_ACCESS_HPP_
