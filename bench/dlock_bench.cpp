@@ -312,8 +312,7 @@ json Requests(const ServerCounter& counter, const Counts& before, std::int64_t o
 // for mem://), starts them together once all are connected, and waits for
 // them. Returns the server's request counters read just before the start.
 template <class Fn>
-Counts RunWorkers(Shared* shm, bool in_process, int procs, const ServerCounter& counter,
-                                       Fn worker) {
+Counts RunWorkers(Shared* shm, bool in_process, int procs, const ServerCounter& counter, Fn worker) {
   Counts before;
   if (in_process) {
     std::jthread run([&] { worker(0); });
@@ -452,7 +451,9 @@ json Cycles(const Options& o) {
     ++n;
   }
   const double s = static_cast<double>(NowNs() - start) / 1e9;
-  return {{"cycles", n}, {"seconds", s}, {"cycles_per_sec", static_cast<double>(n) / s},
+  return {{"cycles", n},
+          {"seconds", s},
+          {"cycles_per_sec", static_cast<double>(n) / s},
           {"requests", Requests(counter, before, n)}};
 }
 
@@ -556,12 +557,13 @@ json Floor(const Options& o) {
     std::string ops;
     if (o.floor == "setnx") {
       // SET NX PX, then the compare-and-delete every such lock releases with.
-      const std::string sha = load(
-          "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0");
+      const std::string sha =
+          load("if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0");
       const std::string key = "bench:floor:" + o.name;
       cycle = [=] {
         const std::string token = hex();
-        return call({"SET", key, token, "NX", "PX", "30000"}, [](redisReply* r) { return r->type == REDIS_REPLY_STATUS; }) &&
+        return call({"SET", key, token, "NX", "PX", "30000"},
+                    [](redisReply* r) { return r->type == REDIS_REPLY_STATUS; }) &&
                call({"EVALSHA", sha, "1", key, token}, [](redisReply* r) { return r->integer == 1; });
       };
       ops = "SET NX PX + EVALSHA compare-and-delete (hiredis)";
@@ -592,8 +594,11 @@ json Floor(const Options& o) {
     }
     const double s = static_cast<double>(NowNs() - start) / 1e9;
     redisFree(c);
-    return {{"cycles", n}, {"seconds", s}, {"cycles_per_sec", static_cast<double>(n) / s},
-            {"ops", ops}, {"requests", Requests(counter, before, n)}};
+    return {{"cycles", n},
+            {"seconds", s},
+            {"cycles_per_sec", static_cast<double>(n) / s},
+            {"ops", ops},
+            {"requests", Requests(counter, before, n)}};
   }
 #endif
 #ifdef DLOCK_BENCH_ZOOKEEPER
@@ -632,7 +637,9 @@ json Floor(const Options& o) {
     }
     const double secs = static_cast<double>(NowNs() - start) / 1e9;
     zookeeper_close(zh);
-    return {{"cycles", n}, {"seconds", secs}, {"cycles_per_sec", static_cast<double>(n) / secs},
+    return {{"cycles", n},
+            {"seconds", secs},
+            {"cycles_per_sec", static_cast<double>(n) / secs},
             {"ops", "create ephemeral sequential + get_children + delete (libzookeeper_mt, sync)"},
             {"requests", Requests(counter, before, n)}};
   }
@@ -835,7 +842,11 @@ int main(int argc, char** argv) {
   app.add_option("--locks", o.locks, "locks waited on at once (footprint)");
   CLI11_PARSE(app, argc, argv);
 
-  json out{{"store", Scheme(o.url)}, {"scenario", o.scenario}, {"impl", o.scenario != "floor" ? "dlock" : o.floor == "scripts" ? "floor" : "floor-" + o.floor}};
+  json out{{"store", Scheme(o.url)},
+           {"scenario", o.scenario},
+           {"impl", o.scenario != "floor"  ? "dlock"
+                    : o.floor == "scripts" ? "floor"
+                                           : "floor-" + o.floor}};
   try {
     json r;
     if (o.scenario == "cycles") r = Cycles(o);

@@ -8,7 +8,9 @@
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   auto d = dlock::ParseDuration(std::string_view(reinterpret_cast<const char*>(data), size));
-  if (d.ok()) DLOCK_FUZZ_CHECK(d->count() >= 0);
-  else DLOCK_FUZZ_CHECK(d.status().code() == dlock::ErrorCode::kInvalidArgument);
+  if (d.ok())
+    DLOCK_FUZZ_CHECK(d->count() >= 0);
+  else
+    DLOCK_FUZZ_CHECK(d.status().code() == dlock::ErrorCode::kInvalidArgument);
   return 0;
 }

@@ -6,12 +6,12 @@
 #include <cstdio>
 #include <cstdlib>
 
-#define DLOCK_FUZZ_CHECK(cond)                                                         \
-  do {                                                                                 \
-    if (!(cond)) {                                                                     \
+#define DLOCK_FUZZ_CHECK(cond)                                                          \
+  do {                                                                                  \
+    if (!(cond)) {                                                                      \
       std::fprintf(stderr, "%s:%d: invariant failed: %s\n", __FILE__, __LINE__, #cond); \
-      std::abort();                                                                    \
-    }                                                                                  \
+      std::abort();                                                                     \
+    }                                                                                   \
   } while (0)
 
 #endif  // DLOCK_FUZZ_FUZZ_CHECK_HPP_

@@ -33,7 +33,7 @@ void Check(const redis::Reply& reply, std::size_t from, bool owners) {
   DLOCK_FUZZ_CHECK(reply.is_array() && entries->size() * width == reply.size() - from);
   for (std::size_t i = 0; i < entries->size(); ++i) {
     const dlock::Entry& e = (*entries)[i];
-    DLOCK_FUZZ_CHECK(!e.id.empty());  // remove() and wait take it
+    DLOCK_FUZZ_CHECK(!e.id.empty());        // remove() and wait take it
     DLOCK_FUZZ_CHECK(e.token.has_value());  // find_own's entry must have one
     DLOCK_FUZZ_CHECK(redis::KnownKind(e.kind) == e.kind);
     DLOCK_FUZZ_CHECK(owners || !e.owner.has_value());

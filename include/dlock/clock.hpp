@@ -34,9 +34,8 @@ class DLOCK_EXPORT Clock {
   // Blocks on `cv` (whose mutex `lock` holds) until `ready()` is true, `stop`
   // is requested, or `deadline` passes on this clock. Returns `ready()`.
   // Whoever changes what `ready()` reads must notify `cv` under the mutex.
-  virtual bool wait_until(std::condition_variable_any& cv, std::unique_lock<std::mutex>& lock,
-                          std::stop_token stop, time_point deadline,
-                          const std::function<bool()>& ready) const = 0;
+  virtual bool wait_until(std::condition_variable_any& cv, std::unique_lock<std::mutex>& lock, std::stop_token stop,
+                          time_point deadline, const std::function<bool()>& ready) const = 0;
 
   // Registers `fn` to run after the clock jumps forward by hand; returns a
   // handle that unregisters it when destroyed. Clocks driven by real time never
@@ -65,9 +64,8 @@ class DLOCK_EXPORT ManualClock final : public Clock {
   explicit ManualClock(time_point start = time_point(std::chrono::hours(1)));
 
   time_point now() const noexcept override;
-  bool wait_until(std::condition_variable_any& cv, std::unique_lock<std::mutex>& lock,
-                  std::stop_token stop, time_point deadline,
-                  const std::function<bool()>& ready) const override;
+  bool wait_until(std::condition_variable_any& cv, std::unique_lock<std::mutex>& lock, std::stop_token stop,
+                  time_point deadline, const std::function<bool()>& ready) const override;
   std::shared_ptr<void> on_advance(std::function<void()> fn) override;
 
   void advance(duration by);

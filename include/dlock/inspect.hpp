@@ -22,9 +22,9 @@
 namespace dlock {
 
 struct EntryInfo {
-  std::string queue;  // the store queue: the name, or "<name>/leases", "<name>/locks" for a Semaphore
-  Entry entry;        // with its owner record where the store has one
-  bool holds = false;  // by the same rules the recipes grant with
+  std::string queue;         // the store queue: the name, or "<name>/leases", "<name>/locks" for a Semaphore
+  Entry entry;               // with its owner record where the store has one
+  bool holds = false;        // by the same rules the recipes grant with
   std::size_t position = 0;  // 0-based place in its queue
 };
 

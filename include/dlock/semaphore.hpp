@@ -51,8 +51,7 @@ class DLOCK_EXPORT Semaphore {
 
   // Takes `count` permits (1 <= count <= permits()) before `timeout`, or none.
   // Returns nullopt on timeout or when `stop` is requested.
-  std::optional<Lease> acquire(std::uint32_t count = 1, Clock::duration timeout = kForever,
-                               std::stop_token stop = {});
+  std::optional<Lease> acquire(std::uint32_t count = 1, Clock::duration timeout = kForever, std::stop_token stop = {});
   template <class Rep, class Period>
   std::optional<Lease> acquire(std::uint32_t count, const std::chrono::duration<Rep, Period>& timeout,
                                std::stop_token stop = {}) {
@@ -65,8 +64,7 @@ class DLOCK_EXPORT Semaphore {
   const std::string& name() const noexcept { return name_; }
 
  private:
-  std::optional<Lease> acquire_impl(std::uint32_t count, Clock::duration timeout, std::stop_token stop,
-                                    bool try_only);
+  std::optional<Lease> acquire_impl(std::uint32_t count, Clock::duration timeout, std::stop_token stop, bool try_only);
 
   Client client_;
   std::string name_;

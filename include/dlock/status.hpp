@@ -130,7 +130,7 @@ DLOCK_EXPORT void ThrowIfError(const Status& status);
 template <typename T>
 class [[nodiscard]] Result {
  public:
-  Result(T value) : rep_(std::move(value)) {}  // NOLINT: implicit by design
+  Result(T value) : rep_(std::move(value)) {}        // NOLINT: implicit by design
   Result(Status status) : rep_(std::move(status)) {  // NOLINT: implicit by design
     assert(!std::get<Status>(rep_).ok() && "Result needs a value or an error");
     if (std::get<Status>(rep_).ok()) rep_ = Status(ErrorCode::kInternal, "OK Status given to Result");
@@ -139,9 +139,18 @@ class [[nodiscard]] Result {
   bool ok() const noexcept { return std::holds_alternative<T>(rep_); }
   Status status() const { return ok() ? Status() : std::get<Status>(rep_); }
 
-  T& value() & { check(); return std::get<T>(rep_); }
-  const T& value() const& { check(); return std::get<T>(rep_); }
-  T&& value() && { check(); return std::get<T>(std::move(rep_)); }
+  T& value() & {
+    check();
+    return std::get<T>(rep_);
+  }
+  const T& value() const& {
+    check();
+    return std::get<T>(rep_);
+  }
+  T&& value() && {
+    check();
+    return std::get<T>(std::move(rep_));
+  }
 
   T& operator*() & { return value(); }
   const T& operator*() const& { return value(); }

@@ -72,8 +72,8 @@ inline constexpr std::string_view kLease = "lease";  // one semaphore permit
 struct OwnerRecord {
   std::string host;
   std::int64_t pid = 0;
-  std::string thread;  // the acquiring thread, or a label for thread-agnostic holds
-  std::string label;   // free text, e.g. the command `dlock run` started
+  std::string thread;                 // the acquiring thread, or a label for thread-agnostic holds
+  std::string label;                  // free text, e.g. the command `dlock run` started
   std::int64_t acquired_unix_ms = 0;  // wall clock at append time
 };
 
@@ -98,12 +98,12 @@ struct EntrySpec {
 
 // An entry as read back from a store.
 struct Entry {
-  std::string id;        // unique within its queue; what remove/wait take
-  std::string kind;      // an entry_kind, or "foreign" if unknown
-  std::int64_t sequence = 0;  // queue order, smaller first (ties: by id)
+  std::string id;                      // unique within its queue; what remove/wait take
+  std::string kind;                    // an entry_kind, or "foreign" if unknown
+  std::int64_t sequence = 0;           // queue order, smaller first (ties: by id)
   std::optional<std::uint64_t> token;  // fencing token, where the listing has it
-  std::string attempt_id;  // empty for entries of other clients
-  std::optional<OwnerRecord> owner;  // present if listed with owners
+  std::string attempt_id;              // empty for entries of other clients
+  std::optional<OwnerRecord> owner;    // present if listed with owners
 };
 
 // Queue order: by sequence, then by id.
@@ -152,8 +152,7 @@ class DLOCK_EXPORT Session {
   // the entry may exist; see find_own), kAborted (the store did not keep the
   // entry, e.g. too few replicas acknowledged it in time, and nothing is
   // left of it: retrying will not help soon), kSessionLost, kPermissionDenied.
-  virtual Result<Appended> append(std::string_view queue, const EntrySpec& spec,
-                                  Clock::time_point deadline) = 0;
+  virtual Result<Appended> append(std::string_view queue, const EntrySpec& spec, Clock::time_point deadline) = 0;
 
   // The queue's live entries, sorted. Entries of dead sessions are left out.
   // A queue that does not exist is empty.
@@ -164,21 +163,19 @@ class DLOCK_EXPORT Session {
   // gone counts). Keeps waiting through a suspension. Errors:
   // kDeadlineExceeded, kCancelled (`stop` requested), kSessionLost (this
   // session expired: its own entries are gone too), kUnavailable.
-  virtual Status wait_any_gone(std::string_view queue, std::span<const std::string> ids,
-                               Clock::time_point deadline, std::stop_token stop) = 0;
+  virtual Status wait_any_gone(std::string_view queue, std::span<const std::string> ids, Clock::time_point deadline,
+                               std::stop_token stop) = 0;
 
   // Removes one entry; OK if it was already gone. May remove another
   // session's entry (the operator's `dlock break`).
-  virtual Status remove(std::string_view queue, std::string_view id,
-                        Clock::time_point deadline) = 0;
+  virtual Status remove(std::string_view queue, std::string_view id, Clock::time_point deadline) = 0;
 
   // The entry this session appended with `attempt_id`, if it exists and is
   // still owned by this very session; nullopt otherwise. An entry it returns
   // is as durable as one a successful append returns (kAborted as for
   // append otherwise). Once it has returned nullopt, no append with
   // `attempt_id` still in flight can make the entry afterwards.
-  virtual Result<std::optional<Entry>> find_own(std::string_view queue,
-                                                std::string_view attempt_id,
+  virtual Result<std::optional<Entry>> find_own(std::string_view queue, std::string_view attempt_id,
                                                 Clock::time_point deadline) = 0;
 
   // Ends the session and its entries. Every subscriber hears kClosed, and has

@@ -133,8 +133,7 @@ void ClientCore::close_session() noexcept {
   if (session) session->close();
 }
 
-SessionState ClientCore::await_not_suspended(Session& session, Clock::time_point deadline,
-                                             std::stop_token stop) {
+SessionState ClientCore::await_not_suspended(Session& session, Clock::time_point deadline, std::stop_token stop) {
   // Shared with the subscription, which may still run after it is dropped.
   struct Waker {
     std::mutex mu;
@@ -148,8 +147,7 @@ SessionState ClientCore::await_not_suspended(Session& session, Clock::time_point
   auto sub = session.subscribe([wake](SessionState) { wake(); });
   auto advanced = clock_->on_advance(wake);
   std::unique_lock<std::mutex> lock(waker->mu);
-  clock_->wait_until(waker->cv, lock, stop, deadline,
-                     [&] { return session.state() != SessionState::kSuspended; });
+  clock_->wait_until(waker->cv, lock, stop, deadline, [&] { return session.state() != SessionState::kSuspended; });
   lock.unlock();
   sub.reset();
   return session.state();
@@ -290,9 +288,9 @@ OwnerRecord ClientCore::owner(std::string thread) const {
   o.pid = pid_;
   o.thread = std::move(thread);
   o.label = options_.label;
-  o.acquired_unix_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
-                           std::chrono::system_clock::now().time_since_epoch())
-                           .count();
+  o.acquired_unix_ms =
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+          .count();
   return o;
 }
 

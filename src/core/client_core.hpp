@@ -96,7 +96,7 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
   struct Pending {
     std::shared_ptr<Session> session;
     std::string queue;
-    std::string id;          // empty: find by attempt_id first
+    std::string id;  // empty: find by attempt_id first
     std::string attempt_id;
     int failures = 0;
   };
@@ -113,12 +113,12 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
 
   std::mutex open_mu_;  // held while opening a session; taken before mu_
   mutable std::mutex mu_;
-  std::shared_ptr<Session> session_;                       // guarded by mu_
+  std::shared_ptr<Session> session_;                         // guarded by mu_
   std::map<std::string, std::shared_ptr<LocalGate>> gates_;  // guarded by mu_
-  std::mt19937_64 rng_;                                    // guarded by mu_
-  std::deque<Pending> pending_;                            // guarded by mu_
+  std::mt19937_64 rng_;                                      // guarded by mu_
+  std::deque<Pending> pending_;                              // guarded by mu_
   std::condition_variable_any pending_cv_;
-  std::jthread retry_thread_;                              // started on first use
+  std::jthread retry_thread_;  // started on first use
   std::shared_ptr<void> clock_subscription_;
 };
 

@@ -40,13 +40,10 @@ ManualClock::ManualClock(time_point start) : listeners_(std::make_shared<Listene
   listeners_->now = start.time_since_epoch().count();
 }
 
-Clock::time_point ManualClock::now() const noexcept {
-  return time_point(duration(listeners_->now.load()));
-}
+Clock::time_point ManualClock::now() const noexcept { return time_point(duration(listeners_->now.load())); }
 
-bool ManualClock::wait_until(std::condition_variable_any& cv, std::unique_lock<std::mutex>& lock,
-                             std::stop_token stop, time_point deadline,
-                             const std::function<bool()>& ready) const {
+bool ManualClock::wait_until(std::condition_variable_any& cv, std::unique_lock<std::mutex>& lock, std::stop_token stop,
+                             time_point deadline, const std::function<bool()>& ready) const {
   // Time moves only in advance(), whose listeners notify `cv`: re-check the
   // deadline on every wake-up instead of timing the wait.
   cv.wait(lock, stop, [&] { return ready() || now() >= deadline; });

@@ -4,8 +4,8 @@ namespace dlock {
 namespace internal {
 
 std::shared_ptr<HoldCore> HoldCore::Make(std::shared_ptr<ClientCore> client, std::shared_ptr<Session> session,
-                                         std::string name, std::vector<HeldEntry> entries,
-                                         std::uint64_t token, std::uint32_t permits) {
+                                         std::string name, std::vector<HeldEntry> entries, std::uint64_t token,
+                                         std::uint32_t permits) {
   std::shared_ptr<HoldCore> core(
       new HoldCore(std::move(client), std::move(session), std::move(name), std::move(entries), token, permits));
   std::weak_ptr<HoldCore> weak = core;

@@ -30,8 +30,8 @@ class HoldCore : public std::enable_shared_from_this<HoldCore> {
   // Makes a hold and starts following its session's state. `entries` are
   // removed on release.
   static std::shared_ptr<HoldCore> Make(std::shared_ptr<ClientCore> client, std::shared_ptr<Session> session,
-                                        std::string name, std::vector<HeldEntry> entries,
-                                        std::uint64_t token, std::uint32_t permits);
+                                        std::string name, std::vector<HeldEntry> entries, std::uint64_t token,
+                                        std::uint32_t permits);
   ~HoldCore();
 
   HoldState state() const noexcept;

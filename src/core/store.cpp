@@ -45,8 +45,8 @@ Result<OwnerRecord> DecodeOwnerRecord(std::string_view data) {
     field = it->get<std::int64_t>();
     return true;
   };
-  if (!text("host", out.host) || !text("thread", out.thread) || !text("label", out.label) ||
-      !number("pid", out.pid) || !number("at", out.acquired_unix_ms)) {
+  if (!text("host", out.host) || !text("thread", out.thread) || !text("label", out.label) || !number("pid", out.pid) ||
+      !number("at", out.acquired_unix_ms)) {
     return InvalidArgumentError("owner record has a field of the wrong type");
   }
   return out;
@@ -71,10 +71,12 @@ Status ValidateLockName(std::string_view name) {
       return InvalidArgumentError("lock name '" + std::string(name) + "' has a '" + std::string(seg) + "' segment");
     }
     for (char c : seg) {
-      bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
-                c == '_' || c == '-';
+      bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '_' ||
+                c == '-';
       if (!ok) {
-        std::string shown = c == '\0' ? std::string("NUL") : (c < 32 || c > 126) ? "byte " + std::to_string(static_cast<unsigned char>(c)) : std::string("'") + c + "'";
+        std::string shown = c == '\0'             ? std::string("NUL")
+                            : (c < 32 || c > 126) ? "byte " + std::to_string(static_cast<unsigned char>(c))
+                                                  : std::string("'") + c + "'";
         return InvalidArgumentError("lock name has an invalid character (" + shown +
                                     "); use letters, digits, '.', '_', '-' and '/'");
       }

@@ -53,11 +53,13 @@ Result<HostPort> ParseHostPort(std::string_view text) {
   std::string_view port;
   if (!text.empty() && text.front() == '[') {  // [::1]:2181
     auto close = text.find(']');
-    if (close == std::string_view::npos) return InvalidArgumentError("unclosed '[' in host '" + std::string(text) + "'");
+    if (close == std::string_view::npos)
+      return InvalidArgumentError("unclosed '[' in host '" + std::string(text) + "'");
     host = text.substr(1, close - 1);
     std::string_view rest = text.substr(close + 1);
     if (!rest.empty()) {
-      if (rest.front() != ':') return InvalidArgumentError("unexpected text after ']' in host '" + std::string(text) + "'");
+      if (rest.front() != ':')
+        return InvalidArgumentError("unexpected text after ']' in host '" + std::string(text) + "'");
       port = rest.substr(1);
       if (port.empty()) return InvalidArgumentError("empty port in '" + std::string(text) + "'");
     }
@@ -187,7 +189,8 @@ Result<ParsedUrl> ParseUrl(std::string_view url) {
     std::size_t start = 0;
     while (start <= authority.size()) {
       auto comma = authority.find(',', start);
-      std::string_view one = authority.substr(start, comma == std::string_view::npos ? std::string_view::npos : comma - start);
+      std::string_view one =
+          authority.substr(start, comma == std::string_view::npos ? std::string_view::npos : comma - start);
       auto hp = ParseHostPort(one);
       if (!hp.ok()) return hp.status();
       out.hosts.push_back(*hp);
@@ -226,8 +229,8 @@ Result<std::chrono::milliseconds> QueryDuration(const ParsedUrl& url, const std:
   return *d;
 }
 
-Result<std::int64_t> QueryInt(const ParsedUrl& url, const std::string& key, std::int64_t fallback,
-                              std::int64_t min, std::int64_t max) {
+Result<std::int64_t> QueryInt(const ParsedUrl& url, const std::string& key, std::int64_t fallback, std::int64_t min,
+                              std::int64_t max) {
   auto it = url.query.find(key);
   if (it == url.query.end()) return fallback;
   std::int64_t v = 0;
@@ -237,8 +240,8 @@ Result<std::int64_t> QueryInt(const ParsedUrl& url, const std::string& key, std:
     return InvalidArgumentError("URL parameter " + key + "='" + s + "' is not an integer");
   }
   if (v < min || v > max) {
-    return InvalidArgumentError("URL parameter " + key + "=" + s + " is out of range (" + std::to_string(min) +
-                                "-" + std::to_string(max) + ")");
+    return InvalidArgumentError("URL parameter " + key + "=" + s + " is out of range (" + std::to_string(min) + "-" +
+                                std::to_string(max) + ")");
   }
   return v;
 }
@@ -275,9 +278,9 @@ Result<std::chrono::milliseconds> ParseDuration(std::string_view text) {
   if (unit.empty()) {
     // A bare number once meant milliseconds, which nobody guessed (`--timeout
     // 10` was 10 ms): a duration says its unit.
-    return InvalidArgumentError("duration '" + std::string(text) + "' has no unit: write it like " +
-                                std::string(text) + "s, " + std::string(text) + "ms, " + std::string(text) +
-                                "m or " + std::string(text) + "h (units: us, ms, s, m, h)");
+    return InvalidArgumentError("duration '" + std::string(text) + "' has no unit: write it like " + std::string(text) +
+                                "s, " + std::string(text) + "ms, " + std::string(text) + "m or " + std::string(text) +
+                                "h (units: us, ms, s, m, h)");
   }
   if (unit == "ms") return milliseconds(v);
   if (unit == "us") return duration_cast<milliseconds>(microseconds(v));

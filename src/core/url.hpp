@@ -26,11 +26,11 @@ struct HostPort {
 };
 
 struct ParsedUrl {
-  std::string scheme;                // lower case
+  std::string scheme;  // lower case
   std::optional<std::string> user;
   std::optional<std::string> password;
-  std::vector<HostPort> hosts;       // empty for file:///dir and mem://
-  std::string path;                  // "" or starting with '/'
+  std::vector<HostPort> hosts;  // empty for file:///dir and mem://
+  std::string path;             // "" or starting with '/'
   std::map<std::string, std::string> query;
 
   // The URL with the password replaced by "***", for logs and errors.
@@ -44,8 +44,8 @@ using dlock::ParseDuration;  // public, in dlock/timeout.hpp
 // Reads query[key] as a duration / integer, or returns `fallback` if absent.
 Result<std::chrono::milliseconds> QueryDuration(const ParsedUrl& url, const std::string& key,
                                                 std::chrono::milliseconds fallback);
-Result<std::int64_t> QueryInt(const ParsedUrl& url, const std::string& key, std::int64_t fallback,
-                              std::int64_t min, std::int64_t max);
+Result<std::int64_t> QueryInt(const ParsedUrl& url, const std::string& key, std::int64_t fallback, std::int64_t min,
+                              std::int64_t max);
 
 // Fails with kInvalidArgument naming the first query key not in `known`.
 Status CheckQueryKeys(const ParsedUrl& url, std::initializer_list<std::string_view> known);

@@ -118,21 +118,22 @@ class Attempt {
       }
       const Status& failed = appended.status();
       switch (failed.code()) {
-        case ErrorCode::kSessionLost: return Settled(PassEnd::kRequeue);  // its entries went with it
+        case ErrorCode::kSessionLost: return Settled(PassEnd::kRequeue);    // its entries went with it
         case ErrorCode::kAborted: return Settled(Fail(Undurable(failed)));  // the store left nothing
-        case ErrorCode::kUnavailable: break;  // the entry may or may not exist
-        default: return Settled(Fail(failed));  // refused: nothing was made
+        case ErrorCode::kUnavailable: break;                                // the entry may or may not exist
+        default: return Settled(Fail(failed));                              // refused: nothing was made
       }
       // The outcome is unknown: look for the entry by its attempt id.
       const Found found = FindAttempt(session, attempt);
       unsettled_.reset();  // found, never made, or handed to the background clean-up
       switch (found) {
         case Found::kYes:
-          if (!entry_.token) return GiveUp(session, Fail(InternalError("store returned an own entry without a fencing token")));
+          if (!entry_.token)
+            return GiveUp(session, Fail(InternalError("store returned an own entry without a fencing token")));
           return std::nullopt;
         case Found::kNo:
           if (Expired()) return PassEnd::kGaveUp;  // nothing was made; nothing to remove
-          continue;  // never made: a clean retry
+          continue;                                // never made: a clean retry
         case Found::kEnded: return ended_;
       }
     }
@@ -159,9 +160,7 @@ class Attempt {
         case ErrorCode::kSessionLost: return EndWith(PassEnd::kRequeue);
         case ErrorCode::kAborted: return EndWith(Fail(Undurable(own.status())));  // removed again
         case ErrorCode::kUnavailable: break;
-        default:
-          client_.forget_attempt(session, req_.queue, attempt);
-          return EndWith(Fail(own.status()));
+        default: client_.forget_attempt(session, req_.queue, attempt); return EndWith(Fail(own.status()));
       }
       Pause(backoff);
     }

@@ -56,7 +56,7 @@ struct AcquireRequest {
 
 struct Acquired {
   std::shared_ptr<Session> session;
-  Entry entry;  // with its token
+  Entry entry;               // with its token
   std::vector<Entry> queue;  // the queue as it was read when the entry was granted
 };
 

@@ -11,7 +11,7 @@ Hold MakeHold(const Client& client, const std::string& name, const std::string& 
               std::optional<std::uint64_t> token) {
   std::vector<HeldEntry> entries{{queue, acquired.entry.id, acquired.entry.sequence}};
   return WrapHold(HoldCore::Make(CoreOf(client), acquired.session, name, std::move(entries),
-                             token.value_or(acquired.entry.token.value_or(0)), 1));
+                                 token.value_or(acquired.entry.token.value_or(0)), 1));
 }
 
 std::optional<Hold> AcquireHold(const Client& client, const std::string& name, const AcquireRequest& request,
@@ -41,8 +41,7 @@ AcquireRequest MakeRequest(const Client& client, std::string queue, std::string_
   return r;
 }
 
-ThreadOwnedLock::ThreadOwnedLock(Client client, std::string name)
-    : client_(std::move(client)), name_(std::move(name)) {
+ThreadOwnedLock::ThreadOwnedLock(Client client, std::string name) : client_(std::move(client)), name_(std::move(name)) {
   ThrowIfError(ValidateLockName(name_));
 }
 
@@ -64,8 +63,9 @@ bool ThreadOwnedLock::lock_for(Clock::duration timeout, std::stop_token stop, bo
       return true;
     }
   }
-  auto hold = AcquireHold(client_, name_,
-                          MakeRequest(client_, name_, entry_kind::kLock, ExclusiveRule, timeout, std::move(stop), try_only));
+  auto hold =
+      AcquireHold(client_, name_,
+                  MakeRequest(client_, name_, entry_kind::kLock, ExclusiveRule, timeout, std::move(stop), try_only));
   if (!hold) return false;
   std::lock_guard<std::mutex> g(mu_);
   owned_[me] = Owned{std::move(*hold), 1};

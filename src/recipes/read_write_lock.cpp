@@ -81,8 +81,9 @@ class ReadWriteCore {
                                             "; upgrading to the write lock would deadlock"));
       }
     }
-    auto hold = AcquireHold(client_, name_,
-                            MakeRequest(client_, name_, entry_kind::kWrite, ExclusiveRule, timeout, std::move(stop), try_only));
+    auto hold =
+        AcquireHold(client_, name_,
+                    MakeRequest(client_, name_, entry_kind::kWrite, ExclusiveRule, timeout, std::move(stop), try_only));
     if (!hold) return false;
     std::lock_guard<std::mutex> g(mu_);
     auto& t = threads_[me];
@@ -158,7 +159,7 @@ class ReadWriteCore {
     // Both outside mu_: the application's callback may call back in.
     if (!held) {
       CoreOf(client_)->report(FailedPreconditionError(std::string("unlock of the ") + side + " lock of " + name_ +
-                                                     " by a thread that does not hold it"));
+                                                      " by a thread that does not hold it"));
       return;
     }
     to_release.release();

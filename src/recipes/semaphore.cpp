@@ -52,8 +52,8 @@ std::optional<Lease> Semaphore::acquire_impl(std::uint32_t count, Clock::duratio
   ClientCore& core = *internal::CoreOf(client_);
   const std::string locks = name_ + "/locks";
   const std::string leases = name_ + "/leases";
-  auto request = internal::MakeRequest(client_, locks, entry_kind::kLock, internal::ExclusiveRule, timeout, stop,
-                                       try_only);
+  auto request =
+      internal::MakeRequest(client_, locks, entry_kind::kLock, internal::ExclusiveRule, timeout, stop, try_only);
   request.thread = "semaphore";
   const Clock::time_point deadline = request.deadline;
   auto expired = [&] { return stop.stop_requested() || core.now() >= deadline; };
@@ -113,8 +113,8 @@ std::optional<Lease> Semaphore::acquire_impl(std::uint32_t count, Clock::duratio
     // 3. Wait until the leases fit the permits.
     while (mine.size() == count) {
       // The first look reuses what the last append read: no second round trip.
-      Result<std::vector<Entry>> listed = seen ? Result<std::vector<Entry>>(std::move(*seen))
-                                               : session->list(leases, {}, deadline);
+      Result<std::vector<Entry>> listed =
+          seen ? Result<std::vector<Entry>>(std::move(*seen)) : session->list(leases, {}, deadline);
       seen.reset();
       if (!listed.ok()) {
         ErrorCode code = listed.status().code();
@@ -151,7 +151,8 @@ std::optional<Lease> Semaphore::acquire_impl(std::uint32_t count, Clock::duratio
           outcome = Round::kGaveUp;
           break;
         }
-        return internal::WrapHold(internal::HoldCore::Make(internal::CoreOf(client_), session, name_, std::move(mine), token, count));
+        return internal::WrapHold(
+            internal::HoldCore::Make(internal::CoreOf(client_), session, name_, std::move(mine), token, count));
       }
       if (try_only || expired()) {
         give_back();
@@ -242,12 +243,12 @@ class SemaphoreMutexCore {
     }
     // Outside mu_: the application's callback may call back in.
     if (!was_locked) {
-      CoreOf(client_)->report(FailedPreconditionError("unlock() of SemaphoreMutex " + semaphore_.name() +
-                                                     ", which is not locked"));
+      CoreOf(client_)->report(
+          FailedPreconditionError("unlock() of SemaphoreMutex " + semaphore_.name() + ", which is not locked"));
       return;
     }
     released.release();  // outside mu_: one store round trip
-    gate_->leave();       // the next lock() of this object may go to the store now
+    gate_->leave();      // the next lock() of this object may go to the store now
   }
 
   std::optional<std::uint64_t> fencing_token() const {

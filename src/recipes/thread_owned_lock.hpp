@@ -34,7 +34,7 @@ class ThreadOwnedLock {
 
   bool lock_for(Clock::duration timeout, std::stop_token stop, bool try_only);
   void unlock() noexcept;
-  const Hold* current() const;  // the calling thread's hold; guarded use only
+  const Hold* current() const;                     // the calling thread's hold; guarded use only
   std::shared_ptr<HoldCore> current_core() const;  // the same, shared, for use outside mu_
   std::optional<Hold> acquire(Clock::duration timeout, std::stop_token stop);
 

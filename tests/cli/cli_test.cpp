@@ -1,8 +1,8 @@
 // The dlock command, as a shell user meets it: real processes, real exit
 // statuses, real signals. Runs on a file:// store in a scratch directory and
 // on every URL in DLOCK_TEST_URLS.
-#include <gtest/gtest.h>
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/file.h>
@@ -147,9 +147,9 @@ class CliTest : public ::testing::TestWithParam<std::string> {
 
 TEST_P(CliTest, PassesExitStatusAndEnvironment) {
   const std::string out = dir_ + "/env";
-  int rc = RunToEnd({"run", "--url", url_, name_, "--", "sh", "-c",
-                     "echo \"$DLOCK_NAME $DLOCK_FENCING_TOKEN $DLOCK_URL\"; exit 7"},
-                    out);
+  int rc = RunToEnd(
+      {"run", "--url", url_, name_, "--", "sh", "-c", "echo \"$DLOCK_NAME $DLOCK_FENCING_TOKEN $DLOCK_URL\"; exit 7"},
+      out);
   EXPECT_EQ(rc, 7);
   std::istringstream fields(Read(out));
   std::string name, url;
@@ -203,8 +203,9 @@ TEST_P(CliTest, PermitsLetExactlyNRunAtOnce) {
   const std::string ledger = dir_ + "/ledger";
   std::vector<pid_t> runs;
   for (int i = 0; i < 4; ++i) {
-    runs.push_back(Start({"run", "--url", url_, "--permits", "2", name_, "--", "sh", "-c",
-                          "echo start $(date +%s%N) >> " + ledger + "; sleep 0.3; echo end $(date +%s%N) >> " + ledger}));
+    runs.push_back(
+        Start({"run", "--url", url_, "--permits", "2", name_, "--", "sh", "-c",
+               "echo start $(date +%s%N) >> " + ledger + "; sleep 0.3; echo end $(date +%s%N) >> " + ledger}));
   }
   for (pid_t p : runs) EXPECT_EQ(Wait(p), 0);
   std::vector<std::pair<long long, int>> events;
@@ -442,10 +443,22 @@ TEST_P(CliTest, ALockLostBeforeTheCommandStartsNeverStartsIt) {
   // timeout (3 s on Redis, 4 s on ZooKeeper in these suites), and lets it go.
   // The command ignores SIGTERM, so that a start shows even when dlock sends
   // one right after.
-  pid_t first = Start({"--", "gdb", "-q", "-batch", "-ex", "set breakpoint pending on", "-ex",
-                       "break dlock::Hold::on_state_change", "-ex", "run", "-ex", "shell touch " + paused, "-ex",
-                       "shell sleep 9", "-ex", "delete", "-ex", "continue", "-ex", "quit $_exitcode", "--args", DLOCK_CLI, "run", "--url",
-                       url_, "--kill-after", "10s", name_, "--", "sh", "-c", "trap '' TERM; touch " + first_ran});
+  pid_t first = Start({"--",     "gdb",
+                       "-q",     "-batch",
+                       "-ex",    "set breakpoint pending on",
+                       "-ex",    "break dlock::Hold::on_state_change",
+                       "-ex",    "run",
+                       "-ex",    "shell touch " + paused,
+                       "-ex",    "shell sleep 9",
+                       "-ex",    "delete",
+                       "-ex",    "continue",
+                       "-ex",    "quit $_exitcode",
+                       "--args", DLOCK_CLI,
+                       "run",    "--url",
+                       url_,     "--kill-after",
+                       "10s",    name_,
+                       "--",     "sh",
+                       "-c",     "trap '' TERM; touch " + first_ran});
   if (!Eventually([&] { return std::filesystem::exists(paused); }, 60s)) {
     GTEST_SKIP() << "gdb could not run dlock here (no ptrace?)";
   }

@@ -9,7 +9,7 @@ namespace dlock::internal::file_store {
 namespace {
 
 TEST(FileStoreLayout, QueueDirectoriesOfPrefixNamesDiffer) {
-  std::set<std::string> dirs = {QueueDirName("a"), QueueDirName("a/b"), QueueDirName("a/locks"),
+  std::set<std::string> dirs = {QueueDirName("a"),   QueueDirName("a/b"),   QueueDirName("a/locks"),
                                 QueueDirName("a.b"), QueueDirName("a/b/c"), QueueDirName("a-b")};
   EXPECT_EQ(dirs.size(), 6u);
   EXPECT_EQ(QueueDirName("orders/42"), "q.orders%2F42");
@@ -62,8 +62,8 @@ TEST(FileStoreLayout, MalformedEntryNamesAreRejected) {
   EXPECT_FALSE(ParseEntryName("."));
   EXPECT_FALSE(ParseEntryName(".tmp." + nonce));
   EXPECT_FALSE(ParseEntryName(n20 + "." + n20 + ".lock.." + nonce + ".extra"));
-  EXPECT_FALSE(ParseEntryName(n20 + "." + n20 + "..." + nonce));                   // empty kind
-  EXPECT_FALSE(ParseEntryName("1." + n20 + ".lock.." + nonce));                      // not padded
+  EXPECT_FALSE(ParseEntryName(n20 + "." + n20 + "..." + nonce));                    // empty kind
+  EXPECT_FALSE(ParseEntryName("1." + n20 + ".lock.." + nonce));                     // not padded
   EXPECT_FALSE(ParseEntryName("-0000000000000000001." + n20 + ".lock.." + nonce));  // negative
   EXPECT_FALSE(ParseEntryName(n20 + "." + n20 + ".lock..FEDCBA9876543210FEDCBA9876543210"));
   EXPECT_FALSE(ParseEntryName(n20 + "." + n20 + ".lo/ck.." + nonce));

@@ -48,10 +48,22 @@ class ScratchDir {
 TEST(HostileNames, AreRefusedWithANamedReasonAndLeaveNothing) {
   ScratchDir dir;
   auto client = Client::connect("file://" + dir.path());
-  const std::string names[] = {"..",          "a/../b",       "../../etc/passwd", std::string("a\0b", 3),
-                               "",            "/abs",         "a//b",             "a/",
-                               ".",           "a/./b",        "sp ace",           "nl\n",
-                               "é",           std::string(1 << 20, 'a'), std::string(513, 'a'), "a\\b"};
+  const std::string names[] = {"..",
+                               "a/../b",
+                               "../../etc/passwd",
+                               std::string("a\0b", 3),
+                               "",
+                               "/abs",
+                               "a//b",
+                               "a/",
+                               ".",
+                               "a/./b",
+                               "sp ace",
+                               "nl\n",
+                               "é",
+                               std::string(1 << 20, 'a'),
+                               std::string(513, 'a'),
+                               "a\\b"};
   for (const auto& name : names) {
     try {
       Mutex m(client, name);
@@ -123,8 +135,10 @@ class BadServer {
       pollfd q{c, POLLIN, 0};
       if (::poll(&q, 1, 500) > 0) (void)::read(c, buf, sizeof buf);  // the client speaks first
       (void)::send(c, reply_.data(), reply_.size(), MSG_NOSIGNAL);
-      if (hang_up_) ::close(c);
-      else clients_.push_back(c);
+      if (hang_up_)
+        ::close(c);
+      else
+        clients_.push_back(c);
     }
   }
   std::string reply_;
@@ -182,14 +196,14 @@ TEST_P(GarbageServerTest, GivesAClearErrorInBoundedTime) {
 
 INSTANTIATE_TEST_SUITE_P(
     All, GarbageServerTest,
-    ::testing::Combine(::testing::Values("redis", "zk"),
-                       ::testing::Values(Garbage{"Text", "HTTP/1.1 400 Bad Request\r\n\r\n", true},
-                                         Garbage{"HalfReply", "+PO", true},
-                                         Garbage{"BinaryNoise", std::string("\x00\xff\x13\x37\x00\x00\x00\x10zz", 10), false},
-                                         Garbage{"HugeLength", "$999999999999\r\n", false},
-                                         // hiredis would allocate 16 GB for the element table
-                                         Garbage{"HugeArray", "*2000000000\r\n", false, "reply too large"},
-                                         Garbage{"Nothing", "", false})),
+    ::testing::Combine(
+        ::testing::Values("redis", "zk"),
+        ::testing::Values(Garbage{"Text", "HTTP/1.1 400 Bad Request\r\n\r\n", true}, Garbage{"HalfReply", "+PO", true},
+                          Garbage{"BinaryNoise", std::string("\x00\xff\x13\x37\x00\x00\x00\x10zz", 10), false},
+                          Garbage{"HugeLength", "$999999999999\r\n", false},
+                          // hiredis would allocate 16 GB for the element table
+                          Garbage{"HugeArray", "*2000000000\r\n", false, "reply too large"},
+                          Garbage{"Nothing", "", false})),
     [](const auto& p) { return std::get<0>(p.param) + "_" + std::get<1>(p.param).label; });
 
 }  // namespace

@@ -46,8 +46,8 @@ class HoldingProxy {
     ::setsockopt(listen_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
     sockaddr_in a = Loopback(0);
     socklen_t len = sizeof a;
-    if (listen_ < 0 || ::bind(listen_, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
-        ::listen(listen_, 64) != 0 || ::getsockname(listen_, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+    if (listen_ < 0 || ::bind(listen_, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || ::listen(listen_, 64) != 0 ||
+        ::getsockname(listen_, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
       if (listen_ >= 0) ::close(listen_);
       throw std::runtime_error("holding proxy: cannot listen on 127.0.0.1");
     }
@@ -111,9 +111,9 @@ class HoldingProxy {
   struct Conn {
     int client = -1;
     int server = -1;
-    std::string up;        // client -> server, not yet written
-    std::string down;      // server -> client, not yet written
-    std::string tail;      // the last bytes the client sent, for markers split across reads
+    std::string up;    // client -> server, not yet written
+    std::string down;  // server -> client, not yet written
+    std::string tail;  // the last bytes the client sent, for markers split across reads
     bool hold_up = false;
     bool hold_down = false;
     bool released = false;     // its held requests were let go
@@ -277,14 +277,14 @@ class HoldingProxy {
   std::atomic<int> held_replies_{0};
   std::atomic<int> answered_{0};
   std::mutex mu_;
-  std::string hold_requests_;  // guarded by mu_
-  std::string hold_replies_;   // guarded by mu_
+  std::string hold_requests_;      // guarded by mu_
+  std::string hold_replies_;       // guarded by mu_
   bool release_requests_ = false;  // guarded by mu_
   bool release_replies_ = false;   // guarded by mu_
-  std::uint64_t cuts_asked_ = 0;  // guarded by mu_
-  std::uint64_t cuts_done_ = 0;   // guarded by mu_
+  std::uint64_t cuts_asked_ = 0;   // guarded by mu_
+  std::uint64_t cuts_done_ = 0;    // guarded by mu_
   std::condition_variable cv_;
-  std::list<Conn> conns_;      // the proxy thread's
+  std::list<Conn> conns_;  // the proxy thread's
   std::thread thread_;
 };
 

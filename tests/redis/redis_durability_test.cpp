@@ -359,8 +359,8 @@ TEST(RedisLateRequests, ARenewalThatCrossesTheSessionsOwnRemoveIsNoLoss) {
   //    (the keep-alive has sent the next renewal once it has).
   long long renewals = server->CommandCalls()["pexpire"];
   proxy.ReleaseRequests();
-  ASSERT_TRUE(Eventually([&] { return server->CommandCalls()["pexpire"] >= renewals + 2 || !log.states().empty(); },
-                         5s));
+  ASSERT_TRUE(
+      Eventually([&] { return server->CommandCalls()["pexpire"] >= renewals + 2 || !log.states().empty(); }, 5s));
   EXPECT_EQ(a->state(), SessionState::kConnected);
   EXPECT_TRUE(log.states().empty()) << "the session reported: " << Names(log.states());
   proxy.Release();
@@ -597,16 +597,16 @@ TEST(RedisNotices, ASubscriberMayCloseTheSessionFromItsCallback) {
   });
   auto second = a->subscribe([&](SessionState s) { record(2, s); });
   ASSERT_EQ(server->CmdInt({"DEL", "dlock:session:" + a->id()}), 1);  // lost at the next renewal
-  ASSERT_TRUE(Eventually([&] {
-    std::lock_guard<std::mutex> g(mu);
-    return heard.size() >= 4;
-  }, 10s));
+  ASSERT_TRUE(Eventually(
+      [&] {
+        std::lock_guard<std::mutex> g(mu);
+        return heard.size() >= 4;
+      },
+      10s));
   {
     std::lock_guard<std::mutex> g(mu);
-    std::vector<std::pair<int, SessionState>> want = {{1, SessionState::kLost},
-                                                      {2, SessionState::kLost},
-                                                      {1, SessionState::kClosed},
-                                                      {2, SessionState::kClosed}};
+    std::vector<std::pair<int, SessionState>> want = {
+        {1, SessionState::kLost}, {2, SessionState::kLost}, {1, SessionState::kClosed}, {2, SessionState::kClosed}};
     EXPECT_EQ(heard, want);
   }
   EXPECT_EQ(deepest.load(), 1) << "a subscriber was called from inside itself";
@@ -652,9 +652,9 @@ TEST(RedisNames, QueueNamesAreLockNames) {
   auto s = MustSession(*store);
   ASSERT_TRUE(s);
   std::vector<std::string> one = {Hex(32)};
-  for (const std::string& bad : {std::string(), std::string("a}b"), std::string("a{b}"), std::string("a:b"),
-                                 std::string("/a"), std::string("a/"), std::string("a//b"), std::string("a/../b"),
-                                 std::string("sp ace"), std::string(513, 'a')}) {
+  for (const std::string& bad :
+       {std::string(), std::string("a}b"), std::string("a{b}"), std::string("a:b"), std::string("/a"),
+        std::string("a/"), std::string("a//b"), std::string("a/../b"), std::string("sp ace"), std::string(513, 'a')}) {
     EXPECT_EQ(s->append(bad, Spec(), In(5s)).status().code(), ErrorCode::kInvalidArgument) << bad;
     EXPECT_EQ(s->list(bad, {}, In(5s)).status().code(), ErrorCode::kInvalidArgument) << bad;
     EXPECT_EQ(s->remove(bad, Hex(32), In(5s)).code(), ErrorCode::kInvalidArgument) << bad;

@@ -141,7 +141,8 @@ class RedisServer {
         argv.push_back(s.data());
         lens.push_back(s.size());
       }
-      return ReplyPtr(static_cast<redisReply*>(redisCommandArgv(c, static_cast<int>(argv.size()), argv.data(), lens.data())));
+      return ReplyPtr(
+          static_cast<redisReply*>(redisCommandArgv(c, static_cast<int>(argv.size()), argv.data(), lens.data())));
     };
     if (opt_.password) run({"AUTH", *opt_.password});
     if (db != 0) run({"SELECT", std::to_string(db)});
@@ -222,10 +223,23 @@ class RedisServer {
   }
 
   bool Launch() {
-    std::vector<std::string> args = {RedisServerBinary(), "--port", std::to_string(port_), "--bind", "127.0.0.1",
-                                     "--save", "", "--appendonly", "no", "--dir", dir_, "--daemonize", "no",
-                                     "--logfile", dir_ + "/redis-" + std::to_string(port_) + ".log",
-                                     "--protected-mode", "no"};
+    std::vector<std::string> args = {RedisServerBinary(),
+                                     "--port",
+                                     std::to_string(port_),
+                                     "--bind",
+                                     "127.0.0.1",
+                                     "--save",
+                                     "",
+                                     "--appendonly",
+                                     "no",
+                                     "--dir",
+                                     dir_,
+                                     "--daemonize",
+                                     "no",
+                                     "--logfile",
+                                     dir_ + "/redis-" + std::to_string(port_) + ".log",
+                                     "--protected-mode",
+                                     "no"};
     if (opt_.password) {
       args.push_back("--requirepass");
       args.push_back(*opt_.password);

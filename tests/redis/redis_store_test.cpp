@@ -40,10 +40,10 @@ using std::chrono::milliseconds;
 // ---------------------------------------------------------------- URLs
 
 TEST(RedisUrl, RejectsMalformedUrlsWithoutConnecting) {
-  for (const char* url : {"redis://", "redis://a:1,b:2", "redis://127.0.0.1:1/x", "redis://127.0.0.1:1/-1",
-                          "redis://127.0.0.1:1?ttl=10ms", "redis://127.0.0.1:1?bogus=1",
-                          "redis://127.0.0.1:1?wait_replicas=-1", "redis://alice@127.0.0.1:1",
-                          "redis://127.0.0.1:1?ttl=abc", "redis://127.0.0.1:1?connect_timeout=0"}) {
+  for (const char* url :
+       {"redis://", "redis://a:1,b:2", "redis://127.0.0.1:1/x", "redis://127.0.0.1:1/-1",
+        "redis://127.0.0.1:1?ttl=10ms", "redis://127.0.0.1:1?bogus=1", "redis://127.0.0.1:1?wait_replicas=-1",
+        "redis://alice@127.0.0.1:1", "redis://127.0.0.1:1?ttl=abc", "redis://127.0.0.1:1?connect_timeout=0"}) {
     auto s = OpenStore(url);
     ASSERT_FALSE(s.ok()) << url;
     EXPECT_EQ(s.status().code(), ErrorCode::kInvalidArgument) << url << ": " << s.status().ToString();
@@ -464,8 +464,8 @@ TEST_F(RedisSessionTest, WaitIsWokenWhenACrashedHoldersLeaseRunsOut) {
   auto after = server_->CommandCalls();
   long long scripts = after["evalsha"] - before["evalsha"];
   EXPECT_LE(scripts, 6) << "checks while waiting ~1s for a crashed holder";
-  std::printf("[ measure ] crashed holder (ttl 1s) -> waiter woken %lld ms after SIGKILL, %lld scripts\n",
-              after_kill, scripts);
+  std::printf("[ measure ] crashed holder (ttl 1s) -> waiter woken %lld ms after SIGKILL, %lld scripts\n", after_kill,
+              scripts);
   auto now_listed = b->list(queue_, {}, In(5s));
   ASSERT_TRUE(now_listed.ok());
   EXPECT_TRUE(now_listed->empty());
@@ -655,8 +655,10 @@ TEST(RedisFaults, LostIsDeclaredBeforeTheServerLeaseEndsWhenTheServerFreezes) {
   long long ahead = std::chrono::duration_cast<milliseconds>(server_end - *lost).count();
   EXPECT_GT(ahead, 0) << "kLost must come before the server can end the lease";
   EXPECT_LT(ahead, 1000) << "kLost came too early";
-  std::printf("[ measure ] ttl 2s, server frozen: kSuspended after renewal failed, kLost %lld ms before the "
-              "server-side lease could end\n", ahead);
+  std::printf(
+      "[ measure ] ttl 2s, server frozen: kSuspended after renewal failed, kLost %lld ms before the "
+      "server-side lease could end\n",
+      ahead);
   EXPECT_EQ(s->state(), SessionState::kLost);
   server->Thaw();
   // Back: the session stays lost, its lease ends on the server, and a new

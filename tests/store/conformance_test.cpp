@@ -473,9 +473,9 @@ TEST_P(ConformanceTest, QueueNamesAreValidatedAlikeOnEveryStore) {
   auto s = NewSession();
   ASSERT_TRUE(s);
   std::vector<std::string> ids{"x"};
-  for (const std::string& bad : {std::string(), std::string("/a"), std::string("a/"), std::string("a//b"),
-                                 std::string("../x"), std::string("a/./b"), std::string("has space"),
-                                 std::string("a\nb"), std::string(600, 'x')}) {
+  for (const std::string& bad :
+       {std::string(), std::string("/a"), std::string("a/"), std::string("a//b"), std::string("../x"),
+        std::string("a/./b"), std::string("has space"), std::string("a\nb"), std::string(600, 'x')}) {
     SCOPED_TRACE("queue '" + bad + "'");
     EXPECT_THAT(s->append(bad, Spec(), In(kPrompt)).status(), StatusIs(ErrorCode::kInvalidArgument));
     EXPECT_THAT(s->list(bad, {}, In(kPrompt)).status(), StatusIs(ErrorCode::kInvalidArgument));

@@ -18,8 +18,8 @@
 #include <deque>
 #include <map>
 #include <memory>
-#include <new>
 #include <mutex>
+#include <new>
 #include <string>
 #include <string_view>
 
@@ -62,10 +62,16 @@ class FaultyStore final : public Store, public std::enable_shared_from_this<Faul
   }
   // Contact lost: requests fail with kUnavailable, subscribers hear
   // kSuspended; entries stay. resume() undoes it.
-  void suspend(const std::string& session_id) { WithSession(session_id, [](auto& s) { s.Suspend(); }); }
-  void resume(const std::string& session_id) { WithSession(session_id, [](auto& s) { s.Resume(); }); }
+  void suspend(const std::string& session_id) {
+    WithSession(session_id, [](auto& s) { s.Suspend(); });
+  }
+  void resume(const std::string& session_id) {
+    WithSession(session_id, [](auto& s) { s.Resume(); });
+  }
   // Expiry: subscribers hear kLost first; then the real session is closed.
-  void expire(const std::string& session_id) { WithSession(session_id, [](auto& s) { s.Expire(); }); }
+  void expire(const std::string& session_id) {
+    WithSession(session_id, [](auto& s) { s.Expire(); });
+  }
 
   // How many calls of `op` were made.
   std::uint64_t op_count(std::string_view op) const {

@@ -83,8 +83,7 @@ inline std::string SpecName(const std::string& spec, std::size_t index) {
 
 // Waits, bounded, until `cond()` holds. For conditions no event announces
 // (such as "a thread is now blocked in the store").
-inline bool Eventually(const std::function<bool()>& cond,
-                       std::chrono::milliseconds limit = std::chrono::seconds(20)) {
+inline bool Eventually(const std::function<bool()>& cond, std::chrono::milliseconds limit = std::chrono::seconds(20)) {
   auto end = std::chrono::steady_clock::now() + limit;
   while (std::chrono::steady_clock::now() < end) {
     if (cond()) return true;

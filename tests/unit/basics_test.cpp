@@ -16,9 +16,9 @@ TEST(LockName, AcceptsPathLikeNames) {
 TEST(LockName, RejectsHostileNames) {
   const std::string nul("a\0b", 3);
   const std::string huge(1 << 20, 'a');
-  for (const std::string& bad : {std::string(), std::string("/abs"), std::string("trail/"), std::string("a//b"),
-                                 std::string("a/../b"), std::string(".."), std::string("./a"), nul, huge,
-                                 std::string("sp ace"), std::string("uni\xc3\xa9")}) {
+  for (const std::string& bad :
+       {std::string(), std::string("/abs"), std::string("trail/"), std::string("a//b"), std::string("a/../b"),
+        std::string(".."), std::string("./a"), nul, huge, std::string("sp ace"), std::string("uni\xc3\xa9")}) {
     Status s = ValidateLockName(bad);
     EXPECT_EQ(s.code(), ErrorCode::kInvalidArgument) << bad.substr(0, 20);
     EXPECT_FALSE(s.message().empty());

@@ -190,8 +190,14 @@ TEST(Faults, TryVariantsNeverWaitInTheLocalGate) {
   Mutex waiting(a, "review/gate");
   ReadWriteLock waiting_rw(a, "review/gate-rw");
   Semaphore waiting_sem(a, "review/gate-sem", 1);
-  std::jthread w1([&] { waiting.lock(); waiting.unlock(); });
-  std::jthread w2([&] { waiting_rw.writer().lock(); waiting_rw.writer().unlock(); });
+  std::jthread w1([&] {
+    waiting.lock();
+    waiting.unlock();
+  });
+  std::jthread w2([&] {
+    waiting_rw.writer().lock();
+    waiting_rw.writer().unlock();
+  });
   std::jthread w3([&] { waiting_sem.acquire(1); });
   ASSERT_TRUE(Eventually([&] { return store->entry_count() == 7u; }));  // 3 holds + 1 lock + 3 waiters
 
@@ -250,7 +256,6 @@ TEST(Faults, HoldListenerMayCloseTheSession) {
   EXPECT_EQ(hold->state(), HoldState::kLost);
   EXPECT_TRUE(Eventually([&] { return store->entry_count() == 0u; }));
 }
-
 
 }  // namespace
 }  // namespace dlock

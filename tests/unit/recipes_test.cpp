@@ -682,12 +682,14 @@ TEST_P(RecipeTest, SharedHandlesNeverShowAStaleHoldWhileSessionsEnd) {
          auto rw = std::make_shared<ReadWriteLock>(c, name + "/rw");
          keep.push_back(rw);
          ReadWriteLock::Writer* w = &rw->writer();
-         return SharedHandle{[w, timeout] { return w->try_lock_for(timeout); }, [w] { w->unlock(); },
-                             [w] { return w->fencing_token() ? std::optional(w->lost_token().stop_requested()
-                                                                                 ? HoldState::kLost
-                                                                                 : HoldState::kHeld)
-                                                             : std::nullopt; },
-                             [w] { return w->fencing_token(); }, [w] { return w->lost_token(); }};
+         return SharedHandle{
+             [w, timeout] { return w->try_lock_for(timeout); }, [w] { w->unlock(); },
+             [w] {
+               return w->fencing_token()
+                          ? std::optional(w->lost_token().stop_requested() ? HoldState::kLost : HoldState::kHeld)
+                          : std::nullopt;
+             },
+             [w] { return w->fencing_token(); }, [w] { return w->lost_token(); }};
        }},
   };
   for (const Kind& kind : kinds) {
@@ -695,8 +697,8 @@ TEST_P(RecipeTest, SharedHandlesNeverShowAStaleHoldWhileSessionsEnd) {
     RunSharedHandles(kind.make, clients, ledger);
     EXPECT_GT(ledger.grants(), 0u) << kind.label;
     auto violations = ledger.Violations();
-    EXPECT_TRUE(violations.empty()) << kind.label << ": " << violations.size() << " stale sightings, first: "
-                                    << (violations.empty() ? "" : violations.front());
+    EXPECT_TRUE(violations.empty()) << kind.label << ": " << violations.size()
+                                    << " stale sightings, first: " << (violations.empty() ? "" : violations.front());
   }
   keep.clear();
 }

@@ -124,7 +124,7 @@ TEST(Regressions, TinyPositiveTimeoutsStillTryOnce) {
   m.unlock();
   const auto appends_before = store->op_count("append");
   EXPECT_TRUE(m.try_lock_for(1ns)) << "try_lock_for(1ns) on a free lock returned false without trying; appends made: "
-                                  << store->op_count("append") - appends_before;
+                                   << store->op_count("append") - appends_before;
   if (m.owned_by_current_thread()) m.unlock();
   int failures = 0;
   for (int i = 0; i < 20; ++i) {
@@ -163,7 +163,7 @@ TEST(Regressions, DowngradedReadHoldNeverOutranksTheWriterQueuedBehindIt) {
     rwb.writer().unlock();
   });
   ASSERT_TRUE(Eventually([&] { return store->entry_count() == 2u; }));  // B queued behind A's write
-  rwa.reader().lock_shared();  // downgrade
+  rwa.reader().lock_shared();                                           // downgrade
   const std::uint64_t read_token = rwa.reader().fencing_token().value();
   rwa.writer().unlock();
   std::this_thread::sleep_for(50ms);
@@ -191,10 +191,10 @@ class HookedStore final : public Store {
     if (!s.ok()) return s.status();
     return std::shared_ptr<Session>(std::make_shared<HookedSession>(std::move(*s), this));
   }
-  std::function<void(const std::string&)> before_subscribe;   // runs once
-  std::function<void(const std::string&)> after_state_read;   // runs once
-  std::atomic<int> wait_throws{0};       // the next N wait_any_gone calls throw std::bad_alloc
-  std::atomic<int> subscribe_throws{0};  // the next N subscribe calls throw std::bad_alloc
+  std::function<void(const std::string&)> before_subscribe;  // runs once
+  std::function<void(const std::string&)> after_state_read;  // runs once
+  std::atomic<int> wait_throws{0};                           // the next N wait_any_gone calls throw std::bad_alloc
+  std::atomic<int> subscribe_throws{0};                      // the next N subscribe calls throw std::bad_alloc
 
  private:
   class HookedSession final : public Session {
@@ -398,7 +398,8 @@ int LostTokenCallbackScenario(bool semaphore_mutex, bool touch_object = true) {
     m.lock();
     cb.emplace(m.lost_token(), std::function<void()>([&] {
                  ++callbacks;
-                 if (touch_object) [[maybe_unused]] auto st = m.hold_state();  // log how it stands
+                 if (touch_object) [[maybe_unused]]
+                   auto st = m.hold_state();  // log how it stands
                }));
   }
   std::thread suspender([&] { store->suspend(a.session().value()->id()); });

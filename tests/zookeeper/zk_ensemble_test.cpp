@@ -119,9 +119,8 @@ TEST(ZkEnsembleTest, LeaderKilledWhileLocksAreHeldAndWaitedFor) {
   std::vector<HoldRecord> holds = ledger;
   std::sort(holds.begin(), holds.end(), [](const auto& a, const auto& b) { return a.start < b.start; });
   // Whether the kill fell inside a hold (others wait all the time).
-  const bool during_hold = std::any_of(holds.begin(), holds.end(), [&](const HoldRecord& r) {
-    return r.start <= killed_at && killed_at <= r.end;
-  });
+  const bool during_hold = std::any_of(holds.begin(), holds.end(),
+                                       [&](const HoldRecord& r) { return r.start <= killed_at && killed_at <= r.end; });
   std::size_t invalid = 0;
   for (std::size_t i = 0; i < holds.size(); ++i) {
     if (!holds[i].valid) ++invalid;
@@ -132,8 +131,8 @@ TEST(ZkEnsembleTest, LeaderKilledWhileLocksAreHeldAndWaitedFor) {
   for (std::size_t i = 0; i < holds.size(); ++i) {
     for (std::size_t j = i + 1; j < holds.size() && holds[j].start < holds[i].end; ++j) {
       EXPECT_FALSE(holds[i].valid && holds[j].valid)
-          << "workers " << holds[i].worker << " and " << holds[j].worker << " overlapped (tokens "
-          << holds[i].token << ", " << holds[j].token << ")";
+          << "workers " << holds[i].worker << " and " << holds[j].worker << " overlapped (tokens " << holds[i].token
+          << ", " << holds[j].token << ")";
     }
   }
   SteadyClock::duration gap{};
@@ -204,16 +203,19 @@ TEST(ZkPartitionTest, FollowerCutFromTheLeaderLosesItsHolderFirst) {
   ASSERT_TRUE(StartProxies(dir, ens)) << "cannot read " << dir << "/links";
   // The quorum forms once the proxies run.
   int leader = 0;
-  ASSERT_TRUE(zktest::WaitFor([&] {
-    int followers = 0;
-    leader = 0;
-    for (int n = 1; n <= 3; ++n) {
-      std::string m = ens.mode(n);
-      if (m == "leader") leader = n;
-      if (m == "follower") ++followers;
-    }
-    return leader != 0 && followers == 2;
-  }, 120s)) << "the ensemble did not form";
+  ASSERT_TRUE(zktest::WaitFor(
+      [&] {
+        int followers = 0;
+        leader = 0;
+        for (int n = 1; n <= 3; ++n) {
+          std::string m = ens.mode(n);
+          if (m == "leader") leader = n;
+          if (m == "follower") ++followers;
+        }
+        return leader != 0 && followers == 2;
+      },
+      120s))
+      << "the ensemble did not form";
   const int follower = leader == 1 ? 2 : 1;
   const int other = 6 - leader - follower;
 
@@ -237,8 +239,8 @@ TEST(ZkPartitionTest, FollowerCutFromTheLeaderLosesItsHolderFirst) {
   ASSERT_TRUE(held->queue);
   ASSERT_EQ(held->queue->front().id, held->entry.id);  // the holder holds the lock
 
-  auto successor = Client::connect("zk://" + ens.hosts(leader) + "," + ens.hosts(other) +
-                                   "/dlock-partition?session_timeout=10s");
+  auto successor =
+      Client::connect("zk://" + ens.hosts(leader) + "," + ens.hosts(other) + "/dlock-partition?session_timeout=10s");
   Mutex m(successor, "lock");
   // Let a few heartbeats pass, so that the cut finds the holder in its
   // steady state rather than just after it opened.
@@ -262,10 +264,11 @@ TEST(ZkPartitionTest, FollowerCutFromTheLeaderLosesItsHolderFirst) {
     for (auto& [st, t] : heard) {
       told += " " + std::string(SessionStateName(st)) + " at " + std::to_string(zktest::Seconds(t - cut)) + " s;";
     }
-    std::printf("[   INFO   ] server.%d cut from leader server.%d at 0; successor got the lock at %.3f s "
-                "(server.%d then in mode '%s'); holder (session timeout %.0f s) told:%s\n",
-                follower, leader, zktest::Seconds(granted - cut), follower, follower_mode.c_str(),
-                zktest::Seconds(kTimeout), told.c_str());
+    std::printf(
+        "[   INFO   ] server.%d cut from leader server.%d at 0; successor got the lock at %.3f s "
+        "(server.%d then in mode '%s'); holder (session timeout %.0f s) told:%s\n",
+        follower, leader, zktest::Seconds(granted - cut), follower, follower_mode.c_str(), zktest::Seconds(kTimeout),
+        told.c_str());
   }
 }
 

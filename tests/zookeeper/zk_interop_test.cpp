@@ -45,7 +45,8 @@ class ZkInterop : public ::testing::Test {
     hosts_ = SharedServer();
     zktest::EnsureTestRoot(hosts_);
     std::string test = ::testing::UnitTest::GetInstance()->current_test_info()->name();
-    for (char& c : test) if (c == '/') c = '-';
+    for (char& c : test)
+      if (c == '/') c = '-';
     chroot_ = zktest::UniqueChroot(test);
     url_ = "zk://" + hosts_ + chroot_;
     auto store = OpenStore(url_);
@@ -456,9 +457,8 @@ TEST_P(ZkPeerTest, MutexHoldersOfBothClientsNeverOverlap) {
   p2->send("cycles lock " + Path("turns") + " " + std::to_string(kRounds) + " " + ledger.path() + " peer-2");
   std::vector<std::thread> threads;
   for (int i = 0; i < 2; ++i) {
-    threads.emplace_back([&, i] {
-      ledger.cycles(kRounds, "lock", "dlock-" + std::to_string(i), [&] { return m.acquire(60s); });
-    });
+    threads.emplace_back(
+        [&, i] { ledger.cycles(kRounds, "lock", "dlock-" + std::to_string(i), [&] { return m.acquire(60s); }); });
   }
   for (auto& t : threads) t.join();
   EXPECT_EQ(p1->read_line(120s), "done " + std::to_string(kRounds));

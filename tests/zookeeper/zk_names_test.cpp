@@ -137,9 +137,9 @@ TEST(ZkNames, OnlyKnownShapesAreCertainEntries) {
   EXPECT_EQ(parsed.unsure[2].kind, "foreign");
 
   EXPECT_TRUE(IsSessionOwner(0x1000a3c9e5f0001));
-  EXPECT_TRUE(IsSessionOwner(static_cast<std::int64_t>(0xc80000000000002aULL)));  // server id 200
-  EXPECT_FALSE(IsSessionOwner(0));                                              // persistent
-  EXPECT_FALSE(IsSessionOwner(INT64_MIN));                                      // container
+  EXPECT_TRUE(IsSessionOwner(static_cast<std::int64_t>(0xc80000000000002aULL)));   // server id 200
+  EXPECT_FALSE(IsSessionOwner(0));                                                 // persistent
+  EXPECT_FALSE(IsSessionOwner(INT64_MIN));                                         // container
   EXPECT_FALSE(IsSessionOwner(static_cast<std::int64_t>(0xff00000000001000ULL)));  // TTL node
 }
 
@@ -149,7 +149,8 @@ TEST(ZkNames, QueueNamesNeverLookLikeKnownEntries) {
     EXPECT_TRUE(ValidateQueueName(ok).ok()) << ok << ": " << ValidateQueueName(ok).ToString();
   }
   std::string protected_name = std::string("_c_") + kUuid + "-lock-0000000001";
-  for (std::string bad : {"a/" + protected_name, protected_name + "/b", std::string("a/_c_0123456789abcdef0123456789abcdef-lease-0000000007"),
+  for (std::string bad : {"a/" + protected_name, protected_name + "/b",
+                          std::string("a/_c_0123456789abcdef0123456789abcdef-lease-0000000007"),
                           std::string("a/0123456789abcdef0123456789abcdef__lock__0000000001"),
                           std::string("0123456789abcdef0123456789abcdef__rlock__-000000001")}) {
     Status st = ValidateQueueName(bad);

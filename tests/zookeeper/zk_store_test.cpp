@@ -162,7 +162,8 @@ TEST_F(ZkStoreTest, ListWithOwnersAndForeignChildren) {
   std::string base = chroot_ + "/q";
   // Children another client might leave: kazoo's lock, ZooKeeper's own
   // recipe's node with garbage data, and a node without a sequence.
-  std::string kazoo = raw.create(base + "/0123456789abcdef0123456789abcdef__lock__", "kazoo-id", ZOO_EPHEMERAL_SEQUENTIAL);
+  std::string kazoo =
+      raw.create(base + "/0123456789abcdef0123456789abcdef__lock__", "kazoo-id", ZOO_EPHEMERAL_SEQUENTIAL);
   std::string zkrecipe = raw.create(base + "/x-1234-", "\x12\x34", ZOO_EPHEMERAL_SEQUENTIAL);
   ASSERT_FALSE(raw.create(base + "/plain", "", ZOO_EPHEMERAL).empty());
   ASSERT_FALSE(kazoo.empty());
@@ -282,8 +283,8 @@ TEST_F(ZkStoreTest, NestedQueuesAreUnrelated) {
   // Names the store would mistake for entries of their parent are refused.
   const std::string uuid = *internal::zk::AttemptIdToUuid(NewAttempt());
   for (const std::string& bad : std::vector<std::string>{"a/_c_" + uuid + "-lock-0000000001",
-                                                          "a/0123456789abcdef0123456789abcdef__lock__0000000001",
-                                                          "_c_0123456789abcdef0123456789abcdef-lease-0000000007/b"}) {
+                                                         "a/0123456789abcdef0123456789abcdef__lock__0000000001",
+                                                         "_c_0123456789abcdef0123456789abcdef-lease-0000000007/b"}) {
     EXPECT_EQ(s->append(bad, Spec("lock"), In(5s)).status().code(), ErrorCode::kInvalidArgument) << bad;
     EXPECT_EQ(s->list(bad, {}, In(5s)).status().code(), ErrorCode::kInvalidArgument) << bad;
   }
@@ -540,8 +541,7 @@ TEST_F(ZkStoreTest, SuspendedWhileCutOffThenReconnected) {
   ASSERT_TRUE(a.ok());
   std::string id = s->id();
   proxy.reset();  // the connection drops; the session lives on the server
-  ASSERT_TRUE(WaitFor([&] { return log.when(SessionState::kConnected).has_value(); }, 15s))
-      << "never reconnected";
+  ASSERT_TRUE(WaitFor([&] { return log.when(SessionState::kConnected).has_value(); }, 15s)) << "never reconnected";
   EXPECT_EQ(log.states().front(), SessionState::kSuspended);
   EXPECT_EQ(s->state(), SessionState::kConnected);
   EXPECT_EQ(s->id(), id);
@@ -621,9 +621,10 @@ TEST_F(ZkStoreTest, TimingRoundTrips) {
   }
   auto mutex = SteadyClock::now() - t0;
   auto us = [](SteadyClock::duration d) { return std::chrono::duration<double, std::micro>(d).count() / kRounds; };
-  std::printf("[   INFO   ] mean over %d: append+snapshot %.0f us, list %.0f us, remove %.0f us, "
-              "Mutex lock+unlock %.0f us\n",
-              kRounds, us(append), us(list), us(remove), us(mutex));
+  std::printf(
+      "[   INFO   ] mean over %d: append+snapshot %.0f us, list %.0f us, remove %.0f us, "
+      "Mutex lock+unlock %.0f us\n",
+      kRounds, us(append), us(list), us(remove), us(mutex));
 }
 
 // The safety property: cut off from the server, the holder hears kLost from
@@ -655,10 +656,11 @@ TEST_F(ZkStoreTest, TimingLostBeforeTheServerGivesTheLockAway) {
   ASSERT_TRUE(lost) << "the holder never heard kLost";
   // kSuspended comes first if the C client notices the silence before the
   // session's own deadline passes; then it is not told at all.
-  std::printf("[   INFO   ] cut off at 0: kSuspended at %s, kLost at %.3f s, the server gave the lock away "
-              "at %.3f s (session timeout %.1f s)\n",
-              suspended ? (std::to_string(zktest::Seconds(*suspended - cut)) + " s").c_str() : "never",
-              zktest::Seconds(*lost - cut), zktest::Seconds(granted - cut), zktest::Seconds(kTimeout));
+  std::printf(
+      "[   INFO   ] cut off at 0: kSuspended at %s, kLost at %.3f s, the server gave the lock away "
+      "at %.3f s (session timeout %.1f s)\n",
+      suspended ? (std::to_string(zktest::Seconds(*suspended - cut)) + " s").c_str() : "never",
+      zktest::Seconds(*lost - cut), zktest::Seconds(granted - cut), zktest::Seconds(kTimeout));
   EXPECT_LT(*lost, granted);
   EXPECT_LE(*lost - cut, kTimeout);
   EXPECT_EQ(holder->state(), SessionState::kLost);
@@ -705,10 +707,12 @@ TEST_F(ZkStoreTest, TimingLostByOwnTimerWhenTheServerFreezes) {
   auto fresh = store->open_session(In(20s));
   ASSERT_TRUE(fresh.ok()) << fresh.status().ToString();
   EXPECT_NE((*fresh)->id(), (*s)->id());
-  EXPECT_TRUE(WaitFor([&] {
-    auto l = (*fresh)->list("q", {}, In(5s));
-    return l.ok() && l->empty();
-  }, 15s));
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        auto l = (*fresh)->list("q", {}, In(5s));
+        return l.ok() && l->empty();
+      },
+      15s));
 }
 
 TEST_F(ZkStoreTest, SessionSurvivesAServerRestartWithinTheTimeout) {
@@ -814,10 +818,12 @@ TEST_F(ZkStoreTest, StateFoldsTheLostDeadlineWhileTheSessionThreadIsBusy) {
     cv.notify_all();
   }
   // Subscribers still hear it, in order, once the thread is free.
-  EXPECT_TRUE(WaitFor([&] {
-    std::lock_guard<std::mutex> g(mu);
-    return !heard.empty() && heard.back() == SessionState::kLost;
-  }, 20s));
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        std::lock_guard<std::mutex> g(mu);
+        return !heard.empty() && heard.back() == SessionState::kLost;
+      },
+      20s));
   EXPECT_EQ((*s)->state(), SessionState::kLost);  // and it stays lost
 }
 

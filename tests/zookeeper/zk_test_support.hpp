@@ -47,9 +47,9 @@ inline std::string SharedServer() {
   return "";
 }
 
-#define DLOCK_REQUIRE_ZK_SERVER()                                                                    \
-  do {                                                                                               \
-    if (::dlock::zktest::SharedServer().empty())                                                     \
+#define DLOCK_REQUIRE_ZK_SERVER()                                                                     \
+  do {                                                                                                \
+    if (::dlock::zktest::SharedServer().empty())                                                      \
       GTEST_SKIP() << "no ZooKeeper server: set DLOCK_TEST_ZK=host:port or run the tests with ctest"; \
   } while (0)
 
@@ -169,8 +169,7 @@ class RawZk {
     last_rc = zoo_get_acl(zh_, path.c_str(), &v, &s);
     if (last_rc == ZOK) {
       for (int i = 0; i < v.count; ++i) {
-        out.push_back(std::string(v.data[i].id.scheme) + ":" + v.data[i].id.id + ":" +
-                      std::to_string(v.data[i].perms));
+        out.push_back(std::string(v.data[i].id.scheme) + ":" + v.data[i].id.id + ":" + std::to_string(v.data[i].perms));
       }
       deallocate_ACL_vector(&v);
     }
@@ -390,8 +389,7 @@ inline void PrintTo(PeerKind kind, std::ostream* os) { *os << PeerName(kind); }
 
 // Why the peer cannot run here, or "" if it can.
 inline std::string PeerMissing(PeerKind kind) {
-  if (kind == PeerKind::kKazoo)
-    return std::string(DLOCK_PYTHON_KAZOO).empty() ? "needs python3-kazoo" : "";
+  if (kind == PeerKind::kKazoo) return std::string(DLOCK_PYTHON_KAZOO).empty() ? "needs python3-kazoo" : "";
   return std::string(DLOCK_CURATOR_CLASSPATH).empty() ? "needs libcurator-recipes-java and a JDK" : "";
 }
 
@@ -404,8 +402,9 @@ class PeerClient {
     if (kind == PeerKind::kKazoo) {
       argv = {DLOCK_PYTHON_KAZOO, "-u", "-c", kKazooScript, hosts, t};
     } else {
-      argv = {DLOCK_JAVA, "-Xshare:auto", "-XX:TieredStopAtLevel=1", "-cp", DLOCK_CURATOR_CLASSPATH,
-              "CuratorDriver", hosts, t};
+      argv = {
+          DLOCK_JAVA, "-Xshare:auto", "-XX:TieredStopAtLevel=1", "-cp", DLOCK_CURATOR_CLASSPATH, "CuratorDriver", hosts,
+          t};
     }
     int in[2], out[2];
     if (::pipe2(in, O_CLOEXEC) != 0 || ::pipe2(out, O_CLOEXEC) != 0) return;
@@ -572,10 +571,16 @@ inline std::string CheckLedger(const std::string& path, std::size_t* entries = n
       last_client = client;
       if (exclusive_inside) return where + ": entered while an exclusive holder was inside";
       if (!shared && readers > 0) return where + ": entered while readers were inside";
-      if (shared) ++readers; else exclusive_inside = true;
+      if (shared)
+        ++readers;
+      else
+        exclusive_inside = true;
     } else if (what == "exit") {
       if (shared ? readers == 0 : !exclusive_inside) return where + ": exit of no one inside";
-      if (shared) --readers; else exclusive_inside = false;
+      if (shared)
+        --readers;
+      else
+        exclusive_inside = false;
     } else {
       return where + ": not a ledger line";
     }

@@ -33,9 +33,9 @@ struct HoldRec {
   std::uint64_t token = 0;
   std::int64_t wait_begin = 0, start = 0, end = 0, uncertain = -1, lost = -1;
   std::string state;
-  std::int64_t obs = -1;        // when a sample that saw kHeld last began (-1: none, or an old ledger)
+  std::int64_t obs = -1;  // when a sample that saw kHeld last began (-1: none, or an old ledger)
   std::string lock = "chaos/lock";
-  std::string mode = "x";       // x: exclusive, w / r: ReadWriteLock write / read
+  std::string mode = "x";  // x: exclusive, w / r: ReadWriteLock write / read
   int thread = 0;
   bool told() const { return uncertain >= 0 || lost >= 0; }
 };
@@ -91,12 +91,18 @@ int CheckLedger(const std::string& path, const CheckOptions& options, std::ostre
       }
     } else if (tag == "B") {
       WaitRec w;
-      if (!(f >> w.slot >> w.pid >> w.begin)) { ++malformed; continue; }
+      if (!(f >> w.slot >> w.pid >> w.begin)) {
+        ++malformed;
+        continue;
+      }
       f >> w.thread;
       waits.emplace(std::make_tuple(w.pid, w.thread, w.begin), w);
     } else if (tag == "W") {
       WaitRec w;
-      if (!(f >> w.slot >> w.pid >> w.begin >> w.end >> w.outcome)) { ++malformed; continue; }
+      if (!(f >> w.slot >> w.pid >> w.begin >> w.end >> w.outcome)) {
+        ++malformed;
+        continue;
+      }
       f >> w.thread;
       waits[std::make_tuple(w.pid, w.thread, w.begin)] = w;
     } else if (tag == "H") {
@@ -111,7 +117,10 @@ int CheckLedger(const std::string& path, const CheckOptions& options, std::ostre
       std::string kind;
       long pid = 0;
       Interval iv;
-      if (!(f >> kind >> pid >> iv.t0 >> iv.t1)) { ++malformed; continue; }
+      if (!(f >> kind >> pid >> iv.t0 >> iv.t1)) {
+        ++malformed;
+        continue;
+      }
       ++faults[kind];
       if (kind == "stop") {
         stops.emplace(pid, iv);
@@ -121,7 +130,10 @@ int CheckLedger(const std::string& path, const CheckOptions& options, std::ostre
     } else if (tag == "P") {
       long pid = 0;
       std::int64_t t0 = 0;
-      if (!(f >> pid >> t0)) { ++malformed; continue; }
+      if (!(f >> pid >> t0)) {
+        ++malformed;
+        continue;
+      }
       stops_begun.insert({pid, t0});
     } else if (tag == "STUCK") {
       stuck.push_back(line);
@@ -223,7 +235,8 @@ int CheckLedger(const std::string& path, const CheckOptions& options, std::ostre
     // together: a read is compared with the writes that ended only.)
     {
       std::vector<std::size_t> by_end = idx;
-      std::sort(by_end.begin(), by_end.end(), [&](std::size_t x, std::size_t y) { return holds[x].end < holds[y].end; });
+      std::sort(by_end.begin(), by_end.end(),
+                [&](std::size_t x, std::size_t y) { return holds[x].end < holds[y].end; });
       std::size_t k = 0;
       std::uint64_t max_all = 0, max_ended_write = 0;
       bool any_all = false, any_ended_write = false;
@@ -270,9 +283,9 @@ int CheckLedger(const std::string& path, const CheckOptions& options, std::ostre
         const HoldRec& g = holds[j];
         if (g.start >= h.obs) break;  // by start: none later can be earlier than the sample
         if (j == i || !conflict(h, g)) continue;
-        const bool later = (g.start > h.start && (g.token > h.token || g.wait_begin > h.start)) ||
-                           (g.start <= h.start && g.token > h.token &&
-                            PausedWithin(stops, h.pid, h.wait_begin, h.start) > 0);
+        const bool later =
+            (g.start > h.start && (g.token > h.token || g.wait_begin > h.start)) ||
+            (g.start <= h.start && g.token > h.token && PausedWithin(stops, h.pid, h.wait_begin, h.start) > 0);
         if (!later) continue;
         ++observed_after;
         if (paused(h)) ++observed_after_paused;
@@ -312,8 +325,10 @@ int CheckLedger(const std::string& path, const CheckOptions& options, std::ostre
 
   int lost_holds = 0, uncertain_holds = 0;
   for (const auto& h : holds) {
-    if (h.lost >= 0) ++lost_holds;
-    else if (h.uncertain >= 0) ++uncertain_holds;
+    if (h.lost >= 0)
+      ++lost_holds;
+    else if (h.uncertain >= 0)
+      ++uncertain_holds;
   }
 
   // Per check, so that --known can set some aside (still reported).
@@ -333,13 +348,14 @@ int CheckLedger(const std::string& path, const CheckOptions& options, std::ostre
   std::string known_text;
   for (const auto& [check, n] : per_check) {
     if (n == 0) continue;
-    if (options.known.count(check)) known_text += " " + check + "=" + std::to_string(n);
-    else violations += n;
+    if (options.known.count(check))
+      known_text += " " + check + "=" + std::to_string(n);
+    else
+      violations += n;
   }
   out << "ledger: " << path << "\n";
   for (const auto& [k, v] : config) out << "  " << k << " = " << v << "\n";
-  out << "holds: " << holds.size() << " (told uncertain: " << uncertain_holds << ", told lost: " << lost_holds
-      << ")\n";
+  out << "holds: " << holds.size() << " (told uncertain: " << uncertain_holds << ", told lost: " << lost_holds << ")\n";
   out << "faults:";
   int nfaults = 0;
   for (const auto& [k, v] : faults) {
@@ -355,11 +371,11 @@ int CheckLedger(const std::string& path, const CheckOptions& options, std::ostre
   out << "CHECK wall-clock overlaps: " << overlaps << " (stale holder paused: " << overlap_paused
       << ", stale holder told uncertain/lost: " << overlap_told << ", unexplained: " << overlap_unexplained << ")\n";
   out << "CHECK duplicate tokens among overlapping holds: " << duplicate_tokens << "\n";
-  out << "CHECK tokens out of order: " << out_of_order << " (explained by a pause or a notice: "
-      << out_of_order_explained << ")\n";
+  out << "CHECK tokens out of order: " << out_of_order
+      << " (explained by a pause or a notice: " << out_of_order_explained << ")\n";
   out << "CHECK hold level: kHeld observed after a later holder's grant: " << observed_after
-      << " (of them by a holder that had been stopped: " << observed_after_paused << "; holds with a kHeld sample: "
-      << observations << ")\n";
+      << " (of them by a holder that had been stopped: " << observed_after_paused
+      << "; holds with a kHeld sample: " << observations << ")\n";
   out << "CHECK liveness: waits never ended: " << waits_unended << ", waits over the bound: " << waits_too_long
       << ", hung workers: " << hung.size() << "\n";
   out << "CHECK worker crashes: " << crashes.size() << "\n";
@@ -374,7 +390,8 @@ int CheckLedger(const std::string& path, const CheckOptions& options, std::ostre
   const std::size_t shown = std::min<std::size_t>(details.size(), 20);
   for (std::size_t i = 0; i < shown; ++i) out << "  " << details[i] << "\n";
   const std::string known_note = known_text.empty() ? "" : " (known failures, not counted:" + known_text + ")";
-  out << (violations == 0 ? "RESULT: OK" : "RESULT: " + std::to_string(violations) + " violation(s)") << known_note << "\n";
+  out << (violations == 0 ? "RESULT: OK" : "RESULT: " + std::to_string(violations) + " violation(s)") << known_note
+      << "\n";
   return violations;
 }
 

@@ -42,9 +42,9 @@ std::int64_t MonotonicNanos();
 void AppendLine(int fd, const std::string& line);
 
 struct CheckOptions {
-  std::int64_t acquire_timeout_ms = 0;  // 0: read from the C line
+  std::int64_t acquire_timeout_ms = 0;      // 0: read from the C line
   std::int64_t liveness_slack_ms = 15'000;  // beyond the timeout a wait may take (round trips, restarts)
-  std::int64_t orphans = -1;            // entries left in the store (-1: not checked)
+  std::int64_t orphans = -1;                // entries left in the store (-1: not checked)
   // Checks whose violations are reported but not counted: failures of the
   // stores that are known and being fixed (fencing, overlaps, token-order,
   // duplicates, hold-level, liveness, crashes, runner, orphans, malformed).

@@ -75,8 +75,8 @@ std::string LockName(const std::string& base, const std::string& recipe) {
 // (state() and lost_token()) before each simulated write: at the start, every
 // 5 ms or so and at the end; the H line says when it last saw kHeld.
 void ContendLoop(const WorkerArgs& a, int fd, int thread, const std::string& lock, std::stop_source stop,
-                 std::uint64_t seed,
-                 const std::function<std::optional<Hold>(bool write, std::stop_token)>& acquire, bool has_modes) {
+                 std::uint64_t seed, const std::function<std::optional<Hold>(bool write, std::stop_token)>& acquire,
+                 bool has_modes) {
   const std::string who = Str(a.slot) + " " + Str(::getpid()) + " ";
   const std::string tail = " " + Str(thread) + " " + lock;
   std::mt19937_64 rng(seed);
@@ -121,7 +121,8 @@ void ContendLoop(const WorkerArgs& a, int fd, int thread, const std::string& loc
       return st;
     };
     sample();  // before the first write
-    const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(1 + rng() % static_cast<unsigned>(a.hold_max_ms));
+    const auto until =
+        std::chrono::steady_clock::now() + std::chrono::milliseconds(1 + rng() % static_cast<unsigned>(a.hold_max_ms));
     while (true) {
       const auto now = std::chrono::steady_clock::now();
       if (now >= until) break;
@@ -153,7 +154,8 @@ int RunWorker(const WorkerArgs& a) {
     int sig = 0;
     sigwait(&usr1, &sig);
     stop.request_stop();
-  }).detach();
+  })
+      .detach();
 
   const int fd = ::open(a.ledger.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0600);
   if (fd < 0) return 10;
@@ -164,8 +166,10 @@ int RunWorker(const WorkerArgs& a) {
     std::optional<Client> client;
     while (!client && !stop.stop_requested()) {
       auto opened = Client::open(a.url);
-      if (opened.ok()) client = std::move(*opened);
-      else std::this_thread::sleep_for(100ms);
+      if (opened.ok())
+        client = std::move(*opened);
+      else
+        std::this_thread::sleep_for(100ms);
     }
     if (!client) return 0;
     // One handle of each recipe, shared by every thread of this process.
@@ -174,18 +178,27 @@ int RunWorker(const WorkerArgs& a) {
     std::optional<SemaphoreMutex> sem;
     std::optional<ReadWriteLock> rw;
     for (const auto& r : a.recipes) {
-      if (r == "mutex") mutex.emplace(*client, LockName(a.name, r));
-      else if (r == "semaphore") sem.emplace(*client, LockName(a.name, r));
-      else if (r == "rw") rw.emplace(*client, LockName(a.name, r));
-      else throw Error(InvalidArgumentError("unknown recipe " + r));
+      if (r == "mutex")
+        mutex.emplace(*client, LockName(a.name, r));
+      else if (r == "semaphore")
+        sem.emplace(*client, LockName(a.name, r));
+      else if (r == "rw")
+        rw.emplace(*client, LockName(a.name, r));
+      else
+        throw Error(InvalidArgumentError("unknown recipe " + r));
     }
     std::vector<std::thread> threads;
     for (int t = 0; t < std::max(1, a.threads); ++t) {
       const std::string recipe = a.recipes[static_cast<std::size_t>(t) % a.recipes.size()];
       std::function<std::optional<Hold>(bool, std::stop_token)> acquire;
-      if (recipe == "mutex") acquire = [&](bool, std::stop_token st) { return mutex->acquire(timeout, st); };
-      else if (recipe == "semaphore") acquire = [&](bool, std::stop_token st) { return sem->acquire(timeout, st); };
-      else acquire = [&](bool w, std::stop_token st) { return w ? rw->acquire_write(timeout, st) : rw->acquire_read(timeout, st); };
+      if (recipe == "mutex")
+        acquire = [&](bool, std::stop_token st) { return mutex->acquire(timeout, st); };
+      else if (recipe == "semaphore")
+        acquire = [&](bool, std::stop_token st) { return sem->acquire(timeout, st); };
+      else
+        acquire = [&](bool w, std::stop_token st) {
+          return w ? rw->acquire_write(timeout, st) : rw->acquire_read(timeout, st);
+        };
       threads.emplace_back([&, t, recipe, acquire, seed = rng()] {
         try {
           ContendLoop(a, fd, t, LockName(a.name, recipe), stop, seed, acquire, recipe == "rw");
@@ -320,7 +333,8 @@ class ZkCluster {
       const std::string d = dir_ + "/zk" + Str(i + 1);
       fs::create_directories(d + "/data");
       std::ofstream cfg(d + "/zoo.cfg");
-      cfg << "tickTime=200\ninitLimit=100\nsyncLimit=" << sync_ticks << "\ndataDir=" << d << "/data\nclientPort=" << servers_[i].client
+      cfg << "tickTime=200\ninitLimit=100\nsyncLimit=" << sync_ticks << "\ndataDir=" << d
+          << "/data\nclientPort=" << servers_[i].client
           << "\nclientPortAddress=127.0.0.1\nmaxSessionTimeout=120000\nmaxClientCnxns=0\n"
           << "4lw.commands.whitelist=*\nadmin.enableServer=false\n";
       if (size > 1) {
@@ -351,11 +365,11 @@ class ZkCluster {
   void launch(std::size_t i) {
     const std::string d = dir_ + "/zk" + Str(static_cast<std::int64_t>(i) + 1);
     const std::string jars = "/usr/share/java/zookeeper.jar:/usr/share/java/slf4j-simple.jar";
-    servers_[i].pid = Spawn({"java", "-Xmx192m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
-                             "-Dzookeeper.jmx.log4j.disable=true", "-Dzookeeper.admin.enableServer=false",
-                             "-Dorg.slf4j.simpleLogger.defaultLogLevel=warn", "-cp", jars,
-                             "org.apache.zookeeper.server.quorum.QuorumPeerMain", d + "/zoo.cfg"},
-                            d + "/server.log");
+    servers_[i].pid =
+        Spawn({"java", "-Xmx192m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-Dzookeeper.jmx.log4j.disable=true",
+               "-Dzookeeper.admin.enableServer=false", "-Dorg.slf4j.simpleLogger.defaultLogLevel=warn", "-cp", jars,
+               "org.apache.zookeeper.server.quorum.QuorumPeerMain", d + "/zoo.cfg"},
+              d + "/server.log");
   }
   // Until the server answers as standalone, leader or follower (60s at most: a cold JVM).
   bool wait_serving(std::size_t i) {
@@ -411,7 +425,8 @@ std::string RedisCommand(int port, const std::string& cmd) {
 // everysec`). A restart loads whatever the directory holds.
 class RedisServer {
  public:
-  RedisServer(std::string dir, std::string persist) : dir_(std::move(dir)), persist_(std::move(persist)), port_(FreePort()) {
+  RedisServer(std::string dir, std::string persist)
+      : dir_(std::move(dir)), persist_(std::move(persist)), port_(FreePort()) {
     fs::create_directories(dir_);
   }
   ~RedisServer() { stop(); }
@@ -419,18 +434,25 @@ class RedisServer {
   const std::string& dir() const { return dir_; }
   // `replica_of`: the port of the primary to replicate, or 0.
   bool start(int replica_of = 0) {
-    std::vector<std::string> args = {"redis-server", "--port", Str(port_), "--bind", "127.0.0.1", "--dir", dir_,
-                                     "--daemonize", "no", "--protected-mode", "no", "--logfile", dir_ + "/redis.log"};
-    if (persist_ == "rdb") args.insert(args.end(), {"--save", "1 1", "--appendonly", "no"});
-    else if (persist_ == "aof") args.insert(args.end(), {"--save", "", "--appendonly", "yes", "--appendfsync", "everysec"});
-    else args.insert(args.end(), {"--save", "", "--appendonly", "no"});
+    std::vector<std::string> args = {"redis-server", "--port",    Str(port_),         "--bind", "127.0.0.1",
+                                     "--dir",        dir_,        "--daemonize",      "no",     "--protected-mode",
+                                     "no",           "--logfile", dir_ + "/redis.log"};
+    if (persist_ == "rdb")
+      args.insert(args.end(), {"--save", "1 1", "--appendonly", "no"});
+    else if (persist_ == "aof")
+      args.insert(args.end(), {"--save", "", "--appendonly", "yes", "--appendfsync", "everysec"});
+    else
+      args.insert(args.end(), {"--save", "", "--appendonly", "no"});
     if (replica_of > 0) args.insert(args.end(), {"--replicaof", "127.0.0.1", Str(replica_of)});
     for (int attempt = 0; attempt < 20; ++attempt) {  // the port may linger a moment after a kill
       pid_ = Spawn(args, dir_ + "/redis.out");
       for (int i = 0; i < 100 && pid_ > 0; ++i) {
         // PING answers while an AOF or RDB loads (-LOADING): wait for +PONG.
         if (RedisPing(port_)) return true;
-        if (::waitpid(pid_, nullptr, WNOHANG) == pid_) { pid_ = -1; break; }
+        if (::waitpid(pid_, nullptr, WNOHANG) == pid_) {
+          pid_ = -1;
+          break;
+        }
         std::this_thread::sleep_for(20ms);
       }
       stop();
@@ -483,7 +505,8 @@ std::string DescribeThreads(pid_t pid) {
       auto close = all.rfind(')');
       if (close != std::string::npos && close + 2 < all.size()) state = all.substr(close + 2, 1);
     }
-    std::string line = "    " + Str(pid) + "/" + t.path().filename().string() + " " + state + " " + slurp(tdir + "/wchan");
+    std::string line =
+        "    " + Str(pid) + "/" + t.path().filename().string() + " " + state + " " + slurp(tdir + "/wchan");
     std::istringstream sc(slurp(tdir + "/syscall"));
     std::string nr_text;
     sc >> nr_text;
@@ -493,11 +516,24 @@ std::string DescribeThreads(pid_t pid) {
       sc >> arg0;
       std::string name = "syscall " + nr_text;
 #if defined(__x86_64__)
-      static const std::map<long, std::string> names = {
-          {0, "read"}, {1, "write"}, {7, "poll"}, {23, "select"}, {35, "nanosleep"}, {42, "connect"},
-          {43, "accept"}, {61, "wait4"}, {72, "fcntl"}, {73, "flock"}, {128, "rt_sigtimedwait"}, {202, "futex"},
-          {230, "clock_nanosleep"}, {232, "epoll_wait"}, {247, "waitid"}, {270, "pselect6"}, {271, "ppoll"},
-          {281, "epoll_pwait"}};
+      static const std::map<long, std::string> names = {{0, "read"},
+                                                        {1, "write"},
+                                                        {7, "poll"},
+                                                        {23, "select"},
+                                                        {35, "nanosleep"},
+                                                        {42, "connect"},
+                                                        {43, "accept"},
+                                                        {61, "wait4"},
+                                                        {72, "fcntl"},
+                                                        {73, "flock"},
+                                                        {128, "rt_sigtimedwait"},
+                                                        {202, "futex"},
+                                                        {230, "clock_nanosleep"},
+                                                        {232, "epoll_wait"},
+                                                        {247, "waitid"},
+                                                        {270, "pselect6"},
+                                                        {271, "ppoll"},
+                                                        {281, "epoll_pwait"}};
       if (auto it = names.find(nr); it != names.end()) name = it->second;
       if (nr == 0 || nr == 1 || nr == 42 || nr == 43 || nr == 72 || nr == 73) {  // the first argument is an fd
         const long fd = std::stol(arg0, nullptr, 16);
@@ -638,7 +674,10 @@ class Watchdog {
   void continue_due() {
     const auto now = Clock::now();
     for (auto it = stops_.begin(); it != stops_.end();) {
-      if (it->second.until > now) { ++it; continue; }
+      if (it->second.until > now) {
+        ++it;
+        continue;
+      }
       ::kill(it->first, SIGCONT);
       AppendLine(fd_, "F stop " + Str(it->first) + " " + Str(it->second.t0) + " " + Str(MonotonicNanos()) + "\n");
       it = stops_.erase(it);
@@ -654,8 +693,9 @@ class Watchdog {
       const auto now = Clock::now();
       std::string why;
       if (now > doing_until_)
-        why = "the runner has been " + doing_ + " for " + Str(std::chrono::duration_cast<std::chrono::milliseconds>(now - doing_since_).count()) +
-              " ms (bound " + Str(std::chrono::duration_cast<std::chrono::milliseconds>(doing_until_ - doing_since_).count()) + " ms)";
+        why = "the runner has been " + doing_ + " for " +
+              Str(std::chrono::duration_cast<std::chrono::milliseconds>(now - doing_since_).count()) + " ms (bound " +
+              Str(std::chrono::duration_cast<std::chrono::milliseconds>(doing_until_ - doing_since_).count()) + " ms)";
       else if (now > deadline_)
         why = "the run passed its overall bound (--deadline-s) while " + doing_;
       if (why.empty()) continue;
@@ -792,15 +832,15 @@ struct RunArgs {
   std::uint64_t seed = 0;
   int hold_max_ms = 50;
   int acquire_timeout_ms = 5000;
-  int ttl_ms = 2000;  // redis session lease
+  int ttl_ms = 2000;                   // redis session lease
   std::string redis_persist = "none";  // none, rdb, aof
   bool redis_replica = false;          // a replica, and the failover fault
   int zk_sync_ms = 0;                  // zk3: how long a follower takes to notice a silent leader (0: 2 s)
-  int fault_every_ms = 700;  // mean gap between faults
+  int fault_every_ms = 700;            // mean gap between faults
   int threads = 1;
   std::vector<std::string> recipes = {"mutex"};
-  std::vector<std::string> known;  // checks reported but not counted (CheckOptions::known)
-  double deadline_s = 0;     // the whole run's bound (0: duration + 300 s + 60 s per ZooKeeper server)
+  std::vector<std::string> known;   // checks reported but not counted (CheckOptions::known)
+  double deadline_s = 0;            // the whole run's bound (0: duration + 300 s + 60 s per ZooKeeper server)
   std::vector<std::string> faults;  // empty: every kind the store supports
 };
 
@@ -822,8 +862,10 @@ class Runner {
     // A scratch directory is kept only when there is something to look at
     // (not after the watchdog's self-test, which fails by design).
     const bool self_test = a_.faults == std::vector<std::string>{"stall"};
-    if (scratch && (status == 0 || self_test)) fs::remove_all(a_.out);
-    else std::cerr << "dlock-chaos: ledger kept in " << ledger_ << "\n";
+    if (scratch && (status == 0 || self_test))
+      fs::remove_all(a_.out);
+    else
+      std::cerr << "dlock-chaos: ledger kept in " << ledger_ << "\n";
     return status;
   }
 
@@ -863,7 +905,8 @@ class Runner {
         bool synced = replica_->start(redis_->port());
         for (int i = 0; synced && i < 100 && !replica_synced(); ++i) std::this_thread::sleep_for(100ms);
         if (!synced || !replica_synced()) {
-          std::cerr << "dlock-chaos: the redis replica did not start or sync (see " << replica_->dir() << "/redis.log)\n";
+          std::cerr << "dlock-chaos: the redis replica did not start or sync (see " << replica_->dir()
+                    << "/redis.log)\n";
           return 2;
         }
       }
@@ -907,18 +950,21 @@ class Runner {
       return 2;
     }
     if (!a_.faults.empty()) kinds = a_.faults;
-    AppendLine(fd_, "C store=" + a_.store + " url=" + url_ + " workers=" + Str(a_.workers) +
-                        " duration_s=" + Str(static_cast<std::int64_t>(a_.duration_s)) + " seed=" + Str(static_cast<std::int64_t>(a_.seed)) +
-                        " acquire_timeout_ms=" + Str(a_.acquire_timeout_ms) + " hold_max_ms=" + Str(a_.hold_max_ms) +
-                        " ttl_ms=" + Str(a_.store == "file" ? 0 : a_.ttl_ms) + " threads=" + Str(a_.threads) +
-                        (a_.store == "redis" ? " redis_persist=" + a_.redis_persist + " redis_replica=" + Str(a_.redis_replica) : "") +
-                        " recipes=" + recipes_csv() + "\n");
+    AppendLine(
+        fd_, "C store=" + a_.store + " url=" + url_ + " workers=" + Str(a_.workers) + " duration_s=" +
+                 Str(static_cast<std::int64_t>(a_.duration_s)) + " seed=" + Str(static_cast<std::int64_t>(a_.seed)) +
+                 " acquire_timeout_ms=" + Str(a_.acquire_timeout_ms) + " hold_max_ms=" + Str(a_.hold_max_ms) +
+                 " ttl_ms=" + Str(a_.store == "file" ? 0 : a_.ttl_ms) + " threads=" + Str(a_.threads) +
+                 (a_.store == "redis" ? " redis_persist=" + a_.redis_persist + " redis_replica=" + Str(a_.redis_replica)
+                                      : "") +
+                 " recipes=" + recipes_csv() + "\n");
     std::cerr << "dlock-chaos: " << a_.store << " store at " << url_ << ", ledger " << ledger_ << "\n";
     starting.reset();
     probe_ = std::make_unique<HolderProbe>(direct_url_, lock_names());
 
     for (int s = 0; s < a_.workers; ++s) spawn_worker(s);
-    const auto t_end = std::chrono::steady_clock::now() + std::chrono::milliseconds(static_cast<std::int64_t>(a_.duration_s * 1000));
+    const auto t_end =
+        std::chrono::steady_clock::now() + std::chrono::milliseconds(static_cast<std::int64_t>(a_.duration_s * 1000));
     auto next_fault = std::chrono::steady_clock::now() + gap();
     while (std::chrono::steady_clock::now() < t_end && !g_interrupted && !wd_->failed()) {
       // One step of the loop; a restart inside it declares its own, longer bound.
@@ -933,8 +979,9 @@ class Runner {
       std::this_thread::sleep_for(10ms);
     }
     wd_->continue_all();
-    std::cerr << "dlock-chaos: holder lookups " << holder_lookups_ << ", not answered within 1 s: "
-              << holder_lookups_late_ << "; faults skipped (not possible at the time):";
+    std::cerr << "dlock-chaos: holder lookups " << holder_lookups_
+              << ", not answered within 1 s: " << holder_lookups_late_
+              << "; faults skipped (not possible at the time):";
     for (const auto& [k, n] : skipped_) std::cerr << " " << k << "=" << n;
     std::cerr << "\n";
     {
@@ -988,10 +1035,26 @@ class Runner {
     sigemptyset(&stop_signal);
     sigaddset(&stop_signal, SIGUSR1);
     const std::string url = slot_urls_.empty() ? url_ : slot_urls_[slot % 2];
-    pid_t pid = Spawn({self_, "worker", "--url", url, "--name", name_, "--ledger", ledger_, "--slot", Str(slot),
-                       "--hold-max-ms", Str(a_.hold_max_ms), "--acquire-timeout-ms", Str(a_.acquire_timeout_ms),
-                       "--seed", Str(static_cast<std::int64_t>(rng_() >> 1)), "--threads", Str(a_.threads),
-                       "--recipes", recipes_csv()},
+    pid_t pid = Spawn({self_,
+                       "worker",
+                       "--url",
+                       url,
+                       "--name",
+                       name_,
+                       "--ledger",
+                       ledger_,
+                       "--slot",
+                       Str(slot),
+                       "--hold-max-ms",
+                       Str(a_.hold_max_ms),
+                       "--acquire-timeout-ms",
+                       Str(a_.acquire_timeout_ms),
+                       "--seed",
+                       Str(static_cast<std::int64_t>(rng_() >> 1)),
+                       "--threads",
+                       Str(a_.threads),
+                       "--recipes",
+                       recipes_csv()},
                       "", &stop_signal);
     if (pid > 0) {
       workers_[pid] = slot;
@@ -1143,7 +1206,8 @@ class Runner {
       later(between(500, 2000), [this] {
         std::error_code ec;
         for (const auto& f : replica_->data_files()) fs::remove_all(replica_->dir() + "/" + f, ec);
-        if (!replica_->start(redis_->port())) std::cerr << "dlock-chaos: the old redis primary did not restart as a replica\n";
+        if (!replica_->start(redis_->port()))
+          std::cerr << "dlock-chaos: the old redis primary did not restart as a replica\n";
         for (int i = 0; i < 100 && !replica_synced(); ++i) std::this_thread::sleep_for(100ms);
         server_down_ = false;
       });
@@ -1183,8 +1247,10 @@ class Runner {
       network_fault_ = true;
       const auto delay = between(20, a_.ttl_ms / 3);
       for (auto* p : proxies()) {
-        if (kind == "cut") p->set_mode(TcpProxy::Mode::kBlackHole);
-        else p->set_mode(TcpProxy::Mode::kDelay, delay);
+        if (kind == "cut")
+          p->set_mode(TcpProxy::Mode::kBlackHole);
+        else
+          p->set_mode(TcpProxy::Mode::kDelay, delay);
       }
       // A cut sometimes outlasts the session (it is lost), sometimes not.
       const auto len = kind == "cut" ? between(a_.ttl_ms / 4, a_.ttl_ms * 2) : between(500, 3000);
@@ -1256,7 +1322,8 @@ class Runner {
         for (auto& [p, slot] : workers_) {
           AppendLine(fd_, "HUNG " + Str(p) + " " + Str(MonotonicNanos()) + "\n");
           std::cerr << "dlock-chaos: worker slot " << slot << " pid " << p << " did not stop when asked\n"
-                    << "    last ledger line: " << LastLedgerLine(ledger_, p) << "\n" << DescribeThreads(p);
+                    << "    last ledger line: " << LastLedgerLine(ledger_, p) << "\n"
+                    << DescribeThreads(p);
           killed_by_us_.insert(p);
           wd_->kill_worker(p);
         }
@@ -1349,7 +1416,8 @@ int main(int argc, char** argv) {
 
   RunArgs run;
   auto* run_cmd = app.add_subcommand("run", "start workers, inject faults, check the ledger");
-  run_cmd->add_option("--store", run.store, "file, redis, zk (one server) or zk3 (a three-server ensemble)")->required();
+  run_cmd->add_option("--store", run.store, "file, redis, zk (one server) or zk3 (a three-server ensemble)")
+      ->required();
   run_cmd->add_option("--duration", run.duration_s, "seconds");
   run_cmd->add_option("--workers", run.workers);
   run_cmd->add_option("--seed", run.seed);
@@ -1358,19 +1426,26 @@ int main(int argc, char** argv) {
   run_cmd->add_option("--acquire-timeout-ms", run.acquire_timeout_ms);
   run_cmd->add_option("--ttl-ms", run.ttl_ms, "redis session lease, zk session timeout");
   run_cmd->add_option("--fault-every-ms", run.fault_every_ms, "mean gap between faults");
-  run_cmd->add_option("--redis-persist", run.redis_persist, "redis: none, rdb (save 1 1) or aof (appendfsync everysec); rdb/aof add the rollback fault");
+  run_cmd->add_option("--redis-persist", run.redis_persist,
+                      "redis: none, rdb (save 1 1) or aof (appendfsync everysec); rdb/aof add the rollback fault");
   run_cmd->add_flag("--redis-replica", run.redis_replica, "redis: a primary and a replica; adds the failover fault");
-  run_cmd->add_option("--zk-sync-ms", run.zk_sync_ms, "zk3: syncLimit x tickTime, how long a follower serves without hearing the leader (default 2000)");
+  run_cmd->add_option(
+      "--zk-sync-ms", run.zk_sync_ms,
+      "zk3: syncLimit x tickTime, how long a follower serves without hearing the leader (default 2000)");
   run_cmd->add_option("--threads", run.threads, "contender threads per worker, sharing its handles");
-  run_cmd->add_option("--recipes", run.recipes, "mutex, semaphore (SemaphoreMutex), rw (ReadWriteLock); threads take them in turn")
+  run_cmd
+      ->add_option("--recipes", run.recipes,
+                   "mutex, semaphore (SemaphoreMutex), rw (ReadWriteLock); threads take them in turn")
       ->delimiter(',');
-  run_cmd->add_option("--known", run.known,
-                      "checks whose violations are reported but do not fail the run (known store defects): "
-                      "fencing, overlaps, token-order, duplicates, hold-level, liveness, crashes, runner, orphans")
+  run_cmd
+      ->add_option("--known", run.known,
+                   "checks whose violations are reported but do not fail the run (known store defects): "
+                   "fencing, overlaps, token-order, duplicates, hold-level, liveness, crashes, runner, orphans")
       ->delimiter(',');
   run_cmd->add_option("--deadline-s", run.deadline_s,
                       "bound on the whole run; past it the watchdog diagnoses and fails the run");
-  run_cmd->add_option("--faults", run.faults, "kinds to inject: kill stop restart cut drop delay leader")->delimiter(',');
+  run_cmd->add_option("--faults", run.faults, "kinds to inject: kill stop restart cut drop delay leader")
+      ->delimiter(',');
 
   std::string ledger;
   auto* check_cmd = app.add_subcommand("check", "check a ledger");

@@ -2,10 +2,10 @@
 // stuck lock. A thin layer over the public library: everything it knows
 // about stores and recipes comes from <dlock/dlock.hpp>.
 #include <poll.h>
-#include <sys/ioctl.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/eventfd.h>
+#include <sys/ioctl.h>
 #include <sys/signalfd.h>
 #include <sys/timerfd.h>
 #include <sys/wait.h>
@@ -57,16 +57,18 @@ constexpr Doc kExitStatuses[] = {
     {"4", "run: the lock was lost while the command ran (it was sent SIGTERM, then SIGKILL after --kill-after)"},
     {"5", "the store is unreachable (it never answered before the deadline) or refused the request"},
     {"6", "run: the command could not be started"},
-    {"128+N", "run: the command was killed by signal N; or dlock got signal N while still waiting (nothing is "
-              "left in the store)"},
+    {"128+N",
+     "run: the command was killed by signal N; or dlock got signal N while still waiting (nothing is "
+     "left in the store)"},
 };
 constexpr const char* kExitIntro = "run exits with the command's own status; otherwise:";
 
 constexpr Doc kEnvironment[] = {
     {"DLOCK_URL", "the store, when --url is not given; else file://, the directory /tmp/dlock-UID"},
     {"DLOCK_ZK_LOG", "1: print the ZooKeeper C client's log on stderr (zk:// stores)"},
-    {"COLUMNS", "the width that status fits its table into (default: the terminal's; no limit when not a "
-                "terminal)"},
+    {"COLUMNS",
+     "the width that status fits its table into (default: the terminal's; no limit when not a "
+     "terminal)"},
 };
 constexpr Doc kRunEnvironment[] = {
     {"DLOCK_NAME", "the lock name"},
@@ -75,14 +77,17 @@ constexpr Doc kRunEnvironment[] = {
 };
 constexpr Doc kStatusColumns[] = {
     {"ROLE", "holder (has the lock, a shared hold or a permit) or waiter; holders first, each in queue order"},
-    {"KIND", "lock (a mutex: dlock run, dlock::Mutex), read or write (the sides of a read-write lock: dlock run "
-             "--shared takes read), lease (a semaphore permit: dlock run --permits), foreign (another client's "
-             "entry of an unknown kind)"},
+    {"KIND",
+     "lock (a mutex: dlock run, dlock::Mutex), read or write (the sides of a read-write lock: dlock run "
+     "--shared takes read), lease (a semaphore permit: dlock run --permits), foreign (another client's "
+     "entry of an unknown kind)"},
     {"TOKEN", "the entry's fencing token (- if the store does not list it)"},
-    {"ENTRY", "the entry's id in the store; a long id is shortened in the middle (...) to fit the terminal: "
-              "--wide or --json print it whole, and break takes it either way"},
-    {"QUEUE", "main: the queue of NAME itself (mutexes, read-write locks); leases: a semaphore's permits held "
-              "(NAME/leases); locks: a semaphore's waiting acquirers (NAME/locks)"},
+    {"ENTRY",
+     "the entry's id in the store; a long id is shortened in the middle (...) to fit the terminal: "
+     "--wide or --json print it whole, and break takes it either way"},
+    {"QUEUE",
+     "main: the queue of NAME itself (mutexes, read-write locks); leases: a semaphore's permits held "
+     "(NAME/leases); locks: a semaphore's waiting acquirers (NAME/locks)"},
     {"HOST", "the host of the process that made the entry (- for another client's entry)"},
     {"PID", "that process's id"},
     {"SINCE", "how long ago the entry was made, by the wall clock of that host"},
@@ -416,8 +421,10 @@ int Run(const RunOptions& o) {
 // ---------------------------------------------------------------- status
 
 nlohmann::json EntryJson(const dlock::EntryInfo& e) {
-  nlohmann::json j = {{"entry", e.entry.id},   {"queue", e.queue},
-                      {"kind", e.entry.kind},  {"position", e.position},
+  nlohmann::json j = {{"entry", e.entry.id},
+                      {"queue", e.queue},
+                      {"kind", e.entry.kind},
+                      {"position", e.position},
                       {"role", e.holds ? "holder" : "waiter"}};
   j["token"] = e.entry.token ? nlohmann::json(*e.entry.token) : nlohmann::json(nullptr);
   if (e.entry.owner) {
@@ -465,7 +472,9 @@ int Status(const std::string& url, const std::string& name, bool json, bool wide
   auto entries = dlock::Inspect(client, name);
   if (!entries.ok()) Die(ExitFor(entries.status()), entries.status().ToString());
   if (json) {
-    nlohmann::json out = {{"name", name}, {"url", client.url()}, {"holders", nlohmann::json::array()},
+    nlohmann::json out = {{"name", name},
+                          {"url", client.url()},
+                          {"holders", nlohmann::json::array()},
                           {"waiters", nlohmann::json::array()}};
     for (const auto& e : *entries) out[e.holds ? "holders" : "waiters"].push_back(EntryJson(e));
     std::printf("%s\n", out.dump(2).c_str());
@@ -484,12 +493,10 @@ int Status(const std::string& url, const std::string& name, bool json, bool wide
     for (const auto& e : *entries) {
       if (e.holds != holders) continue;
       const auto& owner = e.entry.owner;
-      rows.push_back({e.holds ? "holder" : "waiter", e.entry.kind,
-                      e.entry.token ? std::to_string(*e.entry.token) : "-", e.entry.id, QueueLabel(e.queue, name),
-                      owner ? owner->host : "-", owner ? std::to_string(owner->pid) : "-",
-                      owner && owner->acquired_unix_ms > 0
-                          ? HumanDuration(NowUnixMs() - owner->acquired_unix_ms) + " ago"
-                          : "-"});
+      rows.push_back(
+          {e.holds ? "holder" : "waiter", e.entry.kind, e.entry.token ? std::to_string(*e.entry.token) : "-",
+           e.entry.id, QueueLabel(e.queue, name), owner ? owner->host : "-", owner ? std::to_string(owner->pid) : "-",
+           owner && owner->acquired_unix_ms > 0 ? HumanDuration(NowUnixMs() - owner->acquired_unix_ms) + " ago" : "-"});
     }
   }
   std::array<std::size_t, kColumns> widths{};
@@ -660,8 +667,9 @@ void PrintManPage(const CLI::App& app, const std::vector<CLI::App*>& commands, c
     if (c->get_name() == "run") {
       std::printf(".PP\nThe command gets in its environment:\n");
       PrintDocsRoff(kRunEnvironment);
-      std::printf(".PP\nINT, TERM and HUP go to the command; while dlock still waits they cancel the wait, "
-                  "leaving nothing in the store.\n");
+      std::printf(
+          ".PP\nINT, TERM and HUP go to the command; while dlock still waits they cancel the wait, "
+          "leaving nothing in the store.\n");
     }
     if (c->get_name() == "status") {
       std::printf(".PP\nThe columns of the table:\n");
@@ -682,8 +690,9 @@ void PrintManPage(const CLI::App& app, const std::vector<CLI::App*>& commands, c
                    "dlock run --permits 3 --url redis://cache:6379 slots/migrate -- ./migrate-one.sh\n"
                    "dlock status --json deploy/prod | jq '.holders[0].pid'")
                   .c_str());
-  std::printf(".SH FILES\n.TP\n.I /tmp/dlock\\-UID\nthe default store (file://): one directory per user, mode "
-              "0700\n");
+  std::printf(
+      ".SH FILES\n.TP\n.I /tmp/dlock\\-UID\nthe default store (file://): one directory per user, mode "
+      "0700\n");
   std::printf(".SH SEE ALSO\nflock(1), timeout(1); /usr/share/doc/dlock/README.md\n");
 }
 
@@ -745,9 +754,11 @@ int main(int argc, char** argv) {
       "dlock runs a command while it holds a distributed lock (run), shows who holds and who waits for a "
       "lock (status), and removes a wedged holder's entry (break). The store is --url, else $DLOCK_URL, "
       "else the embedded file:// store: a directory per user on this host.";
-  CLI::App app{"dlock: distributed locks from the shell.\n"
-               "The store is --url, else $DLOCK_URL, else the embedded file:// store.\n"
-               "Durations are " + std::string(kDurationForms) + "."};
+  CLI::App app{
+      "dlock: distributed locks from the shell.\n"
+      "The store is --url, else $DLOCK_URL, else the embedded file:// store.\n"
+      "Durations are " +
+      std::string(kDurationForms) + "."};
   const std::string exit_help = ExitHelp();
   app.footer("Environment:\n" + Indented(kEnvironment, 14) + "\n" + exit_help);
   app.require_subcommand(0, 1);

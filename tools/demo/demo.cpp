@@ -91,8 +91,9 @@ int main(int argc, char** argv) {
   if (worker >= 0) return RunWorker(url, name, worker, rounds, hold_ms, ledger);
 
   if (url.rfind("mem:", 0) == 0) {
-    std::fprintf(stderr, "dlock-demo: mem:// lives inside one process, so separate processes cannot share it; "
-                         "use file:// or a server store\n");
+    std::fprintf(stderr,
+                 "dlock-demo: mem:// lives inside one process, so separate processes cannot share it; "
+                 "use file:// or a server store\n");
     return 2;
   }
   if (auto client = dlock::Client::open(url); !client.ok()) {
@@ -110,9 +111,19 @@ int main(int argc, char** argv) {
   std::printf("dlock-demo: %d processes x %d holds of '%s' on %s\n", processes, rounds, name.c_str(), url.c_str());
   std::vector<pid_t> children;
   for (int i = 0; i < processes; ++i) {
-    std::vector<std::string> args = {"/proc/self/exe", "--url",       url,       "--name",  name,
-                                     "--rounds",       std::to_string(rounds), "--hold-ms", std::to_string(hold_ms),
-                                     "--worker",       std::to_string(i), "--ledger", ledger};
+    std::vector<std::string> args = {"/proc/self/exe",
+                                     "--url",
+                                     url,
+                                     "--name",
+                                     name,
+                                     "--rounds",
+                                     std::to_string(rounds),
+                                     "--hold-ms",
+                                     std::to_string(hold_ms),
+                                     "--worker",
+                                     std::to_string(i),
+                                     "--ledger",
+                                     ledger};
     std::vector<char*> cargs;
     for (auto& a : args) cargs.push_back(a.data());
     cargs.push_back(nullptr);

@@ -86,14 +86,11 @@ Status ErrnoStatus(int err, std::string_view action, const std::string& path) {
   switch (err) {
     case EACCES:
     case EPERM:
-    case EROFS:
-      return PermissionDeniedError(std::move(message));
+    case EROFS: return PermissionDeniedError(std::move(message));
     case ENOTDIR:
     case ELOOP:
-    case ENAMETOOLONG:
-      return InvalidArgumentError(std::move(message));
-    default:
-      return UnavailableError(std::move(message));
+    case ENAMETOOLONG: return InvalidArgumentError(std::move(message));
+    default: return UnavailableError(std::move(message));
   }
 }
 
@@ -133,8 +130,8 @@ std::string EscapeUrlPath(const std::string& path) {
   static constexpr char kHex[] = "0123456789ABCDEF";
   std::string out;
   for (unsigned char c : path) {
-    bool plain = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '/' ||
-                 c == '.' || c == '_' || c == '-' || c == '~';
+    bool plain = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '/' || c == '.' ||
+                 c == '_' || c == '-' || c == '~';
     if (plain) {
       out += static_cast<char>(c);
     } else {
@@ -214,8 +211,7 @@ Result<UniqueFd> LockCounter(const StoreDir& dir, int operation, Clock::time_poi
 // keep growing when the store directory is deleted and made again (tmpfs at
 // reboot, a cleaner), as long as the wall clock does not step back.
 std::uint64_t WallClockMicros() {
-  auto us = std::chrono::duration_cast<std::chrono::microseconds>(
-      std::chrono::system_clock::now().time_since_epoch());
+  auto us = std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::system_clock::now().time_since_epoch());
   return us.count() > 0 ? static_cast<std::uint64_t>(us.count()) : 0;
 }
 
@@ -298,7 +294,8 @@ std::optional<OwnerRecord> ReadOwner(int fd) {
   std::string data(kMaxOwnerRecord + 1, '\0');
   std::size_t size = 0;
   while (size < data.size()) {
-    ssize_t n = RetryOnEintr([&] { return pread(fd, data.data() + size, data.size() - size, static_cast<off_t>(size)); });
+    ssize_t n =
+        RetryOnEintr([&] { return pread(fd, data.data() + size, data.size() - size, static_cast<off_t>(size)); });
     if (n <= 0) break;
     size += static_cast<std::size_t>(n);
   }
@@ -364,9 +361,9 @@ struct OwnedEntry {
   std::string queue;
   std::string qdir;
   std::string nonce;
-  Entry entry;     // with token and owner
-  UniqueFd file;   // holds the entry's flock
-  UniqueFd wake;   // its FIFO, open read-write
+  Entry entry;    // with token and owner
+  UniqueFd file;  // holds the entry's flock
+  UniqueFd wake;  // its FIFO, open read-write
 };
 
 // Ends an owned entry: delete it, wake its waiters, close its files.
@@ -451,7 +448,6 @@ class FileSession final : public Session {
     return subscribers_.add(std::move(fn));
   }
 
-
   Result<Appended> append(std::string_view queue, const EntrySpec& spec, Clock::time_point deadline) override {
     // Every step is local and short; only the counter's lock can take long
     // (see LockCounter), and it is tried at least once whatever the deadline.
@@ -510,8 +506,7 @@ class FileSession final : public Session {
     owned->entry.token = *token;
     owned->entry.attempt_id = spec.attempt_id;
     owned->entry.owner = owner;
-    owned->entry.id = FormatEntryName(
-        {owned->entry.sequence, *token, spec.kind, spec.attempt_id, temp->nonce});
+    owned->entry.id = FormatEntryName({owned->entry.sequence, *token, spec.kind, spec.attempt_id, temp->nonce});
     owned->file = std::move(temp->file);
     owned->wake = std::move(wake);
     std::string entry_path = qdir + "/" + owned->entry.id;
@@ -583,7 +578,8 @@ class FileSession final : public Session {
       if (probe->liveness == Liveness::kGone) return OkStatus();
       // The FIFO's own lock: free means its owner is gone (see "Waking").
       if (flock(fifos[i].get(), LOCK_SH | LOCK_NB) == 0) return OkStatus();
-      if (errno != EWOULDBLOCK) return ErrnoStatus(errno, "cannot test the lock of", dir.PathOf(WakePath(names[i].nonce)));
+      if (errno != EWOULDBLOCK)
+        return ErrnoStatus(errno, "cannot test the lock of", dir.PathOf(WakePath(names[i].nonce)));
     }
 
     auto waker = Waker::Create();
@@ -602,8 +598,7 @@ class FileSession final : public Session {
       if (closed()) return ClosedError();
       Clock::time_point now = dir.clock->now();
       if (now >= deadline) {
-        return DeadlineExceededError("deadline passed waiting for an entry of queue " + std::string(queue) +
-                                     " to go");
+        return DeadlineExceededError("deadline passed waiting for an entry of queue " + std::string(queue) + " to go");
       }
       timespec timeout{};
       timespec* timeout_ptr = nullptr;
@@ -612,7 +607,8 @@ class FileSession final : public Session {
         auto left = std::min<Clock::duration>(deadline - now, std::chrono::hours(24));
         auto seconds = std::chrono::duration_cast<std::chrono::seconds>(left);
         timeout.tv_sec = static_cast<time_t>(seconds.count());
-        timeout.tv_nsec = static_cast<long>(std::chrono::duration_cast<std::chrono::nanoseconds>(left - seconds).count());
+        timeout.tv_nsec =
+            static_cast<long>(std::chrono::duration_cast<std::chrono::nanoseconds>(left - seconds).count());
         timeout_ptr = &timeout;
       }
       int ready = ppoll(pollfds.data(), pollfds.size(), timeout_ptr, nullptr);
@@ -716,7 +712,7 @@ class FileSession final : public Session {
   std::atomic<SessionState> state_{SessionState::kConnected};
   ListenerList<SessionState> subscribers_;
   mutable std::mutex mu_;
-  bool closed_ = false;                                           // guarded by mu_
+  bool closed_ = false;                                         // guarded by mu_
   std::map<std::string, std::unique_ptr<OwnedEntry>> entries_;  // by id; guarded by mu_
 };
 
@@ -777,8 +773,7 @@ Result<UniqueFd> OpenPrivateDirectory(const std::string& path) {
   if (fstat(fd.get(), &st) != 0) return ErrnoStatus(errno, "cannot stat store directory", path);
   if (st.st_uid != geteuid()) {
     return PermissionDeniedError("default store directory " + path + " belongs to uid " + std::to_string(st.st_uid) +
-                                 ", not to this user (uid " + std::to_string(geteuid()) +
-                                 "); give file:///some/dir");
+                                 ", not to this user (uid " + std::to_string(geteuid()) + "); give file:///some/dir");
   }
   if ((st.st_mode & 077) != 0 && fchmod(fd.get(), 0700) != 0) {
     return ErrnoStatus(errno, "cannot make private", path);
@@ -824,8 +819,8 @@ Status InitializeDirectory(const StoreDir& dir) {
   // longer than the age limit would otherwise be deleted under its holder.
   // Best effort: the lock is shared, and nothing else locks the directory.
   static_cast<void>(flock(dir.root.get(), LOCK_SH | LOCK_NB));
-  UniqueFd counter(openat(dir.root.get(), std::string(kCounterFile).c_str(),
-                          O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600));
+  UniqueFd counter(
+      openat(dir.root.get(), std::string(kCounterFile).c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600));
   if (!counter.valid()) {
     if (errno == EACCES || errno == EROFS || errno == EPERM) {
       return PermissionDeniedError("store directory " + dir.path + " is not writable: " + ErrnoText(errno));

@@ -80,9 +80,7 @@ std::optional<EntryName> ParseEntryName(std::string_view text) {
   return EntryName{*sequence, *token, std::string(fields[2]), std::string(fields[3]), std::string(fields[4])};
 }
 
-bool IsValidKind(std::string_view kind) noexcept {
-  return !kind.empty() && kind.size() <= 64 && AllNameChars(kind);
-}
+bool IsValidKind(std::string_view kind) noexcept { return !kind.empty() && kind.size() <= 64 && AllNameChars(kind); }
 
 bool IsValidAttemptId(std::string_view attempt_id) noexcept {
   return attempt_id.size() <= 64 && AllNameChars(attempt_id);

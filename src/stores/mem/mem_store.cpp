@@ -112,8 +112,7 @@ struct MemStore::State {
   bool Present(std::string_view queue, std::string_view id) const {
     auto it = queues.find(queue);
     if (it == queues.end()) return false;
-    return std::any_of(it->second.begin(), it->second.end(),
-                       [&](const StoredEntry& e) { return e.entry.id == id; });
+    return std::any_of(it->second.begin(), it->second.end(), [&](const StoredEntry& e) { return e.entry.id == id; });
   }
   // Removes every entry of `session`. Requires mu.
   void DropEntriesOf(const std::string& session) {
@@ -184,7 +183,6 @@ class MemStore::MemSession final : public Session {
     }
     return listeners.add(std::move(fn));
   }
-
 
   Result<Appended> append(std::string_view queue, const EntrySpec& spec, Clock::time_point) override {
     if (Status s = CheckQueue(queue); !s.ok()) return s;
@@ -333,7 +331,8 @@ void MemStore::resume(std::string_view session_id) {
 }
 
 void MemStore::expire(std::string_view session_id) {
-  Transition(state_, session_id, SessionState::kLost, [id = std::string(session_id)](State& s) { s.DropEntriesOf(id); });
+  Transition(state_, session_id, SessionState::kLost,
+             [id = std::string(session_id)](State& s) { s.DropEntriesOf(id); });
 }
 
 void MemStore::fail_next(std::string_view op, Status status, int count) {

@@ -21,9 +21,7 @@ int PollMs(IoClock::time_point deadline) {
   return static_cast<int>(std::min<long long>(left, 60'000));
 }
 
-bool StartsWith(std::string_view s, std::string_view prefix) {
-  return s.substr(0, prefix.size()) == prefix;
-}
+bool StartsWith(std::string_view s, std::string_view prefix) { return s.substr(0, prefix.size()) == prefix; }
 
 // hiredis's own reply functions, read off a reader it builds (the table is
 // static inside hiredis, so the pointer outlives the reader).
@@ -81,9 +79,7 @@ bool Reply::is_string() const noexcept {
 std::string_view Reply::str() const noexcept { return ElementStr(r_.get()); }
 long long Reply::integer() const noexcept { return ElementInt(r_.get()); }
 std::size_t Reply::size() const noexcept { return is_array() ? r_->elements : 0; }
-const redisReply* Reply::element(std::size_t i) const noexcept {
-  return i < size() ? r_->element[i] : nullptr;
-}
+const redisReply* Reply::element(std::size_t i) const noexcept { return i < size() ? r_->element[i] : nullptr; }
 
 std::string_view ElementStr(const redisReply* r) noexcept {
   if (!r) return {};
@@ -93,9 +89,7 @@ std::string_view ElementStr(const redisReply* r) noexcept {
   return {};
 }
 bool ElementIsNil(const redisReply* r) noexcept { return !r || r->type == REDIS_REPLY_NIL; }
-long long ElementInt(const redisReply* r) noexcept {
-  return r && r->type == REDIS_REPLY_INTEGER ? r->integer : 0;
-}
+long long ElementInt(const redisReply* r) noexcept { return r && r->type == REDIS_REPLY_INTEGER ? r->integer : 0; }
 
 Status ErrorReplyStatus(std::string_view err, std::string_view what) {
   std::string m = std::string(what) + ": " + std::string(err);
@@ -110,7 +104,9 @@ Status ErrorReplyStatus(std::string_view err, std::string_view what) {
     return UnavailableError(std::move(m));
   }
   if (StartsWith(err, "MOVED") || StartsWith(err, "ASK")) {
-    return FailedPreconditionError(std::move(m) + " (this is a Redis Cluster node; dlock's redis:// store talks to one primary and does not follow redirections)");
+    return FailedPreconditionError(std::move(m) +
+                                   " (this is a Redis Cluster node; dlock's redis:// store talks to one primary and "
+                                   "does not follow redirections)");
   }
   if (StartsWith(err, "ERR unknown command") || StartsWith(err, "ERR unknown subcommand")) {
     return FailedPreconditionError(std::move(m));
@@ -124,8 +120,8 @@ Status ErrorReplyStatus(std::string_view err, std::string_view what) {
 // --- Conn
 
 Result<std::unique_ptr<Conn>> Conn::Open(const Endpoint& ep, IoClock::time_point deadline, int interrupt_fd) {
-  std::string where = (ep.host.find(':') != std::string::npos ? "[" + ep.host + "]" : ep.host) + ":" +
-                      std::to_string(ep.port);
+  std::string where =
+      (ep.host.find(':') != std::string::npos ? "[" + ep.host + "]" : ep.host) + ":" + std::to_string(ep.port);
   if (IoClock::now() >= deadline) return UnavailableError("connecting to redis at " + where + ": deadline passed");
   // Non-blocking connect, so that the wait for it obeys both the deadline and
   // the interrupt fd. (Name resolution itself is getaddrinfo, not bounded.)

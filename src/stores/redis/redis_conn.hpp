@@ -65,10 +65,10 @@ class Reply {
   bool is_nil() const noexcept;
   bool is_array() const noexcept;
   bool is_integer() const noexcept;
-  bool is_string() const noexcept;  // bulk or status
-  std::string_view str() const noexcept;   // string, status or error text
+  bool is_string() const noexcept;        // bulk or status
+  std::string_view str() const noexcept;  // string, status or error text
   long long integer() const noexcept;
-  std::size_t size() const noexcept;       // array length
+  std::size_t size() const noexcept;  // array length
   const redisReply* element(std::size_t i) const noexcept;
 
  private:
@@ -100,8 +100,7 @@ class Conn {
   // operation of the connection: when it is readable, the operation stops with
   // kCancelled and the connection is broken. The owner never drains it; it
   // is the owner's "shut down now".
-  static Result<std::unique_ptr<Conn>> Open(const Endpoint& ep, IoClock::time_point deadline,
-                                            int interrupt_fd = -1);
+  static Result<std::unique_ptr<Conn>> Open(const Endpoint& ep, IoClock::time_point deadline, int interrupt_fd = -1);
 
   ~Conn();
   Conn(const Conn&) = delete;

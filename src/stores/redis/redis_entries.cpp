@@ -25,8 +25,7 @@ Result<std::vector<Entry>> ParseEntries(const Reply& r, std::size_t from, bool o
     // remove() and wait refuse an empty id: such an entry could never go.
     if (e.id.empty()) return InternalError("redis store: entry without an id from a script");
     std::uint64_t token = 0;
-    if (!ParseNumber(ElementStr(r.element(i + 1)), e.sequence) ||
-        !ParseNumber(ElementStr(r.element(i + 2)), token)) {
+    if (!ParseNumber(ElementStr(r.element(i + 1)), e.sequence) || !ParseNumber(ElementStr(r.element(i + 2)), token)) {
       return InternalError("redis store: malformed sequence or token of entry " + e.id);
     }
     e.token = token;

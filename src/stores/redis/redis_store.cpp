@@ -234,8 +234,8 @@ class StoreCore {
   bool ShortOfReplicas(int acked) const { return acked >= 0 && acked < cfg_.wait_replicas; }
   std::string ShortOfReplicasMessage(int acked, std::string_view what) const {
     return "redis store: only " + std::to_string(acked) + " of " + std::to_string(cfg_.wait_replicas) +
-           " replicas acknowledged the " + std::string(what) + " within " +
-           std::to_string(cfg_.wait_timeout.count()) + "ms";
+           " replicas acknowledged the " + std::string(what) + " within " + std::to_string(cfg_.wait_timeout.count()) +
+           "ms";
   }
 
   // Runs a script on one connection: EVALSHA, EVAL if the server forgot it
@@ -297,8 +297,8 @@ class StoreCore {
       if (!c.ok()) return c.status();
       auto& [conn, fresh] = *c;
       Result<Reply> r = fn(*conn);
-      bool retry = !r.ok() && conn->broken() && !conn->timed_out() && !fresh && attempt == 0 &&
-                   IoClock::now() < deadline;
+      bool retry =
+          !r.ok() && conn->broken() && !conn->timed_out() && !fresh && attempt == 0 && IoClock::now() < deadline;
       pool_.Release(std::move(conn));
       if (!retry) return r;
     }
@@ -388,7 +388,6 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
   }
 
   std::shared_ptr<void> subscribe(std::function<void(SessionState)> fn) { return listeners_.add(std::move(fn)); }
-
 
   // kSessionLost once lost or closed; kUnavailable while suspended (when
   // `fail_if_suspended`).
@@ -586,8 +585,8 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
     const QueueKeys k = KeysFor(q, cfg_.endpoint.db);
     std::vector<std::string> watch(ids.begin(), ids.end());
     auto session = [this] { return Usable(false); };
-    auto check = [this, q, k, deadline](const std::string&, const std::vector<std::string>& which)
-        -> Result<CheckResult> {
+    auto check = [this, q, k, deadline](const std::string&,
+                                        const std::vector<std::string>& which) -> Result<CheckResult> {
       // If this session has confirmed entries in the queue, its lease there
       // must exist: ask on the way.
       const std::vector<std::string> relied = Relied(q);
@@ -719,8 +718,7 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
 
   // The append (or find_own) of `id` succeeded, with a mirror TTL counted
   // from `basis`.
-  void Confirm(const std::string& queue, const std::string& id, const std::string& attempt,
-               Clock::time_point basis) {
+  void Confirm(const std::string& queue, const std::string& id, const std::string& attempt, Clock::time_point basis) {
     std::lock_guard<std::mutex> g(mu_);
     auto [it, inserted] = queues_.try_emplace(queue);
     if (inserted) it->second.epoch = ++epochs_;
@@ -862,8 +860,8 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
     Conn& conn = *c->first;
     for (const auto& q : queues) {
       const QueueKeys k = KeysFor(q, cfg_.endpoint.db);
-      auto r = store_->ScriptOn(conn, ScriptId::kCloseQueue, {k.zset, k.mirror(sid_)}, {k.base, k.channel},
-                                deadline, /*wait=*/false);
+      auto r = store_->ScriptOn(conn, ScriptId::kCloseQueue, {k.zset, k.mirror(sid_)}, {k.base, k.channel}, deadline,
+                                /*wait=*/false);
       if (!r.ok() && conn.broken()) break;
     }
     if (!conn.broken()) {
@@ -885,8 +883,9 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
     cmds.push_back({"PEXPIRE", SessionKey(sid_), std::to_string(cfg_.ttl.count())});
     for (const auto& item : items) {
       const QueueKeys k = KeysFor(item.queue, cfg_.endpoint.db);
-      Command c = {"EVALSHA", store_->sha(ScriptId::kRenewMirror), "1", k.mirror(sid_),
-                   std::to_string(cfg_.ttl.count()), k.base, sid_};
+      Command c = {
+          "EVALSHA", store_->sha(ScriptId::kRenewMirror), "1", k.mirror(sid_), std::to_string(cfg_.ttl.count()), k.base,
+          sid_};
       c.insert(c.end(), item.relied.begin(), item.relied.end());
       cmds.push_back(std::move(c));
     }
@@ -1213,8 +1212,8 @@ Result<std::shared_ptr<Store>> OpenRedisStore(const ParsedUrl& url, const StoreO
   auto replies = (*conn)->Pipeline(load, deadline);
   const std::string where = (*conn)->where();
   if (!replies.ok()) {
-    return UnavailableError("redis at " + where + " did not answer within the connect timeout: " +
-                            replies.status().message());
+    return UnavailableError("redis at " + where +
+                            " did not answer within the connect timeout: " + replies.status().message());
   }
   std::array<std::string, kScriptCount> shas;
   for (std::size_t i = 0; i < replies->size(); ++i) {
@@ -1234,8 +1233,8 @@ Result<std::shared_ptr<Store>> OpenRedisStore(const ParsedUrl& url, const StoreO
   }
   auto probe = (*conn)->Run({"EVALSHA", shas[static_cast<int>(ScriptId::kProbe)], "0"}, deadline);
   if (!probe.ok()) {
-    return UnavailableError("redis at " + where + " did not answer within the connect timeout: " +
-                            probe.status().message());
+    return UnavailableError("redis at " + where +
+                            " did not answer within the connect timeout: " + probe.status().message());
   }
   if (probe->is_error()) {
     return FailedPreconditionError("redis at " + where + " refuses Lua scripts (EVALSHA failed: " +

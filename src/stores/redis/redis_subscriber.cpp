@@ -12,11 +12,11 @@ namespace dlock::internal::redis {
 
 struct Subscriber::Waiter {
   std::vector<std::string> ids;
-  bool gone = false;       // an id of `ids` is gone
-  bool signaled = false;   // something changed: look again
-  bool checked = false;    // this waiter's own first check is done
+  bool gone = false;             // an id of `ids` is gone
+  bool signaled = false;         // something changed: look again
+  bool checked = false;          // this waiter's own first check is done
   Clock::time_point retry_at{};  // when to retry a failed first check
-  Status error;            // a failure that ends this wait
+  Status error;                  // a failure that ends this wait
   std::condition_variable_any cv;
 };
 
@@ -109,8 +109,8 @@ Clock::time_point Subscriber::NextCheck(Clock::time_point now, std::int64_t soon
   // Just after the soonest lease can have run out (a live session renews it
   // before then, and the next check looks again); never sooner than 20ms and
   // never later than one TTL.
-  auto after = std::clamp(milliseconds(soonest_ms) + milliseconds(10), milliseconds(20),
-                          std::max(opt_.ttl, milliseconds(20)));
+  auto after =
+      std::clamp(milliseconds(soonest_ms) + milliseconds(10), milliseconds(20), std::max(opt_.ttl, milliseconds(20)));
   return now + after;
 }
 

@@ -41,25 +41,25 @@ namespace dlock::internal::redis {
 
 // What a check of a queue found.
 struct CheckResult {
-  std::vector<std::string> gone;  // of the ids asked about
+  std::vector<std::string> gone;     // of the ids asked about
   std::int64_t soonest_ttl_ms = -1;  // smallest lease left among the queue's sessions; -1: none
 };
 
 struct SubscriberOptions {
   Endpoint endpoint;
   std::shared_ptr<Clock> clock;
-  std::chrono::milliseconds ttl{30'000};           // the fallback re-check period
-  std::chrono::milliseconds io_timeout{10'000};    // connect and reply timeout
-  std::chrono::milliseconds retry_interval{500};   // between reconnection attempts
-  std::chrono::milliseconds linger{5'000};         // keep a subscription after its last waiter
+  std::chrono::milliseconds ttl{30'000};          // the fallback re-check period
+  std::chrono::milliseconds io_timeout{10'000};   // connect and reply timeout
+  std::chrono::milliseconds retry_interval{500};  // between reconnection attempts
+  std::chrono::milliseconds linger{5'000};        // keep a subscription after its last waiter
 };
 
 // Counters, for tests and diagnostics.
 struct SubscriberStats {
-  std::uint64_t connects = 0;       // successful (re)connections
-  std::uint64_t subscribes = 0;     // SUBSCRIBE commands sent
-  std::uint64_t messages = 0;       // messages received
-  std::uint64_t checks = 0;         // check scripts run by waits (first checks and re-checks)
+  std::uint64_t connects = 0;         // successful (re)connections
+  std::uint64_t subscribes = 0;       // SUBSCRIBE commands sent
+  std::uint64_t messages = 0;         // messages received
+  std::uint64_t checks = 0;           // check scripts run by waits (first checks and re-checks)
   std::uint64_t fallback_checks = 0;  // of those, the shared per-queue re-checks
 };
 
@@ -95,7 +95,7 @@ class Subscriber {
   void Run(std::stop_token st);
   void Wake();
   void Dispatch(const std::string& channel, std::string_view payload);  // mu_ held
-  void MarkGone(Channel& ch, const std::vector<std::string>& gone);      // mu_ held
+  void MarkGone(Channel& ch, const std::vector<std::string>& gone);     // mu_ held
   Clock::time_point NextCheck(Clock::time_point now, std::int64_t soonest_ms) const;
   void DropConnection();  // mu_ held
 

@@ -10,8 +10,7 @@ Status ValidateChroot(std::string_view path) {
   std::size_t start = 1;
   while (start <= path.size()) {
     auto slash = path.find('/', start);
-    std::string_view seg =
-        path.substr(start, slash == std::string_view::npos ? std::string_view::npos : slash - start);
+    std::string_view seg = path.substr(start, slash == std::string_view::npos ? std::string_view::npos : slash - start);
     if (seg.empty()) return InvalidArgumentError("zk:// chroot '" + std::string(path) + "' has an empty segment");
     if (seg == "." || seg == "..") {
       return InvalidArgumentError("zk:// chroot '" + std::string(path) + "' has a '" + std::string(seg) + "' segment");

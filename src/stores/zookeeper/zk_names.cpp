@@ -26,12 +26,12 @@ struct Tag {
   std::string_view kind;
 };
 constexpr std::array<Tag, 6> kTags{{
-    {"-lock-", entry_kind::kLock},      // Curator InterProcessMutex, go-zookeeper
-    {"__WRIT__", entry_kind::kWrite},   // Curator read/write lock
+    {"-lock-", entry_kind::kLock},     // Curator InterProcessMutex, go-zookeeper
+    {"__WRIT__", entry_kind::kWrite},  // Curator read/write lock
     {"__READ__", entry_kind::kRead},
-    {"-lease-", entry_kind::kLease},    // Curator InterProcessSemaphoreV2
-    {"__rlock__", entry_kind::kRead},   // kazoo ReadLock
-    {"__lock__", entry_kind::kLock},    // kazoo Lock and WriteLock
+    {"-lease-", entry_kind::kLease},   // Curator InterProcessSemaphoreV2
+    {"__rlock__", entry_kind::kRead},  // kazoo ReadLock
+    {"__lock__", entry_kind::kLock},   // kazoo Lock and WriteLock
 }};
 
 // The sequence at the end of a name no recipe tag explains: the last ten

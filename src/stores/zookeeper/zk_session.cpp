@@ -48,10 +48,8 @@ bool ServerAnswered(int rc) {
     case ZNOTHING:
     case ZSESSIONMOVED:
     case ZSESSIONCLOSEDREQUIRESASLAUTH:
-    case ZTHROTTLEDOP:
-      return false;
-    default:
-      return true;
+    case ZTHROTTLEDOP: return false;
+    default: return true;
   }
 }
 
@@ -99,8 +97,8 @@ struct Slot {
   int rc = ZSYSTEMERROR;
   bool done = false;  // guarded by Core::mu_
   Stat stat{};
-  std::string value;                // created path, or node data
-  std::vector<std::string> names;   // children
+  std::string value;               // created path, or node data
+  std::vector<std::string> names;  // children
 };
 
 // Requests sent back to back and waited for together. While any reply is
@@ -183,11 +181,11 @@ class Core : public std::enable_shared_from_this<Core> {
 
   // Shared by ZkSession's methods.
   mutable std::mutex mu_;
-  Phase phase_ = Phase::kConnecting;          // guarded by mu_
-  SessionState state_ = SessionState::kConnected;  // meaningful once kOpen; guarded by mu_
-  std::uint64_t state_gen_ = 0;               // bumps on every change; guarded by mu_
+  Phase phase_ = Phase::kConnecting;                                 // guarded by mu_
+  SessionState state_ = SessionState::kConnected;                    // meaningful once kOpen; guarded by mu_
+  std::uint64_t state_gen_ = 0;                                      // bumps on every change; guarded by mu_
   std::unordered_map<std::string, std::vector<Waiter*>> watch_map_;  // guarded by mu_
-  std::unordered_set<Waiter*> waiters_;       // guarded by mu_
+  std::unordered_set<Waiter*> waiters_;                              // guarded by mu_
   std::condition_variable_any connect_cv_;
 
   // Requires mu_: the error for a session that can no longer be used, or OK.
@@ -248,8 +246,8 @@ class Core : public std::enable_shared_from_this<Core> {
   std::atomic<std::thread::id> thread_id_{};  // the session thread, once running
 
   // Guarded by mu_:
-  Status failure_;                      // why phase_ is kFailed
-  std::string lost_reason_;             // why state_ is kLost
+  Status failure_;           // why phase_ is kFailed
+  std::string lost_reason_;  // why state_ is kLost
   std::int64_t sid_ = 0;
   Clock::duration timeout_ = milliseconds(10'000);  // negotiated session timeout
   Clock::time_point connect_deadline_ = kNoDeadline;
@@ -264,16 +262,16 @@ class Core : public std::enable_shared_from_this<Core> {
     Clock::time_point sent, answered;
   };
   std::deque<Beat> beats_;
-  Clock::time_point hb_answered_{};     // when the last heartbeat ended
-  bool c_connected_ = false;            // the C client reports ZOO_CONNECTED_STATE
+  Clock::time_point hb_answered_{};  // when the last heartbeat ended
+  bool c_connected_ = false;         // the C client reports ZOO_CONNECTED_STATE
   bool probe_needed_ = false, probe_in_flight_ = false;
   bool hb_in_flight_ = false, hb_now_ = false;
   Clock::time_point hb_not_before_{};
   bool close_needed_ = false, close_claimed_ = false;
-  bool handle_closed_ = false;          // CloseHandle has finished
+  bool handle_closed_ = false;             // CloseHandle has finished
   std::condition_variable_any closed_cv_;  // Close waits on it for the session thread
   bool wake_ = false;
-  std::condition_variable_any cv_;      // wakes the session thread
+  std::condition_variable_any cv_;                            // wakes the session thread
   std::deque<std::pair<std::uint64_t, SessionState>> notes_;  // state changes to deliver
   std::unordered_map<Batch*, std::shared_ptr<Batch>> inflight_;
 };
@@ -291,8 +289,8 @@ void Core::Init() {
     basis_ = start;
   }
   errno = 0;
-  zhandle_t* zh = zookeeper_init2(cfg_->hosts.c_str(), &Core::OnGlobalEvent, timeout_ms, nullptr, this,
-                                  ZOO_NO_LOG_CLIENTENV, log);
+  zhandle_t* zh =
+      zookeeper_init2(cfg_->hosts.c_str(), &Core::OnGlobalEvent, timeout_ms, nullptr, this, ZOO_NO_LOG_CLIENTENV, log);
   if (zh == nullptr) {
     int err = errno;
     std::lock_guard<std::mutex> g(mu_);
@@ -311,8 +309,8 @@ void Core::Init() {
   }
   if (!cfg_->digest.empty()) {
     // Queued now, sent as part of every (re)connection handshake.
-    int rc = zoo_add_auth(zh, "digest", cfg_->digest.data(), static_cast<int>(cfg_->digest.size()),
-                          &Core::OnAuth, this);
+    int rc =
+        zoo_add_auth(zh, "digest", cfg_->digest.data(), static_cast<int>(cfg_->digest.size()), &Core::OnAuth, this);
     if (rc != ZOK) {
       std::lock_guard<std::mutex> g(mu_);
       FailLocked(UnauthenticatedError("cannot send credentials for " + cfg_->redacted_url + ": " + zerror(rc)));
@@ -415,8 +413,8 @@ void Core::SendControl(Batch::Purpose purpose) {
   } else if (purpose == Batch::Purpose::kProbe) {
     b->ops.push_back([](zhandle_t* zh, Slot* s) {
       return zoo_aexists(
-          zh, "/", 0, [](int rc, const Stat*, const void* data) { AsSlot(data)->batch->core->Finish(AsSlot(data), rc); },
-          s);
+          zh, "/", 0,
+          [](int rc, const Stat*, const void* data) { AsSlot(data)->batch->core->Finish(AsSlot(data), rc); }, s);
     });
   } else {
     b->ops.push_back([](zhandle_t* zh, Slot* s) {
@@ -491,14 +489,13 @@ void Core::OnBatchDoneLocked(Batch& b) {
     } else if (rc == ZNOAUTH) {
       FailLocked(UnauthenticatedError(
           (cfg_->user.empty() ? std::string("without credentials, ") : "as user '" + cfg_->user + "', ") +
-          "this client may not read the chroot " + cfg_->chroot + " of " + cfg_->redacted_url +
-          " (ZooKeeper ACL)"));
+          "this client may not read the chroot " + cfg_->chroot + " of " + cfg_->redacted_url + " (ZooKeeper ACL)"));
     } else if (ConnectionTrouble(rc)) {
       probe_needed_ = true;  // sent again on the next connection
     } else {
       // Not Error(): it may take mu_, which we hold.
-      FailLocked(UnavailableError("the first request of a new session to " + cfg_->redacted_url +
-                                  " failed: " + zerror(rc)));
+      FailLocked(
+          UnavailableError("the first request of a new session to " + cfg_->redacted_url + " failed: " + zerror(rc)));
     }
     wake_ = true;
     cv_.notify_all();
@@ -577,8 +574,8 @@ void Core::OnAuth(int rc, const void* data) {
   if (rc != ZAUTHFAILED) return;  // success, or lost with the connection (resent on reconnect)
   std::lock_guard<std::mutex> g(core->mu_);
   if (core->phase_ == Phase::kConnecting) {
-    core->FailLocked(UnauthenticatedError("ZooKeeper rejected the credentials of user '" + core->cfg_->user +
-                                          "' for " + core->cfg_->redacted_url));
+    core->FailLocked(UnauthenticatedError("ZooKeeper rejected the credentials of user '" + core->cfg_->user + "' for " +
+                                          core->cfg_->redacted_url));
   } else {
     core->LoseLocked("ZooKeeper rejected the session's credentials");
   }
@@ -618,8 +615,8 @@ void Core::OnSessionState(zhandle_t* zh, int zstate) {
     }
   } else if (zstate == ZOO_EXPIRED_SESSION_STATE) {
     if (phase_ == Phase::kConnecting) {
-      FailLocked(UnavailableError("ZooKeeper expired the new session of " + cfg_->redacted_url +
-                                  " before it was usable"));
+      FailLocked(
+          UnavailableError("ZooKeeper expired the new session of " + cfg_->redacted_url + " before it was usable"));
     } else {
       LoseLocked("ZooKeeper expired session " + Hex(sid_));
     }
@@ -738,9 +735,9 @@ Status Core::Error(int rc, std::string_view op, std::string_view path) {
       return SessionLostError("ZooKeeper session " + Hex(sid_) + " ended during " + what + " (" + z + ")");
     }
     case ZNOAUTH:
-      return PermissionDeniedError("ZooKeeper denied " + what + " (the znode's ACL does not allow " +
-                                   (cfg_->user.empty() ? std::string("unauthenticated clients") : "user '" + cfg_->user + "'") +
-                                   ")");
+      return PermissionDeniedError(
+          "ZooKeeper denied " + what + " (the znode's ACL does not allow " +
+          (cfg_->user.empty() ? std::string("unauthenticated clients") : "user '" + cfg_->user + "'") + ")");
     case ZAUTHFAILED: return UnauthenticatedError("ZooKeeper rejected the credentials during " + what);
     case ZNONODE: return NotFoundError(what + ": no such znode");
     case ZNODEEXISTS: return AlreadyExistsError(what + ": the znode exists");
@@ -919,15 +916,13 @@ Result<std::vector<Entry>> ResolveEntries(Core& c, const std::string& base, Pars
 // sync: answered once the server has caught up with the leader as of when
 // the leader handled it.
 void AddSync(Batch& b, std::string path) {
-  b.ops.push_back([path = std::move(path)](zhandle_t* zh, Slot* s) {
-    return zoo_async(zh, path.c_str(), OnString, s);
-  });
+  b.ops.push_back(
+      [path = std::move(path)](zhandle_t* zh, Slot* s) { return zoo_async(zh, path.c_str(), OnString, s); });
 }
 
 void AddDelete(Batch& b, std::string path) {
-  b.ops.push_back([path = std::move(path)](zhandle_t* zh, Slot* s) {
-    return zoo_adelete(zh, path.c_str(), -1, OnVoid, s);
-  });
+  b.ops.push_back(
+      [path = std::move(path)](zhandle_t* zh, Slot* s) { return zoo_adelete(zh, path.c_str(), -1, OnVoid, s); });
 }
 
 std::string LastComponent(const std::string& path) {
@@ -1096,8 +1091,7 @@ Result<Appended> ZkSession::append(std::string_view queue, const EntrySpec& spec
     out.entry.token = static_cast<std::uint64_t>(stat.czxid);  // zxids only grow, store-wide
     out.entry.attempt_id = spec.attempt_id;
     out.entry.owner = spec.owner;
-    if (listed.rc == ZOK &&
-        std::find(listed.names.begin(), listed.names.end(), name) != listed.names.end()) {
+    if (listed.rc == ZOK && std::find(listed.names.begin(), listed.names.end(), name) != listed.names.end()) {
       // Without the snapshot (if children of unknown shape cannot be checked
       // now) the recipe lists the queue itself: the append stands either way.
       auto snapshot = ResolveEntries(c, base, ParseChildren(listed.names), until);
@@ -1218,9 +1212,7 @@ Status ZkSession::wait_any_gone(std::string_view queue, std::span<const std::str
         Clock::time_point until = deadline;
         if (connected && armed.size() < w.paths.size()) until = std::min(until, retry_at);
         std::uint64_t gen = c.state_gen_;
-        c.clock().wait_until(w.cv, lk, stop, until, [&] {
-          return w.gone || !w.fired.empty() || c.state_gen_ != gen;
-        });
+        c.clock().wait_until(w.cv, lk, stop, until, [&] { return w.gone || !w.fired.empty() || c.state_gen_ != gen; });
       }
     }
 

@@ -1,7 +1,7 @@
 // The acceptance program of the core issue, unchanged.
-#include <dlock/dlock.hpp>
 #include <chrono>
 #include <cstdio>
+#include <dlock/dlock.hpp>
 #include <mutex>
 #include <shared_mutex>
 
@@ -26,7 +26,10 @@ int main(int argc, char** argv) {
   two.reset();
 
   dlock::ReadWriteLock rw(client, "demo/rw");
-  { std::shared_lock r1(rw.reader()); std::shared_lock r2(rw.reader()); }
+  {
+    std::shared_lock r1(rw.reader());
+    std::shared_lock r2(rw.reader());
+  }
   { std::unique_lock w(rw.writer()); }
   std::puts("ok");
   return 0;
