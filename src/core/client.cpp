@@ -4,6 +4,7 @@
 #include <cstdio>
 
 #include "core/client_core.hpp"
+#include "core/random_id.hpp"
 #include "dlock/client.hpp"
 
 namespace dlock {
@@ -58,8 +59,7 @@ void LocalGate::poke() noexcept {
 ClientCore::ClientCore(std::shared_ptr<Store> store, ClientOptions options)
     : store_(std::move(store)),
       options_(std::move(options)),
-      clock_(options_.clock ? options_.clock : Clock::system()),
-      rng_(std::random_device{}()) {
+      clock_(options_.clock ? options_.clock : Clock::system()) {
   char host[256] = {};
   if (gethostname(host, sizeof host - 1) == 0) host_ = host;
   pid_ = getpid();
@@ -269,18 +269,7 @@ void ClientCore::drop_gate(const std::string& queue, std::shared_ptr<LocalGate> 
   if (it != gates_.end() && it->second == gate && gate.use_count() == 2 && gate->idle()) gates_.erase(it);
 }
 
-std::string ClientCore::new_attempt_id() {
-  std::uint64_t a, b;
-  {
-    std::lock_guard<std::mutex> g(mu_);
-    a = rng_();
-    b = rng_();
-  }
-  char buf[33];
-  std::snprintf(buf, sizeof buf, "%016llx%016llx", static_cast<unsigned long long>(a),
-                static_cast<unsigned long long>(b));
-  return buf;
-}
+std::string ClientCore::new_attempt_id() { return RandomHex(16); }
 
 OwnerRecord ClientCore::owner(std::string thread) const {
   OwnerRecord o;

@@ -9,7 +9,6 @@
 #include <map>
 #include <memory>
 #include <mutex>
-#include <random>
 #include <stop_token>
 #include <string>
 #include <thread>
@@ -115,7 +114,6 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
   mutable std::mutex mu_;
   std::shared_ptr<Session> session_;                         // guarded by mu_
   std::map<std::string, std::shared_ptr<LocalGate>> gates_;  // guarded by mu_
-  std::mt19937_64 rng_;                                      // guarded by mu_
   std::deque<Pending> pending_;                              // guarded by mu_
   std::condition_variable_any pending_cv_;
   std::jthread retry_thread_;  // started on first use

@@ -33,7 +33,7 @@
 #include "dlock/dlock.hpp"
 #include "dlock/store.hpp"
 #include "stores/file/layout.hpp"
-#include "stores/file/unique_fd.hpp"
+#include "core/unique_fd.hpp"
 
 extern char** environ;
 
@@ -434,7 +434,7 @@ TEST_F(FileStoreTest, TokensGrowWhenTheStoreDirectoryIsRecreated) {
 // but a process stopped inside that step holds it indefinitely; waiting for
 // it must honour the caller's deadline and stop request.
 TEST_F(FileStoreTest, AStuckCounterLockDoesNotOutlastTheDeadline) {
-  internal::file_store::UniqueFd counter(open((dir_.path() + "/.counter").c_str(), O_RDWR | O_CLOEXEC));
+  internal::UniqueFd counter(open((dir_.path() + "/.counter").c_str(), O_RDWR | O_CLOEXEC));
   ASSERT_TRUE(counter.valid());
   ASSERT_EQ(flock(counter.get(), LOCK_EX), 0);  // "a stopped process"
   auto client = Client::connect("file://" + dir_.path());

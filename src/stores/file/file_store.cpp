@@ -31,7 +31,10 @@
 // earlier one.
 #include "stores/file/file_store.hpp"
 
+#include "core/event_signal.hpp"
 #include "core/listeners.hpp"
+#include "core/random_id.hpp"
+#include "core/unique_fd.hpp"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -57,7 +60,6 @@
 #include <vector>
 
 #include "stores/file/layout.hpp"
-#include "stores/file/unique_fd.hpp"
 
 namespace dlock::internal {
 namespace {
@@ -72,7 +74,6 @@ using file_store::kTempPrefix;
 using file_store::kWakeDir;
 using file_store::ParseEntryName;
 using file_store::QueueDirName;
-using file_store::UniqueFd;
 
 constexpr std::size_t kMaxOwnerRecord = 64 * 1024;
 // How often append starts over when its queue directory vanishes under it (a
@@ -104,26 +105,6 @@ auto RetryOnEintr(F call) {
   return result;
 }
 
-Result<std::string> NewNonce() {
-  unsigned char bytes[file_store::kNonceLength / 2];
-  std::size_t got = 0;
-  while (got < sizeof bytes) {
-    ssize_t n = getrandom(bytes + got, sizeof bytes - got, 0);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return UnavailableError("getrandom: " + ErrnoText(errno));
-    }
-    got += static_cast<std::size_t>(n);
-  }
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::string out;
-  for (unsigned char b : bytes) {
-    out += kHex[b >> 4];
-    out += kHex[b & 0xf];
-  }
-  return out;
-}
-
 std::string WakePath(std::string_view nonce) { return std::string(kWakeDir) + "/" + std::string(nonce); }
 
 std::string EscapeUrlPath(const std::string& path) {
@@ -153,30 +134,6 @@ struct StoreDir {
   std::string PathOf(std::string_view relative) const {
     return path + (path.ends_with('/') ? "" : "/") + std::string(relative);
   }
-};
-
-// An eventfd another thread signals (a stop request, a clock advance). Shared
-// so that a late signal never writes to a closed, maybe reused, descriptor.
-class Waker {
- public:
-  explicit Waker(UniqueFd fd) : fd_(std::move(fd)) {}
-  static Result<std::shared_ptr<Waker>> Create() {
-    UniqueFd fd(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
-    if (!fd.valid()) return UnavailableError("eventfd: " + ErrnoText(errno));
-    return std::make_shared<Waker>(std::move(fd));
-  }
-  int fd() const noexcept { return fd_.get(); }
-  void Signal() const noexcept {
-    std::uint64_t one = 1;
-    [[maybe_unused]] ssize_t n = write(fd_.get(), &one, sizeof one);
-  }
-  void Drain() const noexcept {
-    std::uint64_t value;
-    [[maybe_unused]] ssize_t n = read(fd_.get(), &value, sizeof value);
-  }
-
- private:
-  UniqueFd fd_;
 };
 
 // How long one request waits for the counter's flock before it reports
@@ -390,12 +347,11 @@ struct TempEntry {
 // from being removed under the append.
 Result<TempEntry> CreateLockedTemp(const StoreDir& dir, const std::string& qdir) {
   for (int attempt = 0; attempt < kMaxAppendAttempts; ++attempt) {
-    auto nonce = NewNonce();
-    if (!nonce.ok()) return nonce.status();
+    const std::string nonce = RandomHex(file_store::kNonceLength / 2);
     if (mkdirat(dir.root.get(), qdir.c_str(), 0700) != 0 && errno != EEXIST) {
       return ErrnoStatus(errno, "cannot create queue directory", dir.PathOf(qdir));
     }
-    std::string temp = qdir + "/" + std::string(kTempPrefix) + *nonce;
+    std::string temp = qdir + "/" + std::string(kTempPrefix) + nonce;
     UniqueFd fd(openat(dir.root.get(), temp.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600));
     if (!fd.valid()) {
       if (errno == ENOENT || errno == EEXIST) continue;  // directory just removed as empty
@@ -410,7 +366,7 @@ Result<TempEntry> CreateLockedTemp(const StoreDir& dir, const std::string& qdir)
     // append and deleted it: start over.
     struct stat st {};
     if (fstat(fd.get(), &st) != 0 || st.st_nlink == 0) continue;
-    return TempEntry{std::move(*nonce), std::move(fd)};
+    return TempEntry{nonce, std::move(fd)};
   }
   return UnavailableError("cannot create an entry in " + dir.PathOf(qdir) + ": the directory keeps vanishing");
 }
@@ -437,7 +393,7 @@ Result<EntryName> ParseId(std::string_view id) {
 
 class FileSession final : public Session {
  public:
-  FileSession(std::shared_ptr<StoreDir> dir, std::string id, UniqueFd closed_event)
+  FileSession(std::shared_ptr<StoreDir> dir, std::string id, EventSignal closed_event)
       : dir_(std::move(dir)), id_(std::move(id)), closed_event_(std::move(closed_event)) {}
   ~FileSession() override { close(); }
 
@@ -582,17 +538,19 @@ class FileSession final : public Session {
         return ErrnoStatus(errno, "cannot test the lock of", dir.PathOf(WakePath(names[i].nonce)));
     }
 
-    auto waker = Waker::Create();
-    if (!waker.ok()) return waker.status();
-    std::shared_ptr<Waker> wake_me = *waker;
-    std::stop_callback on_stop(stop, [wake_me] { wake_me->Signal(); });
+    // Shared, so that a late signal never writes to a closed, maybe reused,
+    // descriptor.
+    auto signal = EventSignal::Create();
+    if (!signal.ok()) return signal.status();
+    auto wake_me = std::make_shared<const EventSignal>(std::move(*signal));
+    std::stop_callback on_stop(stop, [wake_me] { wake_me->signal(); });
     // A hand-moved clock never passes the deadline during ppoll: re-check on advance.
-    std::shared_ptr<void> on_advance = dir.clock->on_advance([wake_me] { wake_me->Signal(); });
+    std::shared_ptr<void> on_advance = dir.clock->on_advance([wake_me] { wake_me->signal(); });
 
     std::vector<pollfd> pollfds;
     for (const UniqueFd& fd : fifos) pollfds.push_back({fd.get(), POLLIN, 0});
     pollfds.push_back({wake_me->fd(), POLLIN, 0});
-    pollfds.push_back({closed_event_.get(), POLLIN, 0});
+    pollfds.push_back({closed_event_.fd(), POLLIN, 0});
     for (;;) {
       if (stop.stop_requested()) return CancelledError("waiting in queue " + std::string(queue) + " was cancelled");
       if (closed()) return ClosedError();
@@ -621,7 +579,7 @@ class FileSession final : public Session {
         // POLLIN: a remover deleted the entry and wrote a byte.
         if (pollfds[i].revents != 0) return OkStatus();
       }
-      wake_me->Drain();
+      wake_me->drain();
     }
   }
 
@@ -695,8 +653,7 @@ class FileSession final : public Session {
     // holder has been told (store.hpp). No lock is held while they hear it.
     subscribers_.notify(SessionState::kClosed);
     for (auto& [id, owned] : doomed) ReleaseEntry(*dir_, *owned);
-    std::uint64_t one = 1;  // wakes this session's waiters
-    [[maybe_unused]] ssize_t n = write(closed_event_.get(), &one, sizeof one);
+    closed_event_.signal();  // wakes this session's waiters
   }
 
  private:
@@ -708,7 +665,7 @@ class FileSession final : public Session {
 
   const std::shared_ptr<StoreDir> dir_;
   const std::string id_;
-  const UniqueFd closed_event_;  // an eventfd, readable once close() has run
+  const EventSignal closed_event_;  // readable once close() has run
   std::atomic<SessionState> state_{SessionState::kConnected};
   ListenerList<SessionState> subscribers_;
   mutable std::mutex mu_;
@@ -723,10 +680,10 @@ class FileStore final : public Store {
   std::string url() const override { return "file://" + EscapeUrlPath(dir_->path); }
 
   Result<std::shared_ptr<Session>> open_session(Clock::time_point) override {
-    UniqueFd closed_event(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
-    if (!closed_event.valid()) return UnavailableError("eventfd: " + ErrnoText(errno));
+    auto closed_event = EventSignal::Create();
+    if (!closed_event.ok()) return closed_event.status();
     std::string id = "pid " + std::to_string(getpid()) + " #" + std::to_string(++dir_->sessions_opened);
-    return std::shared_ptr<Session>(std::make_shared<FileSession>(dir_, std::move(id), std::move(closed_event)));
+    return std::shared_ptr<Session>(std::make_shared<FileSession>(dir_, std::move(id), std::move(*closed_event)));
   }
 
  private:

@@ -13,7 +13,7 @@
 
 #include "core/url.hpp"
 #include "dlock/store.hpp"
-#include "stores/file/unique_fd.hpp"
+#include "core/unique_fd.hpp"
 
 namespace dlock::internal {
 
@@ -25,7 +25,7 @@ std::string DefaultFileStoreDirectory();
 
 // Opens `path` (creating it if missing) as a private directory of this user
 // in a shared place: not a symlink, owned by the effective uid, mode 0700.
-Result<file_store::UniqueFd> OpenPrivateDirectory(const std::string& path);
+Result<UniqueFd> OpenPrivateDirectory(const std::string& path);
 
 }  // namespace dlock::internal
 

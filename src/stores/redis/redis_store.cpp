@@ -28,6 +28,7 @@
 #include "stores/redis/redis_store.hpp"
 
 #include "core/listeners.hpp"
+#include "core/random_id.hpp"
 
 #include <sys/eventfd.h>
 #include <sys/random.h>
@@ -61,30 +62,6 @@ using std::chrono::milliseconds;
 
 constexpr std::int64_t kMaxSequence = std::int64_t{1} << 53;  // exact in a ZSET score
 constexpr std::size_t kPoolSize = 4;
-
-std::string RandomHex(std::size_t bytes) {
-  std::string raw(bytes, '\0');
-  std::size_t got = 0;
-  while (got < bytes) {
-    ssize_t n = ::getrandom(raw.data() + got, bytes - got, 0);
-    if (n > 0) {
-      got += static_cast<std::size_t>(n);
-    } else if (n < 0 && errno != EINTR) {
-      // No kernel randomness (never on Linux >= 3.17): fall back to
-      // random_device, which reads the same source another way.
-      std::random_device rd;
-      for (; got < bytes; ++got) raw[got] = static_cast<char>(rd());
-    }
-  }
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::string out;
-  out.reserve(bytes * 2);
-  for (unsigned char c : raw) {
-    out.push_back(kHex[c >> 4]);
-    out.push_back(kHex[c & 15]);
-  }
-  return out;
-}
 
 // The names of one queue's keys (see redis_scripts.hpp).
 struct QueueKeys {

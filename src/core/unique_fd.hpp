@@ -1,12 +1,12 @@
 // Internal: an owned file descriptor, closed on destruction.
-#ifndef DLOCK_SRC_STORES_FILE_UNIQUE_FD_HPP_
-#define DLOCK_SRC_STORES_FILE_UNIQUE_FD_HPP_
+#ifndef DLOCK_SRC_CORE_UNIQUE_FD_HPP_
+#define DLOCK_SRC_CORE_UNIQUE_FD_HPP_
 
 #include <unistd.h>
 
 #include <utility>
 
-namespace dlock::internal::file_store {
+namespace dlock::internal {
 
 class UniqueFd {
  public:
@@ -34,6 +34,6 @@ class UniqueFd {
   int fd_ = -1;
 };
 
-}  // namespace dlock::internal::file_store
+}  // namespace dlock::internal
 
-#endif  // DLOCK_SRC_STORES_FILE_UNIQUE_FD_HPP_
+#endif  // DLOCK_SRC_CORE_UNIQUE_FD_HPP_
