@@ -14,7 +14,7 @@ int main(int argc, char** argv) {
   using namespace std::chrono_literals;
   dlock::Result<dlock::Client> client = dlock::Client::open(argc > 1 ? argv[1] : "file://");
   if (!client.ok()) {  // e.g. "InvalidArgument: unknown store URL scheme 'gopher://' ..."
-    std::fprintf(stderr, "%s\n", client.status().ToString().c_str());
+    std::fprintf(stderr, "%s\n", client.status().to_string().c_str());
     return 1;
   }
 

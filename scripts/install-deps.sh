@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Installs the Debian packages dlock needs to build, test, package and
-# benchmark (dpkg-dev and file: cpack -G DEB; man-db: the man page test).
+# benchmark (dpkg-dev and file: cpack -G DEB; man-db: the man page test;
+# clang-format and clang-tidy: scripts/lint.sh).
 # Does nothing when they are all present (so it also works offline then).
 set -euo pipefail
 
 packages=(
-  build-essential cmake g++ clang libclang-rt-14-dev pkg-config
+  build-essential cmake g++ clang libclang-rt-14-dev pkg-config clang-format clang-tidy
   libgtest-dev libgmock-dev libbenchmark-dev
   nlohmann-json3-dev libcli11-dev
   libzookeeper-mt-dev zookeeper default-jre-headless python3-kazoo

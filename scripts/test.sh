@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Installs what is missing, builds dlock and runs every test: the normal
-# build, then the whole suite again under ASan+UBSan and under TSan.
+# Installs what is missing, checks the rules a tool can check
+# (scripts/lint.sh: clang-format, clang -Wthread-safety, clang-tidy), builds
+# dlock and runs every test: under ASan+UBSan, under TSan, and in the normal
+# build.
 #
 #   scripts/test.sh            everything
 #   scripts/test.sh --quick    the normal build only
@@ -23,6 +25,8 @@ run_suite() {  # run_suite BUILD_DIR CMAKE_ARGS...
 
 status=0
 if [ $quick -eq 0 ]; then
+  echo "==> lint" >&2
+  scripts/lint.sh build-clang || status=1
   run_suite build-asan -DCMAKE_BUILD_TYPE=Debug -DDLOCK_SANITIZE=address,undefined || status=1
   TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
     run_suite build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDLOCK_SANITIZE=thread || status=1

@@ -8,7 +8,7 @@
 //
 //   dlock::Result<dlock::Client> client = dlock::Client::open("file:///tmp/l");
 //   if (!client.ok()) {
-//     std::fprintf(stderr, "%s\n", client.status().ToString().c_str());
+//     std::fprintf(stderr, "%s\n", client.status().to_string().c_str());
 //   }
 //
 // `unlock()`, `release()` and destructors never throw and never return errors
@@ -78,10 +78,10 @@ class [[nodiscard]] DLOCK_EXPORT Status {
 
   // "DeadlineExceeded: waiting for orders/42". The format is for humans; do
   // not parse it.
-  std::string ToString() const;
+  std::string to_string() const;
 
   // Marks a deliberately dropped error.
-  void IgnoreError() const noexcept {}
+  void ignore_error() const noexcept {}
 
   friend bool operator==(const Status& a, const Status& b) noexcept {
     return a.code_ == b.code_ && a.message_ == b.message_;
@@ -110,7 +110,7 @@ inline Status InternalError(std::string m) { return {ErrorCode::kInternal, std::
 // dlock::Error
 //
 // The exception thrown by the entry points that cannot return a Status
-// (constructors, `lock()`, `Client::connect`). `what()` is `status().ToString()`.
+// (constructors, `lock()`, `Client::connect`). `what()` is `status().to_string()`.
 class DLOCK_EXPORT Error : public std::runtime_error {
  public:
   explicit Error(Status status);

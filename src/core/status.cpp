@@ -22,14 +22,14 @@ std::string_view ErrorCodeName(ErrorCode code) noexcept {
   return "Unknown";
 }
 
-std::string Status::ToString() const {
+std::string Status::to_string() const {
   if (ok()) return "OK";
   std::string out(ErrorCodeName(code_));
   if (!message_.empty()) out += ": " + message_;
   return out;
 }
 
-Error::Error(Status status) : std::runtime_error(status.ToString()), status_(std::move(status)) {}
+Error::Error(Status status) : std::runtime_error(status.to_string()), status_(std::move(status)) {}
 
 void ThrowIfError(const Status& status) {
   if (!status.ok()) throw Error(status);

@@ -142,65 +142,53 @@ std::string ParsedUrl::Redacted() const {
   return out;
 }
 
-Result<ParsedUrl> ParseUrl(std::string_view url) {
-  if (url.empty()) return InvalidArgumentError("empty store URL");
-  if (url.size() > 4096) return InvalidArgumentError("store URL longer than 4096 bytes");
-  if (url.find('\0') != std::string_view::npos) return InvalidArgumentError("NUL byte in store URL");
-  auto sep = url.find("://");
-  if (sep == std::string_view::npos) {
-    return InvalidArgumentError("store URL '" + std::string(url) +
-                                "' has no scheme; expected e.g. file:///dir, mem://, zk://host:2181");
-  }
-  ParsedUrl out;
-  out.scheme = Lower(url.substr(0, sep));
-  if (out.scheme.empty()) return InvalidArgumentError("store URL has an empty scheme");
-  for (char c : out.scheme) {
+namespace {
+
+Result<std::string> ParseScheme(std::string_view scheme_text) {
+  std::string scheme = Lower(scheme_text);
+  if (scheme.empty()) return InvalidArgumentError("store URL has an empty scheme");
+  for (char c : scheme) {
     if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '+' || c == '-' || c == '.')) {
-      return InvalidArgumentError("invalid character in URL scheme '" + out.scheme + "'");
+      return InvalidArgumentError("invalid character in URL scheme '" + scheme + "'");
     }
   }
-  std::string_view rest = url.substr(sep + 3);
-  std::string_view query;
-  if (auto q = rest.find('?'); q != std::string_view::npos) {
-    query = rest.substr(q + 1);
-    rest = rest.substr(0, q);
+  return scheme;
+}
+
+// USER[:PASSWORD], percent-decoded.
+Status ParseUserInfo(std::string_view userinfo, ParsedUrl& out) {
+  std::string_view user = userinfo;
+  if (auto colon = userinfo.find(':'); colon != std::string_view::npos) {
+    user = userinfo.substr(0, colon);
+    auto password = PercentDecode(userinfo.substr(colon + 1), "password");
+    if (!password.ok()) return password.status();
+    out.password = *password;
   }
-  std::string_view authority = rest;
-  std::string_view path;
-  if (auto slash = rest.find('/'); slash != std::string_view::npos) {
-    authority = rest.substr(0, slash);
-    path = rest.substr(slash);
+  auto name = PercentDecode(user, "user name");
+  if (!name.ok()) return name.status();
+  out.user = *name;
+  return OkStatus();
+}
+
+// HOST[:PORT][,HOST[:PORT]...]
+Status ParseHosts(std::string_view hosts, ParsedUrl& out) {
+  if (hosts.empty()) return OkStatus();
+  std::size_t start = 0;
+  while (true) {
+    auto comma = hosts.find(',', start);
+    std::string_view one =
+        hosts.substr(start, comma == std::string_view::npos ? std::string_view::npos : comma - start);
+    auto host = ParseHostPort(one);
+    if (!host.ok()) return host.status();
+    out.hosts.push_back(*host);
+    if (comma == std::string_view::npos) return OkStatus();
+    start = comma + 1;
   }
-  if (auto at = authority.rfind('@'); at != std::string_view::npos) {
-    std::string_view userinfo = authority.substr(0, at);
-    authority = authority.substr(at + 1);
-    std::string_view user = userinfo;
-    if (auto colon = userinfo.find(':'); colon != std::string_view::npos) {
-      user = userinfo.substr(0, colon);
-      auto pw = PercentDecode(userinfo.substr(colon + 1), "password");
-      if (!pw.ok()) return pw.status();
-      out.password = *pw;
-    }
-    auto u = PercentDecode(user, "user name");
-    if (!u.ok()) return u.status();
-    out.user = *u;
-  }
-  if (!authority.empty()) {
-    std::size_t start = 0;
-    while (start <= authority.size()) {
-      auto comma = authority.find(',', start);
-      std::string_view one =
-          authority.substr(start, comma == std::string_view::npos ? std::string_view::npos : comma - start);
-      auto hp = ParseHostPort(one);
-      if (!hp.ok()) return hp.status();
-      out.hosts.push_back(*hp);
-      if (comma == std::string_view::npos) break;
-      start = comma + 1;
-    }
-  }
-  auto p = PercentDecode(path, "path");
-  if (!p.ok()) return p.status();
-  out.path = *p;
+}
+
+// KEY=VALUE[&KEY=VALUE...], percent-decoded; a key given twice is an error
+// (which one was meant?), empty pairs are skipped.
+Status ParseQuery(std::string_view query, ParsedUrl& out) {
   while (!query.empty()) {
     auto amp = query.find('&');
     std::string_view kv = query.substr(0, amp);
@@ -217,6 +205,46 @@ Result<ParsedUrl> ParseUrl(std::string_view url) {
     if (out.query.count(*key)) return InvalidArgumentError("URL query parameter '" + *key + "' given twice");
     out.query[*key] = *value;
   }
+  return OkStatus();
+}
+
+}  // namespace
+
+// SCHEME://[USERINFO@]HOSTS[/PATH][?QUERY], each part parsed by its own step.
+Result<ParsedUrl> ParseUrl(std::string_view url) {
+  if (url.empty()) return InvalidArgumentError("empty store URL");
+  if (url.size() > 4096) return InvalidArgumentError("store URL longer than 4096 bytes");
+  if (url.find('\0') != std::string_view::npos) return InvalidArgumentError("NUL byte in store URL");
+  auto sep = url.find("://");
+  if (sep == std::string_view::npos) {
+    return InvalidArgumentError("store URL '" + std::string(url) +
+                                "' has no scheme; expected e.g. file:///dir, mem://, zk://host:2181");
+  }
+  ParsedUrl out;
+  auto scheme = ParseScheme(url.substr(0, sep));
+  if (!scheme.ok()) return scheme.status();
+  out.scheme = *scheme;
+  std::string_view rest = url.substr(sep + 3);
+  std::string_view query;
+  if (auto q = rest.find('?'); q != std::string_view::npos) {
+    query = rest.substr(q + 1);
+    rest = rest.substr(0, q);
+  }
+  std::string_view authority = rest;
+  std::string_view path;
+  if (auto slash = rest.find('/'); slash != std::string_view::npos) {
+    authority = rest.substr(0, slash);
+    path = rest.substr(slash);
+  }
+  if (auto at = authority.rfind('@'); at != std::string_view::npos) {
+    if (Status s = ParseUserInfo(authority.substr(0, at), out); !s.ok()) return s;
+    authority = authority.substr(at + 1);
+  }
+  if (Status s = ParseHosts(authority, out); !s.ok()) return s;
+  auto decoded_path = PercentDecode(path, "path");
+  if (!decoded_path.ok()) return decoded_path.status();
+  out.path = *decoded_path;
+  if (Status s = ParseQuery(query, out); !s.ok()) return s;
   return out;
 }
 

@@ -26,6 +26,133 @@ Verdict AlwaysGranted(const std::vector<Entry>&, std::size_t) { return {true, {}
 // What one round on one session came to.
 enum class Round { kGranted, kGaveUp, kRetry };
 
+// Gives the acquirers' lock back when a round ends, however it ends.
+struct GateRelease {
+  ClientCore& core;
+  const std::shared_ptr<Session>& session;
+  const std::string& queue;
+  std::string id;
+  ~GateRelease() { core.remove_guaranteed(session, queue, id); }
+};
+
+// One round of an acquisition: while it holds the acquirers' lock, an
+// acquirer appends its leases on the same session and waits until they fit
+// the permits. However the round ends, an exception included, its leases go
+// back, unless hand_over() moved them into a Lease.
+class LeaseRound {
+ public:
+  LeaseRound(ClientCore& core, std::shared_ptr<Session> session, const AcquireRequest& gate, std::string leases,
+             std::uint32_t count, std::uint32_t permits)
+      : core_(core),
+        session_(std::move(session)),
+        gate_(gate),
+        leases_(std::move(leases)),
+        count_(count),
+        permits_(permits) {}
+  LeaseRound(const LeaseRound&) = delete;
+  LeaseRound& operator=(const LeaseRound&) = delete;
+  ~LeaseRound() { give_back(); }
+
+  // Appends `count` leases; kGranted once all are in.
+  Round take_leases() {
+    AcquireRequest lease = gate_;
+    lease.queue = leases_;
+    lease.kind = std::string(entry_kind::kLease);
+    lease.rule = AlwaysGranted;  // a lease is never refused; waiting for room is step 3
+    lease.session = session_;
+    lease.use_gate = false;
+    lease.try_only = false;
+    while (mine_.size() < count_) {
+      auto got = AcquireEntry(core_, lease);
+      if (!got.ok() && got.status().code() != ErrorCode::kSessionLost) throw Error(got.status());
+      if (!got.ok()) return Round::kRetry;  // the session ended: its leases went with it
+      if (!got->has_value()) return Round::kGaveUp;
+      mine_.push_back({leases_, (*got)->entry.id, (*got)->entry.sequence});
+      token_ = std::max(token_, (*got)->entry.token.value_or(0));
+      seen_ = std::move((*got)->queue);
+    }
+    return Round::kGranted;
+  }
+
+  // Waits until there are no more leases than permits; kGranted then.
+  Round wait_until_they_fit() {
+    while (true) {
+      // The first look reuses what the last append read: no second round trip.
+      Result<std::vector<Entry>> listed =
+          seen_ ? Result<std::vector<Entry>>(std::move(*seen_)) : session_->list(leases_, {}, gate_.deadline);
+      seen_.reset();
+      if (!listed.ok()) {
+        if (back_in_touch(listed.status())) continue;
+        return after_failure(listed.status());
+      }
+      std::vector<std::string> others = others_than(*listed);
+      if (listed->size() - others.size() != mine_.size()) return Round::kRetry;  // ours vanished: session ended
+      if (listed->size() <= permits_) {
+        // A stop request wins over a grant that comes after it.
+        return gate_.stop.stop_requested() ? Round::kGaveUp : Round::kGranted;
+      }
+      if (gate_.try_only || expired()) return Round::kGaveUp;
+      Status waited = session_->wait_any_gone(leases_, others, gate_.deadline, gate_.stop);
+      if (waited.ok() || back_in_touch(waited)) continue;
+      return after_failure(waited);
+    }
+  }
+
+  bool expired() const { return gate_.stop.stop_requested() || core_.now() >= gate_.deadline; }
+  std::uint64_t token() const { return token_; }
+  std::vector<HeldEntry> hand_over() { return std::exchange(mine_, {}); }
+
+ private:
+  void give_back() noexcept {
+    for (auto& e : mine_) core_.remove_guaranteed(session_, leases_, e.id);
+    mine_.clear();
+  }
+
+  // The ids of the leases that are not ours.
+  std::vector<std::string> others_than(const std::vector<Entry>& listed) const {
+    std::vector<std::string> others;
+    for (const Entry& e : listed) {
+      bool ours = std::any_of(mine_.begin(), mine_.end(), [&](const HeldEntry& m) { return m.id == e.id; });
+      if (!ours) others.push_back(e.id);
+    }
+    return others;
+  }
+
+  // A store out of touch for a moment: wait (within the deadline) for the
+  // session to be connected again, and look once more; its leases are still
+  // there unless the session ended.
+  bool back_in_touch(const Status& failed) {
+    return failed.code() == ErrorCode::kUnavailable && !expired() &&
+           core_.await_not_suspended(*session_, gate_.deadline, gate_.stop) == SessionState::kConnected;
+  }
+
+  // How a round ends on a failed look or wait: a session that ended (or a
+  // store still out of touch) starts a new round on a new session within the
+  // deadline, a deadline or stop gives up, a refusal throws.
+  Round after_failure(const Status& failed) {
+    switch (failed.code()) {
+      case ErrorCode::kSessionLost:
+      case ErrorCode::kUnavailable: return expired() ? Round::kGaveUp : Round::kRetry;
+      case ErrorCode::kDeadlineExceeded:
+      case ErrorCode::kCancelled: return Round::kGaveUp;
+      default: throw Error(failed);
+    }
+  }
+
+  ClientCore& core_;
+  const std::shared_ptr<Session> session_;
+  const AcquireRequest& gate_;  // deadline, stop and try_only of the whole acquisition
+  const std::string leases_;
+  const std::uint32_t count_;
+  const std::uint32_t permits_;
+  std::vector<HeldEntry> mine_;
+  std::uint64_t token_ = 0;
+  std::optional<std::vector<Entry>> seen_;  // the leases as the last append read them
+};
+
+// Rounds before an acquisition gives up on a store whose sessions keep ending.
+constexpr int kMaxRounds = 1000;
+
 }  // namespace
 
 Semaphore::Semaphore(Client client, std::string name, std::uint32_t permits)
@@ -51,133 +178,28 @@ std::optional<Lease> Semaphore::acquire_impl(std::uint32_t count, Clock::duratio
   }
   ClientCore& core = *internal::CoreOf(client_);
   const std::string locks = name_ + "/locks";
-  const std::string leases = name_ + "/leases";
   auto request =
       internal::MakeRequest(client_, locks, entry_kind::kLock, internal::ExclusiveRule, timeout, stop, try_only);
   request.thread = "semaphore";
-  const Clock::time_point deadline = request.deadline;
-  auto expired = [&] { return stop.stop_requested() || core.now() >= deadline; };
 
-  for (int round = 0; round < 1000; ++round) {
-    // 1. The acquirers' lock.
+  for (int round = 0; round < kMaxRounds; ++round) {
+    // 1. The acquirers' lock: one acquirer at a time appends leases, so a
+    //    returned permit wakes exactly one of them.
     auto gate = AcquireEntry(core, request);
     if (!gate.ok()) throw Error(gate.status());
     if (!gate->has_value()) return std::nullopt;
     const std::shared_ptr<Session> session = (*gate)->session;
-    struct ReleaseGate {
-      ClientCore& core;
-      const std::shared_ptr<Session>& session;
-      const std::string& queue;
-      std::string id;
-      ~ReleaseGate() { core.remove_guaranteed(session, queue, id); }
-    } release_gate{core, session, locks, (*gate)->entry.id};
-
-    // 2. Our leases, on the same session.
-    std::vector<HeldEntry> mine;
-    std::uint64_t token = 0;
-    std::optional<std::vector<Entry>> seen;  // the leases as the last append read them
-    auto give_back = [&] {
-      for (auto& e : mine) core.remove_guaranteed(session, leases, e.id);
-      mine.clear();
-    };
-    // On every way out, an exception included, no lease stays behind
-    // unless it went into the Lease (moving it leaves `mine` empty).
-    struct GiveBackOnExit {
-      const decltype(give_back)& fn;
-      ~GiveBackOnExit() { fn(); }
-    } give_back_on_exit{give_back};
-    Round outcome = Round::kRetry;
-    for (std::uint32_t i = 0; i < count; ++i) {
-      AcquireRequest lease = request;
-      lease.queue = leases;
-      lease.kind = std::string(entry_kind::kLease);
-      lease.rule = AlwaysGranted;
-      lease.session = session;
-      lease.use_gate = false;
-      lease.try_only = false;
-      auto got = AcquireEntry(core, lease);
-      if (!got.ok() && got.status().code() != ErrorCode::kSessionLost) {
-        give_back();
-        throw Error(got.status());
-      }
-      if (!got.ok() || !got->has_value()) {
-        give_back();
-        outcome = got.ok() ? Round::kGaveUp : Round::kRetry;
-        break;
-      }
-      mine.push_back({leases, (*got)->entry.id, (*got)->entry.sequence});
-      token = std::max(token, (*got)->entry.token.value_or(0));
-      seen = std::move((*got)->queue);
+    GateRelease release_gate{core, session, locks, (*gate)->entry.id};
+    // 2. Our leases, on the same session; 3. room for them. Destroyed before
+    //    release_gate: the leases go back before the next acquirer comes in.
+    LeaseRound leases(core, session, request, name_ + "/leases", count, permits_);
+    Round outcome = leases.take_leases();
+    if (outcome == Round::kGranted) outcome = leases.wait_until_they_fit();
+    if (outcome == Round::kGranted) {
+      return internal::WrapHold(internal::HoldCore::Make(internal::CoreOf(client_), session, name_, leases.hand_over(),
+                                                         leases.token(), count));
     }
-
-    // 3. Wait until the leases fit the permits.
-    while (mine.size() == count) {
-      // The first look reuses what the last append read: no second round trip.
-      Result<std::vector<Entry>> listed =
-          seen ? Result<std::vector<Entry>>(std::move(*seen)) : session->list(leases, {}, deadline);
-      seen.reset();
-      if (!listed.ok()) {
-        ErrorCode code = listed.status().code();
-        if (code == ErrorCode::kUnavailable && !expired() &&
-            core.await_not_suspended(*session, deadline, stop) == SessionState::kConnected) {
-          continue;
-        }
-        give_back();
-        if (code == ErrorCode::kSessionLost || code == ErrorCode::kUnavailable) {
-          outcome = expired() ? Round::kGaveUp : Round::kRetry;
-          break;
-        }
-        throw Error(listed.status());
-      }
-      std::vector<std::string> others;
-      std::size_t present = 0;
-      for (const Entry& e : *listed) {
-        bool ours = std::any_of(mine.begin(), mine.end(), [&](const HeldEntry& m) { return m.id == e.id; });
-        if (ours) {
-          ++present;
-        } else {
-          others.push_back(e.id);
-        }
-      }
-      if (present != mine.size()) {  // our leases vanished: the session ended
-        give_back();
-        outcome = Round::kRetry;
-        break;
-      }
-      if (listed->size() <= permits_) {
-        // A stop request wins over a grant that comes after it.
-        if (stop.stop_requested()) {
-          give_back();
-          outcome = Round::kGaveUp;
-          break;
-        }
-        return internal::WrapHold(
-            internal::HoldCore::Make(internal::CoreOf(client_), session, name_, std::move(mine), token, count));
-      }
-      if (try_only || expired()) {
-        give_back();
-        outcome = Round::kGaveUp;
-        break;
-      }
-      Status waited = session->wait_any_gone(leases, others, deadline, stop);
-      if (waited.ok()) continue;
-      if (waited.code() == ErrorCode::kUnavailable &&
-          core.await_not_suspended(*session, deadline, stop) == SessionState::kConnected) {
-        continue;
-      }
-      give_back();
-      if (waited.code() == ErrorCode::kSessionLost) {
-        outcome = Round::kRetry;
-        break;
-      }
-      if (waited.code() == ErrorCode::kDeadlineExceeded || waited.code() == ErrorCode::kCancelled ||
-          waited.code() == ErrorCode::kUnavailable) {
-        outcome = Round::kGaveUp;
-        break;
-      }
-      throw Error(waited);
-    }
-    if (outcome == Round::kGaveUp || expired()) return std::nullopt;
+    if (outcome == Round::kGaveUp || leases.expired()) return std::nullopt;
     // kRetry: the session ended under us; start over on a new one.
   }
   throw Error(AbortedError("semaphore " + name_ + ": too many sessions lost while acquiring"));

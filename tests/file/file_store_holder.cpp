@@ -22,17 +22,17 @@ int main(int argc, char** argv) {
   }
   auto url = dlock::internal::ParseUrl(std::string("file://") + argv[1]);
   if (!url.ok()) {
-    std::fprintf(stderr, "%s\n", url.status().ToString().c_str());
+    std::fprintf(stderr, "%s\n", url.status().to_string().c_str());
     return 1;
   }
   auto store = dlock::internal::OpenFileStore(*url, {});
   if (!store.ok()) {
-    std::fprintf(stderr, "%s\n", store.status().ToString().c_str());
+    std::fprintf(stderr, "%s\n", store.status().to_string().c_str());
     return 1;
   }
   auto session = (*store)->open_session(dlock::kNoDeadline);
   if (!session.ok()) {
-    std::fprintf(stderr, "%s\n", session.status().ToString().c_str());
+    std::fprintf(stderr, "%s\n", session.status().to_string().c_str());
     return 1;
   }
   int count = argc == 4 ? std::atoi(argv[3]) : 1;
@@ -43,7 +43,7 @@ int main(int argc, char** argv) {
     spec.owner.label = "file_store_holder";
     auto appended = (*session)->append(argv[2], spec, dlock::kNoDeadline);
     if (!appended.ok()) {
-      std::fprintf(stderr, "%s\n", appended.status().ToString().c_str());
+      std::fprintf(stderr, "%s\n", appended.status().to_string().c_str());
       return 1;
     }
     std::printf("%s %llu\n", appended->entry.id.c_str(), static_cast<unsigned long long>(*appended->entry.token));

@@ -40,7 +40,7 @@ extern char** environ;
 namespace dlock {
 
 // So that gtest prints a Status readably (found by ADL).
-void PrintTo(const Status& status, std::ostream* out) { *out << status.ToString(); }
+void PrintTo(const Status& status, std::ostream* out) { *out << status.to_string(); }
 
 namespace {
 
@@ -214,25 +214,25 @@ class FileStoreTest : public ::testing::Test {
 
   std::shared_ptr<Store> OpenStoreAt(const std::string& path, StoreOptions options = {}) {
     auto store = OpenUrl("file://" + path, std::move(options));
-    EXPECT_TRUE(store.ok()) << store.status().ToString();
+    EXPECT_TRUE(store.ok()) << store.status().to_string();
     return store.ok() ? *store : nullptr;
   }
 
   std::shared_ptr<Session> NewSession(Store* store = nullptr) {
     auto session = (store ? store : store_.get())->open_session(kNoDeadline);
-    EXPECT_TRUE(session.ok()) << session.status().ToString();
+    EXPECT_TRUE(session.ok()) << session.status().to_string();
     return session.ok() ? *session : nullptr;
   }
 
   Entry Append(Session& session, const std::string& queue, EntrySpec spec = Spec()) {
     auto appended = session.append(queue, spec, kNoDeadline);
-    EXPECT_TRUE(appended.ok()) << appended.status().ToString();
+    EXPECT_TRUE(appended.ok()) << appended.status().to_string();
     return appended.ok() ? appended->entry : Entry{};
   }
 
   std::vector<Entry> List(Session& session, const std::string& queue, bool with_owners = false) {
     auto entries = session.list(queue, {.with_owners = with_owners}, kNoDeadline);
-    EXPECT_TRUE(entries.ok()) << entries.status().ToString();
+    EXPECT_TRUE(entries.ok()) << entries.status().to_string();
     return entries.ok() ? *entries : std::vector<Entry>{};
   }
 
@@ -266,7 +266,7 @@ TEST(FileStoreUrl, CreatesMissingDirectoriesPrivately) {
   TempDir dir;
   std::string path = dir.path() + "/a/b/c";
   auto store = OpenUrl("file://" + path + "/");
-  ASSERT_TRUE(store.ok()) << store.status().ToString();
+  ASSERT_TRUE(store.ok()) << store.status().to_string();
   EXPECT_EQ((*store)->url(), "file://" + path);
   struct stat st {};
   ASSERT_EQ(stat(path.c_str(), &st), 0);
@@ -297,7 +297,7 @@ TEST(FileStoreUrl, RejectsAnUnwritableDirectory) {
     if (!std::filesystem::is_directory(locked)) GTEST_SKIP() << "root, and no sysfs to try";
   }
   auto store = OpenUrl("file://" + locked);
-  EXPECT_EQ(store.status().code(), ErrorCode::kPermissionDenied) << store.status().ToString();
+  EXPECT_EQ(store.status().code(), ErrorCode::kPermissionDenied) << store.status().to_string();
   EXPECT_THAT(store.status().message(), HasSubstr(locked));
 }
 
@@ -336,14 +336,14 @@ TEST(FileStoreUrl, DefaultDirectoryDoesNotDependOnTheEnvironment) {
   {
     ScopedEnv env("XDG_RUNTIME_DIR", runtime.path().c_str());
     auto store = OpenUrl("file://");
-    ASSERT_TRUE(store.ok()) << store.status().ToString();
+    ASSERT_TRUE(store.ok()) << store.status().to_string();
     with_xdg = (*store)->url();
   }
   {
     ScopedEnv env("XDG_RUNTIME_DIR", nullptr);
     ScopedEnv tmpdir("TMPDIR", runtime.path().c_str());
     auto store = OpenUrl("file://");
-    ASSERT_TRUE(store.ok()) << store.status().ToString();
+    ASSERT_TRUE(store.ok()) << store.status().to_string();
     without_xdg = (*store)->url();
   }
   EXPECT_EQ(with_xdg, without_xdg);
@@ -373,7 +373,7 @@ TEST(FileStoreUrl, DefaultDirectoryIsMadePrivate) {
   const std::string dir = parent.path() + "/dlock-open";
   ASSERT_EQ(mkdir(dir.c_str(), 0755), 0);
   auto fd = internal::OpenPrivateDirectory(dir);
-  ASSERT_TRUE(fd.ok()) << fd.status().ToString();
+  ASSERT_TRUE(fd.ok()) << fd.status().to_string();
   struct stat st {};
   ASSERT_EQ(stat(dir.c_str(), &st), 0);
   EXPECT_EQ(st.st_mode & 077, 0u);

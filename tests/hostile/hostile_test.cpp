@@ -94,7 +94,7 @@ TEST(HostileUrls, AreRefusedWithANamedReason) {
   for (const auto& url : urls) {
     auto c = Client::open(url);
     ASSERT_FALSE(c.ok()) << "accepted " << url.substr(0, 80);
-    EXPECT_EQ(c.status().code(), ErrorCode::kInvalidArgument) << url.substr(0, 80) << ": " << c.status().ToString();
+    EXPECT_EQ(c.status().code(), ErrorCode::kInvalidArgument) << url.substr(0, 80) << ": " << c.status().to_string();
     EXPECT_FALSE(c.status().message().empty());
     EXPECT_LT(c.status().message().size(), 4000u) << "the error echoes a huge URL";
   }
@@ -187,8 +187,8 @@ TEST_P(GarbageServerTest, GivesAClearErrorInBoundedTime) {
   }
   EXPECT_FALSE(status.ok());
   EXPECT_FALSE(status.message().empty());
-  EXPECT_NE(status.code(), ErrorCode::kInternal) << status.ToString();
-  EXPECT_LT(std::chrono::steady_clock::now() - t0, 30s) << status.ToString();
+  EXPECT_NE(status.code(), ErrorCode::kInternal) << status.to_string();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 30s) << status.to_string();
   if (scheme == "redis" && *g.redis_says) {
     EXPECT_THAT(status.message(), ::testing::HasSubstr(g.redis_says));
   }

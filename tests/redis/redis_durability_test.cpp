@@ -95,11 +95,11 @@ TEST(RedisDataLoss, RestartFromAnOlderSnapshot) {
   auto a = MustSession(*store);
   ASSERT_TRUE(a);
   auto e1 = a->append(q, Spec(), In(5s));
-  ASSERT_TRUE(e1.ok()) << e1.status().ToString();
+  ASSERT_TRUE(e1.ok()) << e1.status().to_string();
   ASSERT_EQ(server->CmdStr({"SAVE"}), "OK");
   ASSERT_TRUE(a->remove(q, e1->entry.id, In(5s)).ok());
   auto e2 = a->append(q, Spec(), In(5s));
-  ASSERT_TRUE(e2.ok()) << e2.status().ToString();
+  ASSERT_TRUE(e2.ok()) << e2.status().to_string();
   StateLog log(*a);
 
   ASSERT_TRUE(server->Restart());
@@ -109,7 +109,7 @@ TEST(RedisDataLoss, RestartFromAnOlderSnapshot) {
   auto b = MustSession(*store_b);
   ASSERT_TRUE(b);
   auto eb = b->append(q, Spec(), In(5s));
-  ASSERT_TRUE(eb.ok()) << eb.status().ToString();
+  ASSERT_TRUE(eb.ok()) << eb.status().to_string();
   EXPECT_GT(*eb->entry.token, *e2->entry.token) << "a token was handed out twice";
   ExpectToldLost(log, *a);
 }
@@ -127,7 +127,7 @@ TEST(RedisDataLoss, RestartFromAnAppendOnlyFileThatLostItsLastWrites) {
   auto a = MustSession(*store);
   ASSERT_TRUE(a);
   auto e1 = a->append(q, Spec(), In(5s));
-  ASSERT_TRUE(e1.ok()) << e1.status().ToString();
+  ASSERT_TRUE(e1.ok()) << e1.status().to_string();
   // Copy the files once they hold e1 (written before the reply, unless an
   // fsync was in progress: then a moment later).
   auto holds_e1 = [&] {
@@ -143,7 +143,7 @@ TEST(RedisDataLoss, RestartFromAnAppendOnlyFileThatLostItsLastWrites) {
   fs::copy(aof, older, fs::copy_options::recursive);
   ASSERT_TRUE(a->remove(q, e1->entry.id, In(5s)).ok());
   auto e2 = a->append(q, Spec(), In(5s));
-  ASSERT_TRUE(e2.ok()) << e2.status().ToString();
+  ASSERT_TRUE(e2.ok()) << e2.status().to_string();
   StateLog log(*a);
 
   server->Kill();
@@ -156,7 +156,7 @@ TEST(RedisDataLoss, RestartFromAnAppendOnlyFileThatLostItsLastWrites) {
   auto b = MustSession(*store_b);
   ASSERT_TRUE(b);
   auto eb = b->append(q, Spec(), In(5s));
-  ASSERT_TRUE(eb.ok()) << eb.status().ToString();
+  ASSERT_TRUE(eb.ok()) << eb.status().to_string();
   EXPECT_GT(*eb->entry.token, *e2->entry.token) << "a token was handed out twice";
   ExpectToldLost(log, *a);
 }
@@ -180,7 +180,7 @@ TEST(RedisDataLoss, LaggingReplicaPromoted) {
   auto a = MustSession(*store);
   ASSERT_TRUE(a);
   auto e1 = a->append(q, Spec(), In(5s));
-  ASSERT_TRUE(e1.ok()) << e1.status().ToString();
+  ASSERT_TRUE(e1.ok()) << e1.status().to_string();
   ASSERT_TRUE(Eventually([&] { return replica->CmdInt({"EXISTS", Key(q, "e:" + e1->entry.id)}) == 1; }, 5s));
   // From here on the replica lags: frozen, and cut off by the primary (or it
   // would find the primary's later writes in its socket buffer on waking).
@@ -188,7 +188,7 @@ TEST(RedisDataLoss, LaggingReplicaPromoted) {
   ASSERT_GE(primary->CmdInt({"CLIENT", "KILL", "TYPE", "replica"}), 1);
   ASSERT_TRUE(a->remove(q, e1->entry.id, In(5s)).ok());
   auto e2 = a->append(q, Spec(), In(5s));
-  ASSERT_TRUE(e2.ok()) << e2.status().ToString();
+  ASSERT_TRUE(e2.ok()) << e2.status().to_string();
   StateLog log(*a);
 
   primary->Kill();
@@ -201,7 +201,7 @@ TEST(RedisDataLoss, LaggingReplicaPromoted) {
   auto b = MustSession(*store_b);
   ASSERT_TRUE(b);
   auto eb = b->append(q, Spec(), In(5s));
-  ASSERT_TRUE(eb.ok()) << eb.status().ToString();
+  ASSERT_TRUE(eb.ok()) << eb.status().to_string();
   EXPECT_GT(*eb->entry.token, *e2->entry.token) << "a token was handed out twice";
   ExpectToldLost(log, *a);
 }
@@ -274,7 +274,7 @@ TEST(RedisLateRequests, ALateRenewalDoesNotBringBackAnExpiredLease) {
   ASSERT_TRUE(a);
   StateLog log(*a);
   auto e1 = a->append(q, Spec(), In(5s));
-  ASSERT_TRUE(e1.ok()) << e1.status().ToString();
+  ASSERT_TRUE(e1.ok()) << e1.status().to_string();
   proxy.HoldRequestsWith("dlock:session:" + a->id());  // the keep-alive's renewals
   ASSERT_TRUE(log.WaitFor(SessionState::kLost, 10s).has_value());
   // The lease in the queue ran out on the server; nobody looked at the queue
@@ -290,7 +290,7 @@ TEST(RedisLateRequests, ALateRenewalDoesNotBringBackAnExpiredLease) {
   auto b = MustSession(*store_b);
   ASSERT_TRUE(b);
   auto listed = b->list(q, {}, In(5s));
-  ASSERT_TRUE(listed.ok()) << listed.status().ToString();
+  ASSERT_TRUE(listed.ok()) << listed.status().to_string();
   EXPECT_TRUE(listed->empty()) << "a dead entry is back: " << Joined(Ids(*listed));
 }
 
@@ -307,17 +307,17 @@ TEST(RedisLateRequests, AnAppendThatArrivesAfterFindOwnMakesNothing) {
   // Another entry of the session in the queue: its renewals keep the
   // session's lease there alive, and with it whatever the session owns there.
   auto e0 = a->append(q, Spec(), In(5s));
-  ASSERT_TRUE(e0.ok()) << e0.status().ToString();
+  ASSERT_TRUE(e0.ok()) << e0.status().to_string();
 
   EntrySpec late = Spec();
   late.owner.label = "late-" + Hex(16);
   proxy.HoldRequestsWith(late.owner.label);
   auto r = a->append(q, late, In(5s));
   ASSERT_FALSE(r.ok()) << "the append went through the proxy";
-  EXPECT_EQ(r.status().code(), ErrorCode::kUnavailable) << r.status().ToString();
+  EXPECT_EQ(r.status().code(), ErrorCode::kUnavailable) << r.status().to_string();
   ASSERT_EQ(proxy.held_requests(), 1);
   auto own = a->find_own(q, late.attempt_id, In(5s));
-  ASSERT_TRUE(own.ok()) << own.status().ToString();
+  ASSERT_TRUE(own.ok()) << own.status().to_string();
   EXPECT_FALSE(own->has_value());
 
   proxy.Release();
@@ -326,10 +326,10 @@ TEST(RedisLateRequests, AnAppendThatArrivesAfterFindOwnMakesNothing) {
   auto b = MustSession(*store_b);
   ASSERT_TRUE(b);
   auto listed = b->list(q, {}, In(5s));
-  ASSERT_TRUE(listed.ok()) << listed.status().ToString();
+  ASSERT_TRUE(listed.ok()) << listed.status().to_string();
   EXPECT_EQ(Ids(*listed), std::vector<std::string>{e0->entry.id}) << "the late append made an orphan";
   auto again = a->find_own(q, late.attempt_id, In(5s));
-  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  ASSERT_TRUE(again.ok()) << again.status().to_string();
   EXPECT_FALSE(again->has_value());
   EXPECT_EQ(Keys(*server, Key(q, "e:*")), std::vector<std::string>{Key(q, "e:" + e0->entry.id)});
 }
@@ -347,7 +347,7 @@ TEST(RedisLateRequests, ARenewalThatCrossesTheSessionsOwnRemoveIsNoLoss) {
   ASSERT_TRUE(a);
   StateLog log(*a);
   auto e1 = a->append(q, Spec(), In(5s));
-  ASSERT_TRUE(e1.ok()) << e1.status().ToString();
+  ASSERT_TRUE(e1.ok()) << e1.status().to_string();
   // 1. The next renewal leaves the client and is held on the wire.
   proxy.HoldRequestsWith("dlock:session:" + a->id());
   ASSERT_TRUE(Eventually([&] { return proxy.held_requests() == 1; }, 5s));
@@ -380,8 +380,8 @@ TEST(RedisReplicas, AnAppendTooFewReplicasAcknowledgedIsAbortedAndUndone) {
   ASSERT_TRUE(s);
   auto r = s->append(q, Spec(), In(5s));
   ASSERT_FALSE(r.ok());
-  EXPECT_EQ(r.status().code(), ErrorCode::kAborted) << r.status().ToString();
-  EXPECT_NE(r.status().message().find("0 of 1"), std::string::npos) << r.status().ToString();
+  EXPECT_EQ(r.status().code(), ErrorCode::kAborted) << r.status().to_string();
+  EXPECT_NE(r.status().message().find("0 of 1"), std::string::npos) << r.status().to_string();
   EXPECT_EQ(Keys(*server, Key(q, "*")), std::vector<std::string>{});
 }
 
@@ -401,13 +401,13 @@ TEST(RedisReplicas, FindOwnDoesNotAdoptAnEntryTooFewReplicasAcknowledged) {
   proxy.HoldRepliesTo(spec.owner.label);
   auto r = s->append(q, spec, In(5s));
   ASSERT_FALSE(r.ok());
-  EXPECT_EQ(r.status().code(), ErrorCode::kUnavailable) << r.status().ToString();
+  EXPECT_EQ(r.status().code(), ErrorCode::kUnavailable) << r.status().to_string();
   EXPECT_EQ(server->CmdInt({"ZCARD", Key(q, "q")}), 1) << "the server did not make the entry";
   proxy.Release();
 
   auto own = s->find_own(q, spec.attempt_id, In(5s));
   ASSERT_FALSE(own.ok()) << "find_own adopted an entry no replica acknowledged";
-  EXPECT_EQ(own.status().code(), ErrorCode::kAborted) << own.status().ToString();
+  EXPECT_EQ(own.status().code(), ErrorCode::kAborted) << own.status().to_string();
   EXPECT_EQ(server->CmdInt({"ZCARD", Key(q, "q")}), 0);
   EXPECT_EQ(Keys(*server, Key(q, "e:*")), std::vector<std::string>{});
 }
@@ -420,12 +420,12 @@ TEST(RedisReplicas, ARemoveTooFewReplicasAcknowledgedIsStillDone) {
   auto s = MustSession(*plain);
   ASSERT_TRUE(s);
   auto e = s->append(q, Spec(), In(5s));
-  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  ASSERT_TRUE(e.ok()) << e.status().to_string();
   auto waiting = MustOpen(server->url("?wait_replicas=1&wait_timeout=100ms"));
   auto w = MustSession(*waiting);
   ASSERT_TRUE(w);
   Status removed = w->remove(q, e->entry.id, In(5s));
-  EXPECT_TRUE(removed.ok()) << removed.ToString();
+  EXPECT_TRUE(removed.ok()) << removed.to_string();
   EXPECT_EQ(server->CmdInt({"ZCARD", Key(q, "q")}), 0);
 }
 
@@ -469,7 +469,7 @@ TEST(RedisReplicas, UnlockingWhileTheReplicaLagsIsNotRetriedForever) {
   ClientOptions options;
   options.on_background_error = [&](const Status& s) {
     std::lock_guard<std::mutex> g(mu);
-    background.push_back(s.ToString());
+    background.push_back(s.to_string());
   };
   {
     Client c = Client::connect(primary->url("?wait_replicas=1&wait_timeout=500ms"), options);
@@ -539,7 +539,7 @@ TEST(RedisKeys, APrunedQueueKeepsNoCounterAndTokensStillGrow) {
   auto a = MustSession(*store), b = MustSession(*store);
   ASSERT_TRUE(a && b);
   auto e = a->append(q, Spec(), In(5s));
-  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  ASSERT_TRUE(e.ok()) << e.status().to_string();
   ASSERT_EQ(server->CmdInt({"DEL", Key(q, "s:" + a->id())}), 1);  // as if a's lease there ran out
   auto listed = b->list(q, {}, In(5s));
   ASSERT_TRUE(listed.ok());

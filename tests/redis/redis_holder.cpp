@@ -17,12 +17,12 @@ int main(int argc, char** argv) {
   }
   auto store = dlock::OpenStore(argv[1]);
   if (!store.ok()) {
-    std::fprintf(stderr, "%s\n", store.status().ToString().c_str());
+    std::fprintf(stderr, "%s\n", store.status().to_string().c_str());
     return 1;
   }
   auto session = (*store)->open_session(dlock::kNoDeadline);
   if (!session.ok()) {
-    std::fprintf(stderr, "%s\n", session.status().ToString().c_str());
+    std::fprintf(stderr, "%s\n", session.status().to_string().c_str());
     return 1;
   }
   dlock::EntrySpec spec;
@@ -32,7 +32,7 @@ int main(int argc, char** argv) {
   spec.owner.pid = ::getpid();
   auto appended = (*session)->append(argv[2], spec, dlock::kNoDeadline);
   if (!appended.ok()) {
-    std::fprintf(stderr, "%s\n", appended.status().ToString().c_str());
+    std::fprintf(stderr, "%s\n", appended.status().to_string().c_str());
     return 1;
   }
   std::printf("%s %llu\n", appended->entry.id.c_str(), static_cast<unsigned long long>(*appended->entry.token));

@@ -46,7 +46,7 @@ TEST(RedisUrl, RejectsMalformedUrlsWithoutConnecting) {
         "redis://alice@127.0.0.1:1", "redis://127.0.0.1:1?ttl=abc", "redis://127.0.0.1:1?connect_timeout=0"}) {
     auto s = OpenStore(url);
     ASSERT_FALSE(s.ok()) << url;
-    EXPECT_EQ(s.status().code(), ErrorCode::kInvalidArgument) << url << ": " << s.status().ToString();
+    EXPECT_EQ(s.status().code(), ErrorCode::kInvalidArgument) << url << ": " << s.status().to_string();
   }
 }
 
@@ -57,7 +57,7 @@ TEST(RedisConnect, RefusedPortFailsFastWithUnavailable) {
   auto t0 = Now();
   auto s = OpenStore("redis://127.0.0.1:" + std::to_string(port) + "?connect_timeout=2s");
   ASSERT_FALSE(s.ok());
-  EXPECT_EQ(s.status().code(), ErrorCode::kUnavailable) << s.status().ToString();
+  EXPECT_EQ(s.status().code(), ErrorCode::kUnavailable) << s.status().to_string();
   EXPECT_LT(MsSince(t0), 1000);
 }
 
@@ -78,7 +78,7 @@ TEST(RedisConnect, SilentServerFailsWithinConnectTimeout) {
   long long took = MsSince(t0);
   ::close(fd);
   ASSERT_FALSE(s.ok());
-  EXPECT_EQ(s.status().code(), ErrorCode::kUnavailable) << s.status().ToString();
+  EXPECT_EQ(s.status().code(), ErrorCode::kUnavailable) << s.status().to_string();
   EXPECT_GE(took, 350);
   EXPECT_LT(took, 1400);
 }
@@ -91,7 +91,7 @@ TEST(RedisConnect, PasswordRightWrongAndMissing) {
   std::string hp = "127.0.0.1:" + std::to_string(server->port());
 
   auto good = OpenStore("redis://:s3cret@" + hp);
-  ASSERT_TRUE(good.ok()) << good.status().ToString();
+  ASSERT_TRUE(good.ok()) << good.status().to_string();
   EXPECT_EQ((*good)->url().find("s3cret"), std::string::npos) << (*good)->url();
   auto session = MustSession(**good);
   ASSERT_TRUE(session);
@@ -99,19 +99,19 @@ TEST(RedisConnect, PasswordRightWrongAndMissing) {
 
   auto wrong = OpenStore("redis://:nope@" + hp);
   ASSERT_FALSE(wrong.ok());
-  EXPECT_EQ(wrong.status().code(), ErrorCode::kUnauthenticated) << wrong.status().ToString();
+  EXPECT_EQ(wrong.status().code(), ErrorCode::kUnauthenticated) << wrong.status().to_string();
 
   auto missing = OpenStore("redis://" + hp);
   ASSERT_FALSE(missing.ok());
-  EXPECT_EQ(missing.status().code(), ErrorCode::kUnauthenticated) << missing.status().ToString();
+  EXPECT_EQ(missing.status().code(), ErrorCode::kUnauthenticated) << missing.status().to_string();
 
   // An ACL user (Redis 6+): user name and password.
   EXPECT_EQ(server->CmdStr({"ACL", "SETUSER", "alice", "on", ">alicepw", "~*", "&*", "+@all"}), "OK");
   auto alice = OpenStore("redis://alice:alicepw@" + hp);
-  ASSERT_TRUE(alice.ok()) << alice.status().ToString();
+  ASSERT_TRUE(alice.ok()) << alice.status().to_string();
   auto bad_alice = OpenStore("redis://alice:wrong@" + hp);
   ASSERT_FALSE(bad_alice.ok());
-  EXPECT_EQ(bad_alice.status().code(), ErrorCode::kUnauthenticated) << bad_alice.status().ToString();
+  EXPECT_EQ(bad_alice.status().code(), ErrorCode::kUnauthenticated) << bad_alice.status().to_string();
 }
 
 TEST(RedisConnect, ServerWithoutScriptsIsAClearError) {
@@ -122,8 +122,8 @@ TEST(RedisConnect, ServerWithoutScriptsIsAClearError) {
   auto t0 = Now();
   auto s = OpenStore(server->url("?connect_timeout=2s"));
   ASSERT_FALSE(s.ok());
-  EXPECT_EQ(s.status().code(), ErrorCode::kFailedPrecondition) << s.status().ToString();
-  EXPECT_NE(s.status().message().find("scripts"), std::string::npos) << s.status().ToString();
+  EXPECT_EQ(s.status().code(), ErrorCode::kFailedPrecondition) << s.status().to_string();
+  EXPECT_NE(s.status().message().find("scripts"), std::string::npos) << s.status().to_string();
   EXPECT_LT(MsSince(t0), 2000);
 }
 
@@ -155,7 +155,7 @@ TEST_F(RedisSessionTest, AppendListOrderTokensAndOwners) {
   std::vector<Appended> got;
   for (Session* s : {a.get(), b.get(), c.get(), a.get()}) {
     auto r = s->append(queue_, Spec(s == b.get() ? "read" : "lock"), In(5s));
-    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    ASSERT_TRUE(r.ok()) << r.status().to_string();
     ASSERT_TRUE(r->entry.token.has_value());
     ASSERT_TRUE(r->queue.has_value());
     got.push_back(*r);
@@ -167,7 +167,7 @@ TEST_F(RedisSessionTest, AppendListOrderTokensAndOwners) {
     EXPECT_EQ(got[i].queue->back().id, got[i].entry.id);
   }
   auto listed = a->list(queue_, {}, In(5s));
-  ASSERT_TRUE(listed.ok()) << listed.status().ToString();
+  ASSERT_TRUE(listed.ok()) << listed.status().to_string();
   ASSERT_EQ(listed->size(), 4u);
   for (std::size_t i = 0; i < 4; ++i) {
     EXPECT_EQ((*listed)[i].id, got[i].entry.id);
@@ -199,7 +199,7 @@ TEST_F(RedisSessionTest, TokensKeepGrowingAfterTheQueueEmptied) {
   std::uint64_t last = 0;
   for (int round = 0; round < 3; ++round) {
     auto r = s->append(queue_, Spec(), In(5s));
-    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    ASSERT_TRUE(r.ok()) << r.status().to_string();
     EXPECT_GT(*r->entry.token, last);
     last = *r->entry.token;
     ASSERT_TRUE(s->remove(queue_, r->entry.id, In(5s)).ok());
@@ -223,7 +223,7 @@ TEST_F(RedisSessionTest, DowngradeTakesTheGivenSequence) {
   EntrySpec down = Spec("read");
   down.sequence = w->entry.sequence;
   auto r = a->append(queue_, down, In(5s));
-  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
   EXPECT_EQ(r->entry.sequence, w->entry.sequence);
   EXPECT_GT(*r->entry.token, *other->entry.token);
   ASSERT_TRUE(a->remove(queue_, w->entry.id, In(5s)).ok());
@@ -242,7 +242,7 @@ TEST_F(RedisSessionTest, FindOwnSeesOnlyThisSessionsEntry) {
   auto r = a->append(queue_, spec, In(5s));
   ASSERT_TRUE(r.ok());
   auto mine = a->find_own(queue_, spec.attempt_id, In(5s));
-  ASSERT_TRUE(mine.ok()) << mine.status().ToString();
+  ASSERT_TRUE(mine.ok()) << mine.status().to_string();
   ASSERT_TRUE(mine->has_value());
   EXPECT_EQ((*mine)->id, r->entry.id);
   EXPECT_EQ((*mine)->token, r->entry.token);
@@ -277,7 +277,7 @@ TEST_F(RedisSessionTest, ScriptCacheFlushFallsBackToEval) {
   auto before = server_->CommandCalls();
   ASSERT_EQ(server_->CmdStr({"SCRIPT", "FLUSH"}), "OK");
   auto r = s->append(queue_, Spec(), In(5s));
-  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
   auto listed = s->list(queue_, {}, In(5s));
   ASSERT_TRUE(listed.ok());
   EXPECT_EQ(listed->size(), 1u);
@@ -357,7 +357,7 @@ TEST_F(RedisSessionTest, WaitDeadlineAndStop) {
   auto t0 = Now();
   Status s = b->wait_any_gone(queue_, ids, In(300ms), {});
   long long took = MsSince(t0);
-  EXPECT_EQ(s.code(), ErrorCode::kDeadlineExceeded) << s.ToString();
+  EXPECT_EQ(s.code(), ErrorCode::kDeadlineExceeded) << s.to_string();
   EXPECT_GE(took, 290);
   EXPECT_LT(took, 800);
 
@@ -521,7 +521,7 @@ TEST_F(RedisSessionTest, KilledCommandConnectionsAreReplacedWithoutErrors) {
   ASSERT_TRUE(Eventually([&] { return server_->CommandCalls()["pexpire"] > before; }));
   EXPECT_GE(server_->CmdInt({"CLIENT", "KILL", "TYPE", "normal"}), 2);
   auto listed = s->list(queue_, {}, In(5s));
-  ASSERT_TRUE(listed.ok()) << listed.status().ToString();
+  ASSERT_TRUE(listed.ok()) << listed.status().to_string();
   EXPECT_EQ(Ids(*listed), std::vector<std::string>{e->entry.id});
   // Two renewals later, the session never noticed.
   long long renewals = server_->CommandCalls()["pexpire"];
@@ -559,7 +559,7 @@ TEST_F(RedisSessionTest, LocksExcludeEachOtherUnderContention) {
     if (!session) return;
     for (int i = 0; i < rounds; ++i) {
       auto mine = session->append(queue_, Spec(), In(10s));
-      ASSERT_TRUE(mine.ok()) << mine.status().ToString();
+      ASSERT_TRUE(mine.ok()) << mine.status().to_string();
       std::vector<Entry> q = *mine->queue;
       for (int guard = 0; guard < 1000; ++guard) {
         auto it = std::find_if(q.begin(), q.end(), [&](const Entry& e) { return e.id == mine->entry.id; });
@@ -567,7 +567,7 @@ TEST_F(RedisSessionTest, LocksExcludeEachOtherUnderContention) {
         if (it == q.begin()) break;
         std::vector<std::string> pred = {std::prev(it)->id};
         Status w = session->wait_any_gone(queue_, pred, In(10s), {});
-        ASSERT_TRUE(w.ok()) << w.ToString();
+        ASSERT_TRUE(w.ok()) << w.to_string();
         auto l = session->list(queue_, {}, In(10s));
         ASSERT_TRUE(l.ok());
         q = *l;
@@ -597,7 +597,7 @@ TEST_F(RedisSessionTest, DatabaseNumberSelectsTheDatabase) {
   auto s = MustSession(*store);
   ASSERT_TRUE(s);
   auto r = s->append(queue_, Spec(), In(5s));
-  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
   EXPECT_EQ(server_->CmdInt({"EXISTS", "dlock:{" + queue_ + "}:q"}, 3), 1);
   EXPECT_EQ(server_->CmdInt({"EXISTS", "dlock:{" + queue_ + "}:q"}, 0), 0);
   // A waiter on the same database hears the release (its channel names db 3).
@@ -668,7 +668,7 @@ TEST(RedisFaults, LostIsDeclaredBeforeTheServerLeaseEndsWhenTheServerFreezes) {
   ASSERT_TRUE(s2);
   EXPECT_NE(s2->id(), s->id());
   auto e2 = s2->append("frozen/q", Spec(), In(5s));
-  ASSERT_TRUE(e2.ok()) << e2.status().ToString();
+  ASSERT_TRUE(e2.ok()) << e2.status().to_string();
   EXPECT_GT(*e2->entry.token, *e->entry.token);
   auto listed = s2->list("frozen/q", {}, In(5s));
   ASSERT_TRUE(listed.ok());
@@ -705,7 +705,7 @@ TEST(RedisFaults, AShortOutageSuspendsAndRecovers) {
   EXPECT_EQ(b->state(), SessionState::kConnected);
   // Its entry survived, and waits on it still work.
   auto listed = b->list("outage/q", {}, In(5s));
-  ASSERT_TRUE(listed.ok()) << listed.status().ToString();
+  ASSERT_TRUE(listed.ok()) << listed.status().to_string();
   ASSERT_EQ(Ids(*listed), std::vector<std::string>{e->entry.id});
   EXPECT_EQ((*listed)[0].token, e->entry.token);
   ExpectRemoveWakesWait(*server, *b, *a, "outage/q", e->entry.id);
@@ -741,7 +741,7 @@ TEST(RedisFaults, ServerRestartWithoutDataLosesSessionsAndThenWorks) {
   auto c = MustSession(*store);
   ASSERT_TRUE(c);
   auto e = c->append("restart/q", Spec(), In(5s));
-  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  ASSERT_TRUE(e.ok()) << e.status().to_string();
   EXPECT_GT(*e->entry.token, *held->entry.token) << "tokens must keep growing across a restart that lost data";
   auto listed = c->list("restart/q", {}, In(5s));
   ASSERT_TRUE(listed.ok());
@@ -759,7 +759,7 @@ TEST(RedisFaults, OpenSessionOnADownServerIsUnavailable) {
   auto t0 = Now();
   auto s = store->open_session(In(5s));
   ASSERT_FALSE(s.ok());
-  EXPECT_EQ(s.status().code(), ErrorCode::kUnavailable) << s.status().ToString();
+  EXPECT_EQ(s.status().code(), ErrorCode::kUnavailable) << s.status().to_string();
   EXPECT_LT(MsSince(t0), 1500);
 }
 
@@ -776,7 +776,7 @@ TEST(RedisFaults, WaitReplicasRequiresAcknowledgements) {
   auto one = MustOpen(primary->url("?wait_replicas=1"));
   auto s1 = MustSession(*one);
   auto ok = s1->append("wait/q", Spec(), In(5s));
-  ASSERT_TRUE(ok.ok()) << ok.status().ToString();
+  ASSERT_TRUE(ok.ok()) << ok.status().to_string();
   EXPECT_TRUE(s1->remove("wait/q", ok->entry.id, In(5s)).ok());
 
   auto two = MustOpen(primary->url("?wait_replicas=2&wait_timeout=200ms"));
@@ -787,7 +787,7 @@ TEST(RedisFaults, WaitReplicasRequiresAcknowledgements) {
   ASSERT_FALSE(r.ok());
   // The store took the entry back: kAborted (not "maybe there").
   EXPECT_EQ(r.status().code(), ErrorCode::kAborted);
-  EXPECT_NE(r.status().message().find("1 of 2"), std::string::npos) << r.status().ToString();
+  EXPECT_NE(r.status().message().find("1 of 2"), std::string::npos) << r.status().to_string();
   EXPECT_EQ(primary->CmdInt({"EXISTS", "dlock:{wait/q}:q"}), 0);
   EXPECT_GE(took, 190);
   EXPECT_LT(took, 1000);

@@ -113,13 +113,13 @@ class StateLog {
 
 inline std::shared_ptr<Store> MustOpen(const std::string& url) {
   auto s = OpenStore(url);
-  EXPECT_TRUE(s.ok()) << url << ": " << s.status().ToString();
+  EXPECT_TRUE(s.ok()) << url << ": " << s.status().to_string();
   return s.ok() ? *s : nullptr;
 }
 
 inline std::shared_ptr<Session> MustSession(Store& store) {
   auto s = store.open_session(In(5s));
-  EXPECT_TRUE(s.ok()) << s.status().ToString();
+  EXPECT_TRUE(s.ok()) << s.status().to_string();
   return s.ok() ? *s : nullptr;
 }
 

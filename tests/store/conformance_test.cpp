@@ -83,7 +83,7 @@ class Target {
     url_ = url;
     auto opened = OpenStore(url);
     if (!opened.ok()) {
-      ADD_FAILURE() << "cannot open " << url << ": " << opened.status().ToString();
+      ADD_FAILURE() << "cannot open " << url << ": " << opened.status().to_string();
       return;
     }
     store_ = *opened;
@@ -100,7 +100,7 @@ class Target {
   std::shared_ptr<Store> OpenAgain(StoreOptions options = {}) {
     if (spec_ == "mem") return store_;
     auto opened = OpenStore(url_, options);
-    EXPECT_TRUE(opened.ok()) << opened.status().ToString();
+    EXPECT_TRUE(opened.ok()) << opened.status().to_string();
     return opened.ok() ? *opened : nullptr;
   }
   // Whether the store can run on a hand-moved clock. Redis counts leases in

@@ -37,7 +37,7 @@ class InjectedFaultsTest : public ::testing::TestWithParam<std::string> {
         url = "file://" + scratch_;
       }
       auto opened = OpenStore(url);
-      ASSERT_TRUE(opened.ok()) << opened.status().ToString();
+      ASSERT_TRUE(opened.ok()) << opened.status().to_string();
       real_ = *opened;
     }
     faulty_ = std::make_shared<FaultyStore>(real_);

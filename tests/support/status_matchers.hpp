@@ -1,5 +1,5 @@
 // Test support: GoogleTest matchers for dlock::Status, so that a failure
-// prints the error itself, without a hand-written `<< s.ToString()`:
+// prints the error itself, without a hand-written `<< s.to_string()`:
 //
 //   EXPECT_THAT(session->remove(q, id, deadline), IsOk());
 //   EXPECT_THAT(result.status(), StatusIs(ErrorCode::kSessionLost));
@@ -16,7 +16,7 @@
 namespace dlock {
 
 // How GoogleTest prints a Status (found by argument-dependent lookup).
-inline void PrintTo(const Status& status, std::ostream* out) { *out << status.ToString(); }
+inline void PrintTo(const Status& status, std::ostream* out) { *out << status.to_string(); }
 
 namespace testing {
 

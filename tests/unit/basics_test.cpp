@@ -35,7 +35,7 @@ TEST(LockName, RecipesRefuseBadNames) {
 
 TEST(Url, ParsesEveryPart) {
   auto u = internal::ParseUrl("zk://alice:s%3Acret@h1:2181,[::1]:2182,h3/app/locks?session_timeout=5s");
-  ASSERT_TRUE(u.ok()) << u.status().ToString();
+  ASSERT_TRUE(u.ok()) << u.status().to_string();
   EXPECT_EQ(u->scheme, "zk");
   EXPECT_EQ(u->user, "alice");
   EXPECT_EQ(u->password, "s:cret");
@@ -114,7 +114,7 @@ TEST(OwnerRecord, RoundTripsAndRejectsGarbage) {
 
 TEST(Status, FormatsAndThrows) {
   Status s = DeadlineExceededError("waiting for x");
-  EXPECT_EQ(s.ToString(), "DeadlineExceeded: waiting for x");
+  EXPECT_EQ(s.to_string(), "DeadlineExceeded: waiting for x");
   EXPECT_TRUE(OkStatus().ok());
   Result<int> r = NotFoundError("nope");
   EXPECT_FALSE(r.ok());

@@ -222,9 +222,9 @@ TEST(ZkPartitionTest, FollowerCutFromTheLeaderLosesItsHolderFirst) {
   // The holder talks to the follower only; the successor to the other two.
   constexpr auto kTimeout = 2s;
   auto holder_store = OpenStore("zk://" + ens.hosts(follower) + "/dlock-partition?session_timeout=2s");
-  ASSERT_TRUE(holder_store.ok()) << holder_store.status().ToString();
+  ASSERT_TRUE(holder_store.ok()) << holder_store.status().to_string();
   auto holder = (*holder_store)->open_session(Clock::system()->now() + 30s);
-  ASSERT_TRUE(holder.ok()) << holder.status().ToString();
+  ASSERT_TRUE(holder.ok()) << holder.status().to_string();
   std::mutex mu;
   std::vector<std::pair<SessionState, SteadyClock::time_point>> heard;
   auto sub = (*holder)->subscribe([&](SessionState st) {
@@ -235,7 +235,7 @@ TEST(ZkPartitionTest, FollowerCutFromTheLeaderLosesItsHolderFirst) {
   spec.kind = std::string(entry_kind::kLock);
   spec.attempt_id = "0123456789abcdef0123456789abcdef";
   auto held = (*holder)->append("lock", spec, Clock::system()->now() + 30s);
-  ASSERT_TRUE(held.ok()) << held.status().ToString();
+  ASSERT_TRUE(held.ok()) << held.status().to_string();
   ASSERT_TRUE(held->queue);
   ASSERT_EQ(held->queue->front().id, held->entry.id);  // the holder holds the lock
 

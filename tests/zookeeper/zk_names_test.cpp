@@ -146,7 +146,7 @@ TEST(ZkNames, OnlyKnownShapesAreCertainEntries) {
 TEST(ZkNames, QueueNamesNeverLookLikeKnownEntries) {
   for (std::string ok : {"tenants/acct-123456789", "jobs/run0000000001", "orders-lock-0000000042", "_c_x/y",
                          "a/0123456789abcdef0123456789abcdef", "sem/locks", "sem/leases"}) {
-    EXPECT_TRUE(ValidateQueueName(ok).ok()) << ok << ": " << ValidateQueueName(ok).ToString();
+    EXPECT_TRUE(ValidateQueueName(ok).ok()) << ok << ": " << ValidateQueueName(ok).to_string();
   }
   std::string protected_name = std::string("_c_") + kUuid + "-lock-0000000001";
   for (std::string bad : {"a/" + protected_name, protected_name + "/b",
@@ -177,7 +177,7 @@ Result<std::shared_ptr<const Config>> Parse(const std::string& url) {
 
 TEST(ZkConfig, GoodUrls) {
   auto c = Parse("zk://alice:s%3Acret@h1:2181,h2,[::1]:2182/app/locks/?session_timeout=4s&acl=creator");
-  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
   EXPECT_EQ((*c)->hosts, "h1:2181,h2:2181,[::1]:2182");
   EXPECT_EQ((*c)->chroot, "/app/locks");
   EXPECT_EQ((*c)->digest, "alice:s:cret");

@@ -153,7 +153,7 @@ TEST(ZkRegressions, ASessionOpenedLateIsReplacedBeforeUse) {
     proxy.heal();
   });
   auto client = Client::open("zk://" + proxy.hosts() + Chroot("late") + "?session_timeout=2s&connect_timeout=20s");
-  ASSERT_TRUE(client.ok()) << client.status().ToString();
+  ASSERT_TRUE(client.ok()) << client.status().to_string();
   Mutex m(*client, "job");
   auto t0 = Steady::now();
   auto hold = m.acquire(30s);

@@ -4,7 +4,6 @@
 #include <poll.h>
 #include <signal.h>
 #include <spawn.h>
-#include <sys/eventfd.h>
 #include <sys/ioctl.h>
 #include <sys/signalfd.h>
 #include <sys/timerfd.h>
@@ -26,6 +25,8 @@
 #include <thread>
 #include <vector>
 
+#include "core/event_signal.hpp"  // header-only descriptor owners
+#include "core/unique_fd.hpp"
 #include "dlock/dlock.hpp"
 
 extern char** environ;
@@ -128,7 +129,7 @@ std::string DefaultUrl() {
 
 dlock::Client ConnectOrDie(const std::string& url) {
   auto client = dlock::Client::open(url);
-  if (!client.ok()) Die(ExitFor(client.status()), client.status().ToString() + " (store " + url + ")");
+  if (!client.ok()) Die(ExitFor(client.status()), client.status().to_string() + " (store " + url + ")");
   return std::move(client).value();
 }
 
@@ -226,197 +227,262 @@ std::string WaitingText(const dlock::Client& client, const RunOptions& o) {
   return text;
 }
 
-int Run(const RunOptions& o) {
+// The command line of `dlock run`, checked, with its durations parsed.
+struct RunPlan {
+  RunOptions options;
+  std::optional<std::chrono::milliseconds> timeout;  // none: wait forever
+  std::chrono::milliseconds kill_after;
+};
+
+RunPlan PlanOrDie(const RunOptions& o) {
   if (o.command.empty()) Die(kUsage, "run: no command given (dlock run NAME -- COMMAND [ARG...])");
   if (o.shared && o.permits) Die(kUsage, "run: --shared and --permits cannot be combined");
   if (auto s = dlock::ValidateLockName(o.name); !s.ok()) Die(kUsage, s.message());
-  const bool has_timeout = !o.timeout.empty();
-  const std::chrono::milliseconds timeout_ms =
-      has_timeout ? DurationOrDie(o.timeout, "--timeout") : std::chrono::milliseconds(0);
-  const auto timeout = has_timeout ? dlock::ToTimeout(timeout_ms) : dlock::kForever;
-  const auto kill_after = DurationOrDie(o.kill_after, "--kill-after");
+  RunPlan plan{o, std::nullopt, DurationOrDie(o.kill_after, "--kill-after")};
+  if (!o.timeout.empty()) plan.timeout = DurationOrDie(o.timeout, "--timeout");
+  return plan;
+}
 
-  // Signals are read from a signalfd; block them before any thread starts so
-  // that every thread (dlock's included) inherits the mask.
-  sigset_t handled;
-  sigemptyset(&handled);
-  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGCHLD}) sigaddset(&handled, sig);
-  sigset_t original;
-  pthread_sigmask(SIG_BLOCK, &handled, &original);
-  const int signals = signalfd(-1, &handled, SFD_CLOEXEC | SFD_NONBLOCK);
-  if (signals < 0) Die(kStoreFailed, std::string("signalfd: ") + std::strerror(errno));
+// Writes an eventfd from any thread (a dlock callback, the acquirer).
+void Signal(const dlock::internal::EventSignal& event) { event.signal(); }
 
-  auto client = ConnectOrDie(o.url);
-
-  // 1. Wait for the lock on a helper thread; this one watches signals.
-  const int acquired_fd = eventfd(0, EFD_CLOEXEC);
-  std::stop_source cancel;
-  std::optional<dlock::Hold> hold;
-  std::optional<dlock::Status> failure;
-  std::jthread acquirer([&] {
-    try {
-      if (o.permits) {
-        dlock::Semaphore sem(client, o.name, o.permits);
-        hold = sem.acquire(1, timeout, cancel.get_token());
-      } else if (o.shared) {
-        dlock::ReadWriteLock rw(client, o.name);
-        hold = rw.acquire_read(timeout, cancel.get_token());
-      } else {
-        dlock::Mutex m(client, o.name);
-        hold = m.acquire(timeout, cancel.get_token());
-      }
-    } catch (const dlock::Error& e) {
-      failure = e.status();
-    }
-    std::uint64_t one = 1;
-    if (::write(acquired_fd, &one, sizeof one) < 0) std::perror("dlock: eventfd");
-  });
-  StatusLine line(::isatty(STDERR_FILENO));
-  int cancelled_by = 0;
-  // Reads every queued signal: a stop signal cancels the wait, and is never
-  // missed because the lock came at the same moment.
-  auto read_stop_signals = [&] {
-    signalfd_siginfo info{};
-    while (::read(signals, &info, sizeof info) == sizeof info) {
-      if (info.ssi_signo != SIGCHLD && !cancelled_by) {
-        cancelled_by = static_cast<int>(info.ssi_signo);
-        cancel.request_stop();
-      }
-    }
-  };
-  while (true) {
-    pollfd fds[2] = {{signals, POLLIN, 0}, {acquired_fd, POLLIN, 0}};
-    if (::poll(fds, 2, line.refresh_ms()) < 0 && errno != EINTR) break;
-    if (fds[0].revents) read_stop_signals();  // signals first: they win over a grant
-    if (fds[1].revents) break;
-    if (!fds[0].revents) line.show(WaitingText(client, o));
+// `dlock run`: waits for the lock while it watches for stop signals, runs the
+// command under it, forwards signals to it, and stops it if the lock is lost.
+//
+// Signals are read from a signalfd. They are blocked before the client starts
+// any thread, so that every thread (dlock's included) inherits the mask; the
+// command gets the original mask back.
+class LockedCommand {
+ public:
+  explicit LockedCommand(RunPlan plan) : plan_(std::move(plan)), name_(plan_.options.name) {
+    sigemptyset(&handled_);
+    for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGCHLD}) sigaddset(&handled_, sig);
+    pthread_sigmask(SIG_BLOCK, &handled_, &original_);
+    signals_.reset(signalfd(-1, &handled_, SFD_CLOEXEC | SFD_NONBLOCK));
+    if (!signals_.valid()) Die(kStoreFailed, std::string("signalfd: ") + std::strerror(errno));
   }
-  acquirer.join();
-  line.clear();
-  read_stop_signals();  // any that came while the acquirer finished
-  if (failure) Die(ExitFor(*failure), failure->ToString());
-  if (hold && cancelled_by) hold->release();  // told to stop: never start the command
-  if (!hold || cancelled_by) {
-    if (cancelled_by) {
-      std::fprintf(stderr, "dlock: stopped by signal %d while waiting for %s\n", cancelled_by, o.name.c_str());
-      return 128 + cancelled_by;
+
+  int run() {
+    dlock::Client client = ConnectOrDie(plan_.options.url);
+    if (auto stopped = wait_for_lock(client)) return *stopped;
+    return run_command(client);
+  }
+
+ private:
+  // 1. Waits for the lock on a helper thread while this one watches signals;
+  //    nullopt with the lock held, or the exit status of a stop signal
+  //    (exits if the lock could not be had).
+  std::optional<int> wait_for_lock(dlock::Client& client) {
+    auto acquired = EventOrDie();
+    std::stop_source cancel;
+    std::optional<dlock::Status> failure;
+    std::jthread acquirer([&] {
+      try {
+        hold_ = Acquire(client, cancel.get_token());
+      } catch (const dlock::Error& e) {
+        failure = e.status();
+      }
+      Signal(acquired);
+    });
+    StatusLine line(::isatty(STDERR_FILENO));
+    while (true) {
+      pollfd fds[2] = {{signals_.get(), POLLIN, 0}, {acquired.fd(), POLLIN, 0}};
+      if (::poll(fds, 2, line.refresh_ms()) < 0 && errno != EINTR) break;
+      if (fds[0].revents && read_stop_signals()) cancel.request_stop();  // before the grant: a stop wins
+      if (fds[1].revents) break;
+      if (!fds[0].revents) line.show(WaitingText(client, plan_.options));
     }
-    const std::string after = has_timeout ? " after " + FormatDuration(timeout_ms) : "";
-    // A store that never answered is not a lock held by someone else: no
-    // session could be opened before the deadline (on every store: Redis
-    // fails this way at connect already).
+    acquirer.join();
+    line.clear();
+    read_stop_signals();  // any that came while the acquirer finished
+    if (failure) Die(ExitFor(*failure), failure->to_string());
+    if (hold_ && !cancelled_by_) return std::nullopt;
+    if (hold_) hold_->release();  // told to stop: never start the command
+    if (cancelled_by_) return Stopped("while waiting for " + name_);
+    DieWithoutLock(client);
+  }
+
+  std::optional<dlock::Hold> Acquire(dlock::Client& client, std::stop_token stop) const {
+    const RunOptions& o = plan_.options;
+    const auto timeout = plan_.timeout ? dlock::ToTimeout(*plan_.timeout) : dlock::kForever;
+    if (o.permits) return dlock::Semaphore(client, o.name, o.permits).acquire(1, timeout, std::move(stop));
+    if (o.shared) return dlock::ReadWriteLock(client, o.name).acquire_read(timeout, std::move(stop));
+    return dlock::Mutex(client, o.name).acquire(timeout, std::move(stop));
+  }
+
+  // Reads every queued signal; true if one of them is the first stop signal.
+  bool read_stop_signals() {
+    bool first_stop = false;
+    signalfd_siginfo info{};
+    while (::read(signals_.get(), &info, sizeof info) == sizeof info) {
+      if (info.ssi_signo != SIGCHLD && !cancelled_by_) {
+        cancelled_by_ = static_cast<int>(info.ssi_signo);
+        first_stop = true;
+      }
+    }
+    return first_stop;
+  }
+
+  // The exit status after a stop signal, as a shell reports a signal.
+  int Stopped(const std::string& when) const {
+    std::fprintf(stderr, "dlock: stopped by signal %d %s\n", cancelled_by_, when.c_str());
+    return 128 + cancelled_by_;
+  }
+
+  // No lock by the deadline: a store that never answered is not a lock held
+  // by someone else (no session could be opened before the deadline; Redis
+  // fails this way at connect already).
+  [[noreturn]] void DieWithoutLock(const dlock::Client& client) const {
     if (client.session_state() == dlock::SessionState::kClosed) {
-      const std::string within = has_timeout ? " within " + FormatDuration(timeout_ms) : "";
+      const std::string within = plan_.timeout ? " within " + FormatDuration(*plan_.timeout) : "";
       Die(kStoreFailed, "store unreachable: " + client.url() + " did not answer" + within + " (nothing was acquired)");
     }
-    Die(kTimedOut, "timed out" + after + " waiting for " + o.name);
+    const std::string after = plan_.timeout ? " after " + FormatDuration(*plan_.timeout) : "";
+    Die(kTimedOut, "timed out" + after + " waiting for " + name_);
   }
-
-  // 2. Run the command; forward signals; stop it if the lock is lost.
-  const int lost_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-  auto subscription = hold->on_state_change([lost_fd](dlock::HoldState s) {
-    if (s == dlock::HoldState::kLost) {
-      std::uint64_t one = 1;
-      if (::write(lost_fd, &one, sizeof one) < 0) {
-      }
-    }
-  });
-  if (hold->state() == dlock::HoldState::kLost) {
-    std::uint64_t one = 1;
-    if (::write(lost_fd, &one, sizeof one) < 0) std::perror("dlock: eventfd");
-  }
-  std::vector<std::string> env_storage;
-  for (char** e = environ; *e; ++e) {
-    std::string var(*e);
-    if (var.rfind("DLOCK_NAME=", 0) == 0 || var.rfind("DLOCK_URL=", 0) == 0 ||
-        var.rfind("DLOCK_FENCING_TOKEN=", 0) == 0) {
-      continue;
-    }
-    env_storage.push_back(std::move(var));
-  }
-  env_storage.push_back("DLOCK_NAME=" + o.name);
-  env_storage.push_back("DLOCK_URL=" + client.url());
-  env_storage.push_back("DLOCK_FENCING_TOKEN=" + std::to_string(hold->fencing_token()));
-  std::vector<char*> envp;
-  for (auto& v : env_storage) envp.push_back(v.data());
-  envp.push_back(nullptr);
-  std::vector<std::string> args = o.command;
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
 
   // The last moment to decide not to start: told to stop, or the lock is no
   // longer certainly ours (the process may have been paused since the grant
   // while another holder got it: starting now would run two commands).
-  read_stop_signals();
-  if (cancelled_by) {
-    hold->release();
-    std::fprintf(stderr, "dlock: stopped by signal %d before starting the command\n", cancelled_by);
-    return 128 + cancelled_by;
-  }
-  if (hold->state() != dlock::HoldState::kHeld) {
-    hold->release();
-    Die(kLockLost, "the lock " + o.name + " was lost before the command could start (its store session ended)");
+  // nullopt to go on, or the exit status.
+  std::optional<int> refuse_to_start_unless_held() {
+    read_stop_signals();
+    if (cancelled_by_) {
+      hold_->release();
+      return Stopped("before starting the command");
+    }
+    if (hold_->state() != dlock::HoldState::kHeld) {
+      hold_->release();
+      Die(kLockLost, "the lock " + name_ + " was lost before the command could start (its store session ended)");
+    }
+    return std::nullopt;
   }
 
-  posix_spawnattr_t attr;
-  posix_spawnattr_init(&attr);
-  posix_spawnattr_setsigmask(&attr, &original);
-  posix_spawnattr_setsigdefault(&attr, &handled);
-  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
-  pid_t child = 0;
-  int rc = posix_spawnp(&child, argv[0], nullptr, &attr, argv.data(), envp.data());
-  posix_spawnattr_destroy(&attr);
-  if (rc != 0) {
-    hold->release();
-    Die(kCannotStart, "cannot run '" + o.command[0] + "': " + std::strerror(rc));
+  // 2. Runs the command with the lock's environment until it exits; stops it
+  //    if the lock is lost.
+  int run_command(const dlock::Client& client) {
+    auto lost = std::make_shared<dlock::internal::EventSignal>(EventOrDie());
+    auto subscription = hold_->on_state_change([lost](dlock::HoldState s) {
+      if (s == dlock::HoldState::kLost) Signal(*lost);
+    });
+    if (hold_->state() == dlock::HoldState::kLost) Signal(*lost);  // lost before we listened
+    if (auto stopped = refuse_to_start_unless_held()) return *stopped;
+    const pid_t child = SpawnOrDie(client);
+    const bool was_lost = supervise(child, *lost);
+    subscription.reset();
+    hold_->release();
+    if (was_lost) return kLockLost;
+    if (WIFEXITED(child_status_)) return WEXITSTATUS(child_status_);
+    if (WIFSIGNALED(child_status_)) return 128 + WTERMSIG(child_status_);
+    return 1;
   }
 
-  const int kill_timer = timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK);
-  bool lost = false;
-  int child_status = 0;
-  while (true) {
-    pollfd fds[3] = {{signals, POLLIN, 0}, {lost_fd, POLLIN, 0}, {kill_timer, POLLIN, 0}};
-    if (::poll(fds, 3, -1) < 0 && errno != EINTR) break;
-    if (fds[0].revents) {
-      signalfd_siginfo info{};
-      bool child_exited = false;
-      while (::read(signals, &info, sizeof info) == sizeof info) {
-        if (info.ssi_signo == SIGCHLD) {
-          child_exited = ::waitpid(child, &child_status, WNOHANG) == child;
-        } else {
-          ::kill(child, static_cast<int>(info.ssi_signo));
-        }
-      }
-      if (child_exited) break;
+  // The environment with DLOCK_NAME, DLOCK_URL and DLOCK_FENCING_TOKEN of
+  // this hold (replacing inherited ones).
+  std::vector<std::string> Environment(const dlock::Client& client) const {
+    std::vector<std::string> env;
+    for (char** e = environ; *e; ++e) {
+      std::string var(*e);
+      bool ours = var.rfind("DLOCK_NAME=", 0) == 0 || var.rfind("DLOCK_URL=", 0) == 0 ||
+                  var.rfind("DLOCK_FENCING_TOKEN=", 0) == 0;
+      if (!ours) env.push_back(std::move(var));
     }
-    if (fds[1].revents && !lost) {
-      lost = true;
-      std::uint64_t n;
-      if (::read(lost_fd, &n, sizeof n) < 0) {
-      }
-      std::fprintf(stderr, "dlock: the lock %s was lost (its store session ended); stopping the command\n",
-                   o.name.c_str());
-      ::kill(child, SIGTERM);
-      itimerspec when{};
-      when.it_value.tv_sec = kill_after.count() / 1000;
-      when.it_value.tv_nsec = (kill_after.count() % 1000) * 1'000'000 + 1;
-      timerfd_settime(kill_timer, 0, &when, nullptr);
+    env.push_back("DLOCK_NAME=" + name_);
+    env.push_back("DLOCK_URL=" + client.url());
+    env.push_back("DLOCK_FENCING_TOKEN=" + std::to_string(hold_->fencing_token()));
+    return env;
+  }
+
+  pid_t SpawnOrDie(const dlock::Client& client) {
+    std::vector<std::string> env = Environment(client);
+    std::vector<std::string> args = plan_.options.command;
+    auto pointers = [](std::vector<std::string>& strings) {
+      std::vector<char*> out;
+      for (auto& text : strings) out.push_back(text.data());
+      out.push_back(nullptr);
+      return out;
+    };
+    std::vector<char*> envp = pointers(env);
+    std::vector<char*> argv = pointers(args);
+    posix_spawnattr_t attr;
+    posix_spawnattr_init(&attr);
+    posix_spawnattr_setsigmask(&attr, &original_);
+    posix_spawnattr_setsigdefault(&attr, &handled_);
+    posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
+    pid_t child = 0;
+    int rc = posix_spawnp(&child, argv[0], nullptr, &attr, argv.data(), envp.data());
+    posix_spawnattr_destroy(&attr);
+    if (rc != 0) {
+      hold_->release();
+      Die(kCannotStart, "cannot run '" + args[0] + "': " + std::strerror(rc));
     }
-    if (fds[2].revents) {
-      std::uint64_t n;
-      if (::read(kill_timer, &n, sizeof n) < 0) {
+    return child;
+  }
+
+  // Until the child exits: forwards signals to it; when the lock is lost,
+  // sends it SIGTERM, and SIGKILL after --kill-after. True if it was lost.
+  bool supervise(pid_t child, const dlock::internal::EventSignal& lost) {
+    dlock::internal::UniqueFd kill_timer(timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK));
+    bool was_lost = false;
+    while (true) {
+      pollfd fds[3] = {{signals_.get(), POLLIN, 0}, {lost.fd(), POLLIN, 0}, {kill_timer.get(), POLLIN, 0}};
+      if (::poll(fds, 3, -1) < 0 && errno != EINTR) return was_lost;
+      if (fds[0].revents && forward_signals(child)) return was_lost;
+      if (fds[1].revents && !was_lost) {
+        was_lost = true;
+        lost.drain();
+        std::fprintf(stderr, "dlock: the lock %s was lost (its store session ended); stopping the command\n",
+                     name_.c_str());
+        ::kill(child, SIGTERM);
+        ArmTimer(kill_timer.get(), plan_.kill_after);
       }
-      ::kill(child, SIGKILL);
+      if (fds[2].revents) {
+        std::uint64_t expirations;
+        [[maybe_unused]] ssize_t n = ::read(kill_timer.get(), &expirations, sizeof expirations);
+        ::kill(child, SIGKILL);
+      }
     }
   }
-  subscription.reset();
-  hold->release();
-  if (lost) return kLockLost;
-  if (WIFEXITED(child_status)) return WEXITSTATUS(child_status);
-  if (WIFSIGNALED(child_status)) return 128 + WTERMSIG(child_status);
-  return 1;
-}
+
+  // Passes every queued signal but SIGCHLD on to the child; true once the
+  // child has exited (its status in child_status_).
+  bool forward_signals(pid_t child) {
+    bool exited = false;
+    signalfd_siginfo info{};
+    while (::read(signals_.get(), &info, sizeof info) == sizeof info) {
+      if (info.ssi_signo == SIGCHLD) {
+        exited = exited || ::waitpid(child, &child_status_, WNOHANG) == child;
+      } else {
+        ::kill(child, static_cast<int>(info.ssi_signo));
+      }
+    }
+    return exited;
+  }
+
+  static void ArmTimer(int timer, std::chrono::milliseconds after) {
+    itimerspec when{};
+    when.it_value.tv_sec = after.count() / 1000;
+    when.it_value.tv_nsec = (after.count() % 1000) * 1'000'000 + 1;  // +1 ns: zero would disarm it
+    timerfd_settime(timer, 0, &when, nullptr);
+  }
+
+  static dlock::internal::EventSignal EventOrDie() {
+    auto event = dlock::internal::EventSignal::Create();
+    if (!event.ok()) Die(kStoreFailed, event.status().to_string());
+    return std::move(*event);
+  }
+
+  const RunPlan plan_;
+  const std::string name_;
+  sigset_t handled_;
+  sigset_t original_;
+  dlock::internal::UniqueFd signals_;
+  std::optional<dlock::Hold> hold_;
+  int cancelled_by_ = 0;  // the first stop signal
+  int child_status_ = 0;
+};
+
+int Run(const RunOptions& o) { return LockedCommand(PlanOrDie(o)).run(); }
 
 // ---------------------------------------------------------------- status
 
@@ -470,7 +536,7 @@ int Status(const std::string& url, const std::string& name, bool json, bool wide
   if (auto s = dlock::ValidateLockName(name); !s.ok()) Die(kUsage, s.message());
   auto client = ConnectOrDie(url);
   auto entries = dlock::Inspect(client, name);
-  if (!entries.ok()) Die(ExitFor(entries.status()), entries.status().ToString());
+  if (!entries.ok()) Die(ExitFor(entries.status()), entries.status().to_string());
   if (json) {
     nlohmann::json out = {{"name", name},
                           {"url", client.url()},
@@ -532,7 +598,7 @@ int Break(const std::string& url, const std::string& name, const std::string& en
   if (auto s = dlock::ValidateLockName(name); !s.ok()) Die(kUsage, s.message());
   auto client = ConnectOrDie(url);
   auto entries = dlock::Inspect(client, name);
-  if (!entries.ok()) Die(ExitFor(entries.status()), entries.status().ToString());
+  if (!entries.ok()) Die(ExitFor(entries.status()), entries.status().to_string());
   // ENTRY as status shows it: the whole id, the id shortened in the middle
   // ("head...tail"), or a prefix of it; it must name one entry.
   std::vector<const dlock::EntryInfo*> targets;
@@ -569,7 +635,7 @@ int Break(const std::string& url, const std::string& name, const std::string& en
     Die(kUsage, name + " has " + std::to_string(targets.size()) + " holders; name the entry to break:" + ids);
   }
   const auto& t = *targets.front();
-  if (auto s = client.remove_entry(t.queue, t.entry.id); !s.ok()) Die(ExitFor(s), s.ToString());
+  if (auto s = client.remove_entry(t.queue, t.entry.id); !s.ok()) Die(ExitFor(s), s.to_string());
   std::printf("removed %s entry %s of %s (token %s, %s)\n", t.holds ? "holder" : "waiter", t.entry.id.c_str(),
               t.queue.c_str(), t.entry.token ? std::to_string(*t.entry.token).c_str() : "-", Describe(t).c_str());
   return 0;

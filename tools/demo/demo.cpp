@@ -97,7 +97,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (auto client = dlock::Client::open(url); !client.ok()) {
-    std::fprintf(stderr, "dlock-demo: %s\n", client.status().ToString().c_str());
+    std::fprintf(stderr, "dlock-demo: %s\n", client.status().to_string().c_str());
     return 5;
   }
   char dir_template[] = "/tmp/dlock-demo-XXXXXX";
