@@ -63,7 +63,7 @@ class ZkInterop : public ::testing::Test {
   // Waits (bounded) until the queue has exactly `n` children: the observable
   // sign that a waiter has queued, or that a timed-out one has cleaned up.
   bool AwaitChildren(const std::string& queue, std::size_t n, std::chrono::milliseconds limit = 10s) {
-    return zktest::WaitFor([&] { return raw_->children(Path(queue)).size() == n; }, limit);
+    return testing::Eventually([&] { return raw_->children(Path(queue)).size() == n; }, limit);
   }
   std::size_t Children(const std::string& queue) { return raw_->children(Path(queue)).size(); }
   // The peer, already queued, is still waiting; once `let_go` has run it
@@ -84,7 +84,7 @@ class ZkInterop : public ::testing::Test {
       std::vector<std::string> ids{node};
       waited = session_->wait_any_gone(queue, ids, In(30s), {});
     });
-    EXPECT_TRUE(zktest::WaitFor([&] { return zktest::FourLetters(hosts_, "wchp").find(node) != std::string::npos; }));
+    EXPECT_TRUE(testing::Eventually([&] { return zktest::FourLetters(hosts_, "wchp").find(node) != std::string::npos; }));
     EXPECT_EQ(peer.call("release"), "released");
     t.join();
     EXPECT_TRUE(waited.ok()) << waited.ToString();

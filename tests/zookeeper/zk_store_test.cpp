@@ -7,6 +7,8 @@
 #include <regex>
 
 #include "stores/zookeeper/zk_names.hpp"
+#include "support/state_log.hpp"
+#include "support/status_matchers.hpp"
 #include "zookeeper/zk_test_support.hpp"
 
 namespace dlock {
@@ -16,7 +18,8 @@ using namespace std::chrono_literals;
 using zktest::RawZk;
 using zktest::SharedServer;
 using zktest::SteadyClock;
-using zktest::WaitFor;
+using testing::Eventually;
+using testing::StatusIs;
 
 Clock::time_point In(Clock::duration d) { return Clock::system()->now() + d; }
 
@@ -40,31 +43,7 @@ EntrySpec Spec(std::string kind, std::string label = "test") {
   return s;
 }
 
-// Records the states a session goes through, with their times.
-struct StateLog {
-  std::mutex mu;
-  std::vector<std::pair<SessionState, SteadyClock::time_point>> seen;
-  std::shared_ptr<void> sub;
-  void attach(Session& s) {
-    sub = s.subscribe([this](SessionState st) {
-      std::lock_guard<std::mutex> g(mu);
-      seen.emplace_back(st, SteadyClock::now());
-    });
-  }
-  std::optional<SteadyClock::time_point> when(SessionState st) {
-    std::lock_guard<std::mutex> g(mu);
-    for (auto& [s, t] : seen) {
-      if (s == st) return t;
-    }
-    return std::nullopt;
-  }
-  std::vector<SessionState> states() {
-    std::lock_guard<std::mutex> g(mu);
-    std::vector<SessionState> out;
-    for (auto& p : seen) out.push_back(p.first);
-    return out;
-  }
-};
+using testing::StateLog;
 
 class ZkStoreTest : public ::testing::Test {
  protected:
@@ -210,7 +189,7 @@ TEST_F(ZkStoreTest, ContainerParentsVanishWhenEmpty) {
   EXPECT_EQ(st.ephemeralOwner, 0);
   // Containers, not persistent nodes: the server reaps them once empty.
   ASSERT_TRUE(s->remove("deep/er/queue", a->entry.id, In(10s)).ok());
-  EXPECT_TRUE(WaitFor([&] { return !raw.exists(chroot_ + "/deep"); }, 20s)) << "the empty lock directory stayed";
+  EXPECT_TRUE(Eventually([&] { return !raw.exists(chroot_ + "/deep"); }, 20s)) << "the empty lock directory stayed";
   // Appending again re-creates the parents.
   auto again = s->append("deep/er/queue", Spec("lock"), In(10s));
   ASSERT_TRUE(again.ok()) << again.status().ToString();
@@ -371,7 +350,8 @@ TEST_F(ZkStoreTest, WaitWakesWhenTheOwnerSessionExpires) {
   EXPECT_TRUE(st.ok()) << st.ToString();
   std::printf("[   INFO   ] owner's entry gone %.2f s after its process froze (session timeout 1 s)\n",
               zktest::Seconds(took));
-  EXPECT_LT(took, 10s);
+  // No upper bound on `took` but the wait's own 30 s deadline: a loaded
+  // machine may take its time (bounded work, not bounded time).
 }
 
 // ----------------------------------------------------------------- sessions
@@ -410,10 +390,10 @@ TEST_F(ZkStoreTest, UnreachableServerFailsWithinConnectTimeout) {
   // connections but never answers (a blackhole), each with a 1 s timeout.
   int closed_port;
   {
-    zktest::TcpProxy probe(1);  // borrow a free port, then let it go
+    testing::TcpProxy probe(1);  // borrow a free port, then let it go
     closed_port = probe.port();
   }
-  zktest::TcpProxy hole(hosts_.empty() ? 1 : std::stoi(hosts_.substr(hosts_.rfind(':') + 1)));
+  testing::TcpProxy hole(hosts_.empty() ? 1 : std::stoi(hosts_.substr(hosts_.rfind(':') + 1)));
   hole.partition();
   for (std::string hosts : {"127.0.0.1:" + std::to_string(closed_port), hole.hosts()}) {
     auto store = OpenStoreOk("zk://" + hosts + "/x?connect_timeout=1s");
@@ -424,19 +404,24 @@ TEST_F(ZkStoreTest, UnreachableServerFailsWithinConnectTimeout) {
     ASSERT_FALSE(s.ok()) << hosts;
     EXPECT_EQ(s.status().code(), ErrorCode::kUnavailable) << s.status().ToString();
     EXPECT_NE(s.status().message().find(hosts), std::string::npos) << s.status().message();
+    // The connect timeout ended it, not the caller's 60 s deadline (the
+    // bounds are far apart, so that a loaded machine cannot blur them).
     EXPECT_GE(took, 900ms);
-    EXPECT_LT(took, 2500ms) << hosts;
-    // The caller's own deadline, if earlier, wins.
+    EXPECT_LT(took, 30s) << hosts;
+    // The caller's own deadline, if earlier, wins: 200 ms against a 60 s
+    // connect timeout.
+    auto patient = OpenStoreOk("zk://" + hosts + "/x?connect_timeout=60s");
+    ASSERT_TRUE(patient);
     t0 = SteadyClock::now();
-    s = store->open_session(In(200ms));
-    EXPECT_EQ(s.status().code(), ErrorCode::kUnavailable);
-    EXPECT_LT(SteadyClock::now() - t0, 1500ms);
+    s = patient->open_session(In(200ms));
+    EXPECT_THAT(s.status(), StatusIs(ErrorCode::kUnavailable));
+    EXPECT_LT(SteadyClock::now() - t0, 30s);
   }
   // StoreOptions::connect_timeout is the default.
   auto store = OpenStoreOk("zk://127.0.0.1:" + std::to_string(closed_port), {nullptr, 700ms});
   auto t0 = SteadyClock::now();
-  EXPECT_EQ(store->open_session(In(60s)).status().code(), ErrorCode::kUnavailable);
-  EXPECT_LT(SteadyClock::now() - t0, 2s);
+  EXPECT_THAT(store->open_session(In(60s)).status(), StatusIs(ErrorCode::kUnavailable));
+  EXPECT_LT(SteadyClock::now() - t0, 30s);  // 700 ms, not the 60 s deadline
 }
 
 TEST_F(ZkStoreTest, UnresolvableHostFailsClearly) {
@@ -448,7 +433,7 @@ TEST_F(ZkStoreTest, UnresolvableHostFailsClearly) {
   EXPECT_TRUE(s.status().code() == ErrorCode::kUnavailable || s.status().code() == ErrorCode::kInvalidArgument)
       << s.status().ToString();
   EXPECT_NE(s.status().message().find("no-such-host.invalid"), std::string::npos) << s.status().message();
-  EXPECT_LT(SteadyClock::now() - t0, 4s);
+  EXPECT_LT(SteadyClock::now() - t0, 30s);  // the 2 s connect timeout at most, not the 60 s deadline
 }
 
 TEST_F(ZkStoreTest, DigestAuthAndCreatorAcl) {
@@ -523,7 +508,7 @@ TEST_F(ZkStoreTest, UnreadableChrootFailsAtOpen) {
     ASSERT_FALSE(s.ok());
     EXPECT_EQ(s.status().code(), ErrorCode::kUnauthenticated) << s.status().ToString();
     EXPECT_NE(s.status().message().find(chroot_), std::string::npos) << s.status().message();
-    EXPECT_LT(SteadyClock::now() - t0, 5s);
+    EXPECT_LT(SteadyClock::now() - t0, 30s);  // not the 60 s deadline
   }
   auto ok = OpenStoreOk(Url("", "", "alice:secret@"));
   EXPECT_TRUE(ok->open_session(In(20s)).ok());
@@ -532,7 +517,7 @@ TEST_F(ZkStoreTest, UnreadableChrootFailsAtOpen) {
 // ------------------------------------------------- connection trouble, loss
 
 TEST_F(ZkStoreTest, SuspendedWhileCutOffThenReconnected) {
-  zktest::TcpProxy proxy(std::stoi(hosts_.substr(hosts_.rfind(':') + 1)));
+  testing::TcpProxy proxy(std::stoi(hosts_.substr(hosts_.rfind(':') + 1)));
   auto s = NewSession("session_timeout=10s", proxy.hosts());
   ASSERT_TRUE(s);
   StateLog log;
@@ -541,7 +526,7 @@ TEST_F(ZkStoreTest, SuspendedWhileCutOffThenReconnected) {
   ASSERT_TRUE(a.ok());
   std::string id = s->id();
   proxy.reset();  // the connection drops; the session lives on the server
-  ASSERT_TRUE(WaitFor([&] { return log.when(SessionState::kConnected).has_value(); }, 15s)) << "never reconnected";
+  ASSERT_TRUE(Eventually([&] { return log.when(SessionState::kConnected).has_value(); }, 15s)) << "never reconnected";
   EXPECT_EQ(log.states().front(), SessionState::kSuspended);
   EXPECT_EQ(s->state(), SessionState::kConnected);
   EXPECT_EQ(s->id(), id);
@@ -551,7 +536,7 @@ TEST_F(ZkStoreTest, SuspendedWhileCutOffThenReconnected) {
 }
 
 TEST_F(ZkStoreTest, RemoveAndWaitThroughADroppedConnection) {
-  zktest::TcpProxy proxy(std::stoi(hosts_.substr(hosts_.rfind(':') + 1)));
+  testing::TcpProxy proxy(std::stoi(hosts_.substr(hosts_.rfind(':') + 1)));
   auto s = NewSession("session_timeout=8s", proxy.hosts());
   auto other = NewSession();
   ASSERT_TRUE(s && other);
@@ -570,18 +555,18 @@ TEST_F(ZkStoreTest, RemoveAndWaitThroughADroppedConnection) {
   std::this_thread::sleep_for(200ms);
   proxy.partition();
   proxy.reset();  // the connection drops; reconnecting hangs in the partition
-  ASSERT_TRUE(WaitFor([&] { return s->state() == SessionState::kSuspended; }, 15s));
+  ASSERT_TRUE(Eventually([&] { return s->state() == SessionState::kSuspended; }, 15s));
   // Requests fail fast and say so; the removal is the caller's to retry.
   auto t0 = SteadyClock::now();
   Status removed = s->remove("q", mine->entry.id, In(10s));
-  EXPECT_EQ(removed.code(), ErrorCode::kUnavailable) << removed.ToString();
-  EXPECT_LT(SteadyClock::now() - t0, 500ms);
+  EXPECT_THAT(removed, StatusIs(ErrorCode::kUnavailable));
+  EXPECT_LT(SteadyClock::now() - t0, 5s);  // well before the 10 s deadline
   EXPECT_EQ(s->list("q", {}, In(10s)).status().code(), ErrorCode::kUnavailable);
   // Meanwhile the entry it waits for goes.
   ASSERT_TRUE(other->remove("q", theirs->entry.id, In(10s)).ok());
   proxy.heal();
   proxy.reset();  // the held connections are dead: make the client redial
-  ASSERT_TRUE(WaitFor([&] { return s->state() == SessionState::kConnected; }, 15s));
+  ASSERT_TRUE(Eventually([&] { return s->state() == SessionState::kConnected; }, 15s));
   waiter.join();
   EXPECT_TRUE(waited.ok()) << waited.ToString();
   EXPECT_TRUE(s->remove("q", mine->entry.id, In(10s)).ok());
@@ -630,7 +615,7 @@ TEST_F(ZkStoreTest, TimingRoundTrips) {
 // The safety property: cut off from the server, the holder hears kLost from
 // its own timer before the server expires the session and hands the lock on.
 TEST_F(ZkStoreTest, TimingLostBeforeTheServerGivesTheLockAway) {
-  zktest::TcpProxy proxy(std::stoi(hosts_.substr(hosts_.rfind(':') + 1)));
+  testing::TcpProxy proxy(std::stoi(hosts_.substr(hosts_.rfind(':') + 1)));
   constexpr auto kTimeout = 2s;
   auto holder = NewSession("session_timeout=2s", proxy.hosts());
   auto next = NewSession();
@@ -693,7 +678,7 @@ TEST_F(ZkStoreTest, TimingLostByOwnTimerWhenTheServerFreezes) {
   std::this_thread::sleep_for(500ms);
   server.freeze();
   auto frozen = SteadyClock::now();
-  ASSERT_TRUE(WaitFor([&] { return log.when(SessionState::kLost).has_value(); }, 10s));
+  ASSERT_TRUE(Eventually([&] { return log.when(SessionState::kLost).has_value(); }, 10s));
   waiter.join();
   auto lost = *log.when(SessionState::kLost) - frozen;
   auto suspended = log.when(SessionState::kSuspended);
@@ -707,7 +692,7 @@ TEST_F(ZkStoreTest, TimingLostByOwnTimerWhenTheServerFreezes) {
   auto fresh = store->open_session(In(20s));
   ASSERT_TRUE(fresh.ok()) << fresh.status().ToString();
   EXPECT_NE((*fresh)->id(), (*s)->id());
-  EXPECT_TRUE(WaitFor(
+  EXPECT_TRUE(Eventually(
       [&] {
         auto l = (*fresh)->list("q", {}, In(5s));
         return l.ok() && l->empty();
@@ -726,10 +711,10 @@ TEST_F(ZkStoreTest, SessionSurvivesAServerRestartWithinTheTimeout) {
   auto a = (*s)->append("q", Spec("lock"), In(10s));
   ASSERT_TRUE(a.ok());
   server.crash();
-  ASSERT_TRUE(WaitFor([&] { return (*s)->state() == SessionState::kSuspended; }, 10s));
+  ASSERT_TRUE(Eventually([&] { return (*s)->state() == SessionState::kSuspended; }, 10s));
   EXPECT_EQ((*s)->remove("q", a->entry.id, In(5s)).code(), ErrorCode::kUnavailable);
   ASSERT_TRUE(server.restart());
-  ASSERT_TRUE(WaitFor([&] { return (*s)->state() == SessionState::kConnected; }, 20s)) << "did not reconnect";
+  ASSERT_TRUE(Eventually([&] { return (*s)->state() == SessionState::kConnected; }, 20s)) << "did not reconnect";
   EXPECT_TRUE((*s)->remove("q", a->entry.id, In(10s)).ok());
   auto l = (*s)->list("q", {}, In(10s));
   ASSERT_TRUE(l.ok());
@@ -758,7 +743,7 @@ TEST_F(ZkStoreTest, InjectedClockDrivesTheLostTimer) {
   EXPECT_EQ((*s)->state(), SessionState::kConnected);
   EXPECT_FALSE(log.when(SessionState::kLost));
   clock->advance(4s);  // no answer for the whole timeout, as far as the clock says
-  ASSERT_TRUE(WaitFor([&] { return log.when(SessionState::kLost).has_value(); }, 5s));
+  ASSERT_TRUE(Eventually([&] { return log.when(SessionState::kLost).has_value(); }, 5s));
   // Declaring the session lost closed its handle: the entry is gone now.
   std::vector<std::string> ids{a->entry.id};
   EXPECT_TRUE(observer->wait_any_gone("q", ids, In(10s), {}).ok());
@@ -769,7 +754,7 @@ TEST_F(ZkStoreTest, InjectedClockDrivesTheLostTimer) {
 // is held inside a subscriber (told kSuspended after a dropped connection)
 // while the injected clock jumps past the deadline.
 TEST_F(ZkStoreTest, StateFoldsTheLostDeadlineWhileTheSessionThreadIsBusy) {
-  zktest::TcpProxy proxy(std::stoi(hosts_.substr(hosts_.rfind(':') + 1)));
+  testing::TcpProxy proxy(std::stoi(hosts_.substr(hosts_.rfind(':') + 1)));
   auto clock = std::make_shared<ManualClock>();
   auto store = OpenStoreOk(Url("session_timeout=4s", proxy.hosts()), {clock, std::chrono::milliseconds(10'000)});
   ASSERT_TRUE(store);
@@ -818,7 +803,7 @@ TEST_F(ZkStoreTest, StateFoldsTheLostDeadlineWhileTheSessionThreadIsBusy) {
     cv.notify_all();
   }
   // Subscribers still hear it, in order, once the thread is free.
-  EXPECT_TRUE(WaitFor(
+  EXPECT_TRUE(Eventually(
       [&] {
         std::lock_guard<std::mutex> g(mu);
         return !heard.empty() && heard.back() == SessionState::kLost;
