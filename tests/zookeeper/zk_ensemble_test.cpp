@@ -11,12 +11,14 @@
 #include <algorithm>
 #include <memory>
 
+#include "support/status_matchers.hpp"
 #include "zookeeper/zk_test_support.hpp"
 
 namespace dlock {
 namespace {
 
 using namespace std::chrono_literals;
+using testing::IsOk;
 using zktest::SteadyClock;
 
 struct HoldRecord {
@@ -222,9 +224,9 @@ TEST(ZkPartitionTest, FollowerCutFromTheLeaderLosesItsHolderFirst) {
   // The holder talks to the follower only; the successor to the other two.
   constexpr auto kTimeout = 2s;
   auto holder_store = OpenStore("zk://" + ens.hosts(follower) + "/dlock-partition?session_timeout=2s");
-  ASSERT_TRUE(holder_store.ok()) << holder_store.status().ToString();
+  ASSERT_THAT(holder_store.status(), IsOk());
   auto holder = (*holder_store)->open_session(Clock::system()->now() + 30s);
-  ASSERT_TRUE(holder.ok()) << holder.status().ToString();
+  ASSERT_THAT(holder.status(), IsOk());
   std::mutex mu;
   std::vector<std::pair<SessionState, SteadyClock::time_point>> heard;
   auto sub = (*holder)->subscribe([&](SessionState st) {
@@ -235,7 +237,7 @@ TEST(ZkPartitionTest, FollowerCutFromTheLeaderLosesItsHolderFirst) {
   spec.kind = std::string(entry_kind::kLock);
   spec.attempt_id = "0123456789abcdef0123456789abcdef";
   auto held = (*holder)->append("lock", spec, Clock::system()->now() + 30s);
-  ASSERT_TRUE(held.ok()) << held.status().ToString();
+  ASSERT_THAT(held.status(), IsOk());
   ASSERT_TRUE(held->queue);
   ASSERT_EQ(held->queue->front().id, held->entry.id);  // the holder holds the lock
 

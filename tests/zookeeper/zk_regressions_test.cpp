@@ -15,12 +15,14 @@
 #include <thread>
 
 #include "dlock/dlock.hpp"
+#include "support/status_matchers.hpp"
 #include "zookeeper/zk_test_support.hpp"
 
 namespace dlock {
 namespace {
 
 using namespace std::chrono_literals;
+using testing::IsOk;
 using Steady = std::chrono::steady_clock;
 
 std::string Server() { return zktest::SharedServer(); }
@@ -143,7 +145,7 @@ TEST(ZkRegressions, ASessionOpenedLateIsReplacedBeforeUse) {
     proxy.heal();
   });
   auto client = Client::open("zk://" + proxy.hosts() + Chroot("late") + "?session_timeout=2s&connect_timeout=20s");
-  ASSERT_TRUE(client.ok()) << client.status().ToString();
+  ASSERT_THAT(client.status(), IsOk());
   Mutex m(*client, "job");
   auto t0 = Steady::now();
   auto hold = m.acquire(30s);

@@ -15,6 +15,7 @@ namespace dlock {
 namespace {
 
 using namespace std::chrono_literals;
+using testing::IsOk;
 using zktest::RawZk;
 using zktest::SharedServer;
 using zktest::SteadyClock;
@@ -59,7 +60,7 @@ class ZkStoreTest : public ::testing::Test {
   }
   std::shared_ptr<Store> OpenStoreOk(const std::string& url, StoreOptions options = {}) {
     auto store = OpenStore(url, options);
-    EXPECT_TRUE(store.ok()) << store.status().ToString();
+    EXPECT_THAT(store.status(), IsOk());
     return store.ok() ? *store : nullptr;
   }
   std::shared_ptr<Session> NewSession(const std::string& query = "", const std::string& hosts = "") {
@@ -67,7 +68,7 @@ class ZkStoreTest : public ::testing::Test {
     if (!store) return nullptr;
     stores_.push_back(store);
     auto s = store->open_session(In(20s));
-    EXPECT_TRUE(s.ok()) << s.status().ToString();
+    EXPECT_THAT(s.status(), IsOk());
     return s.ok() ? *s : nullptr;
   }
 
@@ -87,7 +88,7 @@ TEST_F(ZkStoreTest, AppendListOrderAndTokens) {
   for (const char* kind : {"lock", "write", "read", "lease"}) {
     auto spec = Spec(kind);
     auto a = s->append("q/one", spec, In(10s));
-    ASSERT_TRUE(a.ok()) << a.status().ToString();
+    ASSERT_THAT(a.status(), IsOk());
     EXPECT_EQ(a->entry.kind, kind);
     EXPECT_EQ(a->entry.attempt_id, spec.attempt_id);
     ASSERT_TRUE(a->entry.token);
@@ -106,7 +107,7 @@ TEST_F(ZkStoreTest, AppendListOrderAndTokens) {
     EXPECT_GT(*made[i].entry.token, *made[i - 1].entry.token);  // czxids only grow
   }
   auto listed = s->list("q/one", {}, In(10s));
-  ASSERT_TRUE(listed.ok()) << listed.status().ToString();
+  ASSERT_THAT(listed.status(), IsOk());
   ASSERT_EQ(listed->size(), made.size());
   for (std::size_t i = 0; i < made.size(); ++i) {
     EXPECT_EQ((*listed)[i].id, made[i].entry.id);
@@ -135,7 +136,7 @@ TEST_F(ZkStoreTest, ListWithOwnersAndForeignChildren) {
   auto s = NewSession();
   ASSERT_TRUE(s);
   auto a = s->append("q", Spec("lock", "first"), In(10s));
-  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  ASSERT_THAT(a.status(), IsOk());
   RawZk raw(hosts_);
   ASSERT_TRUE(raw.connected());
   std::string base = chroot_ + "/q";
@@ -149,7 +150,7 @@ TEST_F(ZkStoreTest, ListWithOwnersAndForeignChildren) {
   ASSERT_FALSE(zkrecipe.empty());
 
   auto listed = s->list("q", {.with_owners = true}, In(10s));
-  ASSERT_TRUE(listed.ok()) << listed.status().ToString();
+  ASSERT_THAT(listed.status(), IsOk());
   ASSERT_EQ(listed->size(), 3u);  // "plain" is not an entry
   EXPECT_EQ((*listed)[0].id, a->entry.id);
   ASSERT_TRUE((*listed)[0].owner);
@@ -181,7 +182,7 @@ TEST_F(ZkStoreTest, ContainerParentsVanishWhenEmpty) {
   auto s = NewSession();
   ASSERT_TRUE(s);
   auto a = s->append("deep/er/queue", Spec("lock"), In(10s));
-  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  ASSERT_THAT(a.status(), IsOk());
   RawZk raw(hosts_);
   ASSERT_TRUE(raw.connected());
   Stat st{};
@@ -192,7 +193,7 @@ TEST_F(ZkStoreTest, ContainerParentsVanishWhenEmpty) {
   EXPECT_TRUE(Eventually([&] { return !raw.exists(chroot_ + "/deep"); }, 20s)) << "the empty lock directory stayed";
   // Appending again re-creates the parents.
   auto again = s->append("deep/er/queue", Spec("lock"), In(10s));
-  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  ASSERT_THAT(again.status(), IsOk());
 }
 
 TEST_F(ZkStoreTest, AppendSurvivesParentsVanishingUnderIt) {
@@ -201,7 +202,7 @@ TEST_F(ZkStoreTest, AppendSurvivesParentsVanishingUnderIt) {
   ASSERT_TRUE(s);
   for (int i = 0; i < 30; ++i) {
     auto a = s->append("churn/q", Spec("lock"), In(10s));
-    ASSERT_TRUE(a.ok()) << i << ": " << a.status().ToString();
+    ASSERT_THAT(a.status(), IsOk()) << i << ": ";
     ASSERT_TRUE(s->remove("churn/q", a->entry.id, In(10s)).ok());
     if (i % 5 == 0) std::this_thread::sleep_for(250ms);  // let the reaper run
   }
@@ -220,13 +221,13 @@ TEST_F(ZkStoreTest, NestedQueuesAreUnrelated) {
   for (std::string child : {"tenants/acct-123456789", "jobs/run0000000001"}) {
     const std::string parent = child.substr(0, child.find('/'));
     auto held = s->append(child, Spec("lock"), In(10s));
-    ASSERT_TRUE(held.ok()) << held.status().ToString();
+    ASSERT_THAT(held.status(), IsOk());
     auto listed = other->list(parent, {}, In(10s));
-    ASSERT_TRUE(listed.ok()) << listed.status().ToString();
+    ASSERT_THAT(listed.status(), IsOk());
     EXPECT_TRUE(listed->empty()) << parent << " lists " << (listed->empty() ? "" : (*listed)[0].id);
     // The parent's own lock is free: its first entry is first, and a Mutex gets in.
     auto mine = other->append(parent, Spec("lock"), In(10s));
-    ASSERT_TRUE(mine.ok()) << mine.status().ToString();
+    ASSERT_THAT(mine.status(), IsOk());
     ASSERT_TRUE(mine->queue);
     EXPECT_EQ(mine->queue->front().id, mine->entry.id) << parent;
     ASSERT_TRUE(other->remove(parent, mine->entry.id, In(10s)).ok());
@@ -249,12 +250,12 @@ TEST_F(ZkStoreTest, NestedQueuesAreUnrelated) {
   ASSERT_FALSE(raw.create(chroot_ + "/tenants/x-1234-", "", ZOO_EPHEMERAL_SEQUENTIAL).empty());
   ASSERT_FALSE(raw.create(chroot_ + "/tenants/y-", "", ZOO_PERSISTENT_SEQUENTIAL).empty());
   auto listed = other->list("tenants", {}, In(10s));
-  ASSERT_TRUE(listed.ok()) << listed.status().ToString();
+  ASSERT_THAT(listed.status(), IsOk());
   ASSERT_EQ(listed->size(), 1u);
   EXPECT_EQ((*listed)[0].kind, "foreign");
   EXPECT_EQ((*listed)[0].id.rfind("x-1234-", 0), 0u) << (*listed)[0].id;
   auto behind = other->append("tenants", Spec("lock"), In(10s));
-  ASSERT_TRUE(behind.ok()) << behind.status().ToString();
+  ASSERT_THAT(behind.status(), IsOk());
   ASSERT_TRUE(behind->queue);
   ASSERT_EQ(behind->queue->size(), 2u);
   EXPECT_EQ(behind->queue->front().id, (*listed)[0].id);
@@ -273,13 +274,13 @@ TEST_F(ZkStoreTest, DowngradeTakesTheWritersSequence) {
   auto s = NewSession();
   ASSERT_TRUE(s);
   auto w = s->append("rw", Spec("write"), In(10s));
-  ASSERT_TRUE(w.ok()) << w.status().ToString();
+  ASSERT_THAT(w.status(), IsOk());
   auto behind = s->append("rw", Spec("write"), In(10s));
   ASSERT_TRUE(behind.ok());
   auto rspec = Spec("read");
   rspec.sequence = w->entry.sequence;
   auto r = s->append("rw", rspec, In(10s));
-  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_THAT(r.status(), IsOk());
   // Curator's CURATOR-621 fix: _c_<uuid>-__READ__<writer's seq>, plain EPHEMERAL.
   EXPECT_EQ(r->entry.id, "_c_" + *internal::zk::AttemptIdToUuid(rspec.attempt_id) + "-__READ__" +
                              internal::zk::FormatSequence(static_cast<std::int32_t>(w->entry.sequence)));
@@ -292,7 +293,7 @@ TEST_F(ZkStoreTest, DowngradeTakesTheWritersSequence) {
   EXPECT_EQ((*listed)[1].id, behind->entry.id);
   // A retried append of the same downgrade adopts its own entry.
   auto again = s->append("rw", rspec, In(10s));
-  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  ASSERT_THAT(again.status(), IsOk());
   EXPECT_EQ(again->entry.id, r->entry.id);
   EXPECT_EQ(again->entry.token, r->entry.token);
 }
@@ -347,7 +348,7 @@ TEST_F(ZkStoreTest, WaitWakesWhenTheOwnerSessionExpires) {
   Status st = waiter->wait_any_gone("q", ids, In(30s), {});
   auto took = SteadyClock::now() - frozen;
   ::kill(owner.pid(), SIGCONT);
-  EXPECT_TRUE(st.ok()) << st.ToString();
+  EXPECT_THAT(st, IsOk());
   std::printf("[   INFO   ] owner's entry gone %.2f s after its process froze (session timeout 1 s)\n",
               zktest::Seconds(took));
   // No upper bound on `took` but the wait's own 30 s deadline: a loaded
@@ -402,7 +403,7 @@ TEST_F(ZkStoreTest, UnreachableServerFailsWithinConnectTimeout) {
     auto s = store->open_session(In(60s));
     auto took = SteadyClock::now() - t0;
     ASSERT_FALSE(s.ok()) << hosts;
-    EXPECT_EQ(s.status().code(), ErrorCode::kUnavailable) << s.status().ToString();
+    EXPECT_THAT(s.status(), StatusIs(ErrorCode::kUnavailable));
     EXPECT_NE(s.status().message().find(hosts), std::string::npos) << s.status().message();
     // The connect timeout ended it, not the caller's 60 s deadline (the
     // bounds are far apart, so that a loaded machine cannot blur them).
@@ -430,8 +431,7 @@ TEST_F(ZkStoreTest, UnresolvableHostFailsClearly) {
   auto t0 = SteadyClock::now();
   auto s = store->open_session(In(60s));
   ASSERT_FALSE(s.ok());
-  EXPECT_TRUE(s.status().code() == ErrorCode::kUnavailable || s.status().code() == ErrorCode::kInvalidArgument)
-      << s.status().ToString();
+  EXPECT_THAT(s.status(), ::testing::AnyOf(StatusIs(ErrorCode::kUnavailable), StatusIs(ErrorCode::kInvalidArgument)));
   EXPECT_NE(s.status().message().find("no-such-host.invalid"), std::string::npos) << s.status().message();
   EXPECT_LT(SteadyClock::now() - t0, 30s);  // the 2 s connect timeout at most, not the 60 s deadline
 }
@@ -446,9 +446,9 @@ TEST_F(ZkStoreTest, DigestAuthAndCreatorAcl) {
   auto anonymous = OpenStoreOk(Url());
   ASSERT_TRUE(alice && mallory && anonymous);
   auto as = alice->open_session(In(20s));
-  ASSERT_TRUE(as.ok()) << as.status().ToString();
+  ASSERT_THAT(as.status(), IsOk());
   auto a = (*as)->append("secret/q", Spec("lock"), In(10s));
-  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  ASSERT_THAT(a.status(), IsOk());
 
   RawZk raw(hosts_, 10000, "alice:secret");  // getACL needs READ
   ASSERT_TRUE(raw.connected());
@@ -461,9 +461,9 @@ TEST_F(ZkStoreTest, DigestAuthAndCreatorAcl) {
   // another identity), but it gets nothing done: every request names the path.
   for (auto* store : {mallory.get(), anonymous.get()}) {
     auto s = store->open_session(In(20s));
-    ASSERT_TRUE(s.ok()) << s.status().ToString();  // the chroot itself is open
+    ASSERT_THAT(s.status(), IsOk());  // the chroot itself is open
     auto l = (*s)->list("secret/q", {}, In(10s));
-    EXPECT_EQ(l.status().code(), ErrorCode::kPermissionDenied) << l.status().ToString();
+    EXPECT_THAT(l.status(), StatusIs(ErrorCode::kPermissionDenied));
     EXPECT_NE(l.status().message().find(chroot_ + "/secret/q"), std::string::npos) << l.status().message();
     EXPECT_EQ((*s)->remove("secret/q", a->entry.id, In(10s)).code(), ErrorCode::kPermissionDenied);
     EXPECT_EQ((*s)->append("secret/q", Spec("lock"), In(10s)).status().code(), ErrorCode::kPermissionDenied);
@@ -473,7 +473,7 @@ TEST_F(ZkStoreTest, DigestAuthAndCreatorAcl) {
   auto s2 = again->open_session(In(20s));
   ASSERT_TRUE(s2.ok());
   auto l = (*s2)->list("secret/q", {.with_owners = true}, In(10s));
-  ASSERT_TRUE(l.ok()) << l.status().ToString();
+  ASSERT_THAT(l.status(), IsOk());
   ASSERT_EQ(l->size(), 1u);
   EXPECT_EQ((*l)[0].owner->label, "test");
 }
@@ -485,9 +485,9 @@ TEST_F(ZkStoreTest, CreatorReadAclLetsOthersLookButNotTouch) {
   auto bs = bob->open_session(In(20s));
   ASSERT_TRUE(as.ok() && bs.ok());
   auto a = (*as)->append("shared", Spec("lock", "alice's"), In(10s));
-  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  ASSERT_THAT(a.status(), IsOk());
   auto l = (*bs)->list("shared", {.with_owners = true}, In(10s));
-  ASSERT_TRUE(l.ok()) << l.status().ToString();
+  ASSERT_THAT(l.status(), IsOk());
   ASSERT_EQ(l->size(), 1u);
   EXPECT_EQ((*l)[0].owner->label, "alice's");
   std::vector<std::string> ids{a->entry.id};
@@ -506,7 +506,7 @@ TEST_F(ZkStoreTest, UnreadableChrootFailsAtOpen) {
     auto t0 = SteadyClock::now();
     auto s = store->open_session(In(60s));
     ASSERT_FALSE(s.ok());
-    EXPECT_EQ(s.status().code(), ErrorCode::kUnauthenticated) << s.status().ToString();
+    EXPECT_THAT(s.status(), StatusIs(ErrorCode::kUnauthenticated));
     EXPECT_NE(s.status().message().find(chroot_), std::string::npos) << s.status().message();
     EXPECT_LT(SteadyClock::now() - t0, 30s);  // not the 60 s deadline
   }
@@ -531,7 +531,7 @@ TEST_F(ZkStoreTest, SuspendedWhileCutOffThenReconnected) {
   EXPECT_EQ(s->state(), SessionState::kConnected);
   EXPECT_EQ(s->id(), id);
   auto listed = s->list("q", {}, In(10s));  // the entry survived
-  ASSERT_TRUE(listed.ok()) << listed.status().ToString();
+  ASSERT_THAT(listed.status(), IsOk());
   ASSERT_EQ(listed->size(), 1u);
 }
 
@@ -568,7 +568,7 @@ TEST_F(ZkStoreTest, RemoveAndWaitThroughADroppedConnection) {
   proxy.reset();  // the held connections are dead: make the client redial
   ASSERT_TRUE(Eventually([&] { return s->state() == SessionState::kConnected; }, 15s));
   waiter.join();
-  EXPECT_TRUE(waited.ok()) << waited.ToString();
+  EXPECT_THAT(waited, IsOk());
   EXPECT_TRUE(s->remove("q", mine->entry.id, In(10s)).ok());
   auto listed = other->list("q", {}, In(10s));
   ASSERT_TRUE(listed.ok());
@@ -635,7 +635,7 @@ TEST_F(ZkStoreTest, TimingLostBeforeTheServerGivesTheLockAway) {
   auto cut = SteadyClock::now();
   proxy.partition();
   successor.join();
-  ASSERT_TRUE(waited.ok()) << waited.ToString();
+  ASSERT_THAT(waited, IsOk());
   auto lost = log.when(SessionState::kLost);
   auto suspended = log.when(SessionState::kSuspended);
   ASSERT_TRUE(lost) << "the holder never heard kLost";
@@ -662,7 +662,7 @@ TEST_F(ZkStoreTest, TimingLostByOwnTimerWhenTheServerFreezes) {
   constexpr auto kTimeout = 2s;
   auto store = OpenStoreOk("zk://" + server.hosts() + "/frozen?session_timeout=2s");
   auto s = store->open_session(In(20s));
-  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  ASSERT_THAT(s.status(), IsOk());
   StateLog log;
   log.attach(**s);
   auto a = (*s)->append("q", Spec("lock"), In(10s));
@@ -686,11 +686,11 @@ TEST_F(ZkStoreTest, TimingLostByOwnTimerWhenTheServerFreezes) {
               suspended ? (std::to_string(zktest::Seconds(*suspended - frozen)) + " s").c_str() : "never",
               zktest::Seconds(lost), zktest::Seconds(kTimeout));
   EXPECT_LE(lost, kTimeout);
-  EXPECT_EQ(waited.code(), ErrorCode::kSessionLost) << waited.ToString();
+  EXPECT_THAT(waited, StatusIs(ErrorCode::kSessionLost));
   server.thaw();
   // The store opens a new session; the old one's entries go with its expiry.
   auto fresh = store->open_session(In(20s));
-  ASSERT_TRUE(fresh.ok()) << fresh.status().ToString();
+  ASSERT_THAT(fresh.status(), IsOk());
   EXPECT_NE((*fresh)->id(), (*s)->id());
   EXPECT_TRUE(Eventually(
       [&] {
@@ -727,7 +727,7 @@ TEST_F(ZkStoreTest, InjectedClockDrivesTheLostTimer) {
   ASSERT_TRUE(store);
   // open_session waits on the injected clock: its deadline is "never" here.
   auto s = store->open_session(kNoDeadline);
-  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  ASSERT_THAT(s.status(), IsOk());
   auto observer = NewSession();
   ASSERT_TRUE(observer);
   StateLog log;
@@ -759,9 +759,9 @@ TEST_F(ZkStoreTest, StateFoldsTheLostDeadlineWhileTheSessionThreadIsBusy) {
   auto store = OpenStoreOk(Url("session_timeout=4s", proxy.hosts()), {clock, std::chrono::milliseconds(10'000)});
   ASSERT_TRUE(store);
   auto s = store->open_session(kNoDeadline);
-  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  ASSERT_THAT(s.status(), IsOk());
   auto a = (*s)->append("q", Spec("lock"), kNoDeadline);
-  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  ASSERT_THAT(a.status(), IsOk());
 
   // The subscriber keeps the session thread until the test lets it go (or,
   // bounded, after 30 s), and records what it heard.
