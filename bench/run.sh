@@ -25,11 +25,13 @@ python=/usr/bin/python3
 nice cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDLOCK_BUILD_TESTS=OFF >/dev/null
 nice cmake --build "$build" -j1 --target dlock-bench >/dev/null
 
-# Each server script starts its server, passes its address on
-# (DLOCK_TEST_URLS for redis, DLOCK_TEST_ZK for zookeeper), runs the rest of
-# the chain under it, and stops the server on every exit path.
+# Each server script (tests/servers/*.sh run DIR) starts its server, appends
+# its URL to DLOCK_TEST_URLS, runs the rest of the chain under it, and stops
+# the server on every exit path.
 chain=()
-command -v redis-server >/dev/null && chain+=("$root/tests/servers/redis.sh")
+if command -v redis-server >/dev/null; then
+  chain+=("$root/tests/servers/redis.sh" run "$(mktemp -d "${TMPDIR:-/tmp}/dlock-bench-redis-XXXXXX")")
+fi
 # ZooKeeper when the zk:// store is built (its C client was found).
 if grep -q '^DLOCK_ZOOKEEPER_LIBRARY:FILEPATH=/' "$build/CMakeCache.txt" &&
   ! grep -q '^DLOCK_WITH_ZOOKEEPER:STRING=OFF' "$build/CMakeCache.txt"; then

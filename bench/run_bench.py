@@ -115,7 +115,7 @@ def main():
     tmps = [tempfile.mkdtemp(prefix="dlock-bench-", dir=d) for d in ("/dev/shm", None)
             if d is None or os.path.isdir(d)]
     urls = ["mem://"] + [f"file://{t}/locks" for t in tmps] + os.environ.get("DLOCK_TEST_URLS", "").split()
-    if os.environ.get("DLOCK_TEST_ZK"):  # set by tests/servers/zookeeper.sh run
+    if os.environ.get("DLOCK_TEST_ZK") and not any(u.startswith("zk://") for u in urls):  # a server by hand
         urls.append("zk://" + os.environ["DLOCK_TEST_ZK"])
     r = Runner(a.bench, q)
     started = datetime.datetime.now(datetime.timezone.utc)

@@ -37,6 +37,6 @@ fi
 run_store mem://
 run_store "file://$dir/locks" multi
 if command -v redis-server >/dev/null; then
-  DLOCK_SMOKE_INNER=1 DLOCK_TEST_URLS="" "$here/../tests/servers/redis.sh" --param ttl=3s "$0" "$bench"
+  DLOCK_SMOKE_INNER=1 DLOCK_TEST_URLS="" "$here/../tests/servers/redis.sh" run "$dir/redis" --param ttl=3s "$0" "$bench"
 fi
 echo "bench.smoke: OK"

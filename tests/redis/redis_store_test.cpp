@@ -20,11 +20,13 @@
 #include <thread>
 #include <vector>
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include "dlock/store.hpp"
 #include "redis/redis_server.hpp"
 #include "redis/redis_test_util.hpp"
+#include "support/status_matchers.hpp"
 
 #ifndef DLOCK_REDIS_HOLDER
 #error "DLOCK_REDIS_HOLDER (path of dlock_redis_holder) must be defined"
@@ -46,7 +48,7 @@ TEST(RedisUrl, RejectsMalformedUrlsWithoutConnecting) {
         "redis://alice@127.0.0.1:1", "redis://127.0.0.1:1?ttl=abc", "redis://127.0.0.1:1?connect_timeout=0"}) {
     auto s = OpenStore(url);
     ASSERT_FALSE(s.ok()) << url;
-    EXPECT_EQ(s.status().code(), ErrorCode::kInvalidArgument) << url << ": " << s.status().to_string();
+    EXPECT_THAT(s.status(), StatusIs(ErrorCode::kInvalidArgument)) << url;
   }
 }
 
@@ -55,10 +57,11 @@ TEST(RedisUrl, RejectsMalformedUrlsWithoutConnecting) {
 TEST(RedisConnect, RefusedPortFailsFastWithUnavailable) {
   int port = testing::FreePort();
   auto t0 = Now();
-  auto s = OpenStore("redis://127.0.0.1:" + std::to_string(port) + "?connect_timeout=2s");
-  ASSERT_FALSE(s.ok());
-  EXPECT_EQ(s.status().code(), ErrorCode::kUnavailable) << s.status().to_string();
-  EXPECT_LT(MsSince(t0), 1000);
+  auto s = OpenStore("redis://127.0.0.1:" + std::to_string(port) + "?connect_timeout=60s");
+  EXPECT_THAT(s.status(), StatusIs(ErrorCode::kUnavailable));
+  // Refused at once, not after the 60 s connect timeout (bounds far apart: a
+  // loaded machine may be slow, not that slow).
+  EXPECT_LT(MsSince(t0), 30'000);
 }
 
 TEST(RedisConnect, SilentServerFailsWithinConnectTimeout) {
@@ -77,10 +80,9 @@ TEST(RedisConnect, SilentServerFailsWithinConnectTimeout) {
   auto s = OpenStore("redis://127.0.0.1:" + std::to_string(port) + "?connect_timeout=400ms");
   long long took = MsSince(t0);
   ::close(fd);
-  ASSERT_FALSE(s.ok());
-  EXPECT_EQ(s.status().code(), ErrorCode::kUnavailable) << s.status().to_string();
+  EXPECT_THAT(s.status(), StatusIs(ErrorCode::kUnavailable));
   EXPECT_GE(took, 350);
-  EXPECT_LT(took, 1400);
+  EXPECT_LT(took, 30'000);  // ended by the connect timeout: nothing else would end it
 }
 
 TEST(RedisConnect, PasswordRightWrongAndMissing) {
@@ -91,27 +93,24 @@ TEST(RedisConnect, PasswordRightWrongAndMissing) {
   std::string hp = "127.0.0.1:" + std::to_string(server->port());
 
   auto good = OpenStore("redis://:s3cret@" + hp);
-  ASSERT_TRUE(good.ok()) << good.status().to_string();
+  ASSERT_THAT(good.status(), IsOk());
   EXPECT_EQ((*good)->url().find("s3cret"), std::string::npos) << (*good)->url();
   auto session = MustSession(**good);
   ASSERT_TRUE(session);
-  EXPECT_TRUE(session->append("auth/q", Spec(), In(5s)).ok());
+  EXPECT_THAT(session->append("auth/q", Spec(), In(5s)).status(), IsOk());
 
   auto wrong = OpenStore("redis://:nope@" + hp);
-  ASSERT_FALSE(wrong.ok());
-  EXPECT_EQ(wrong.status().code(), ErrorCode::kUnauthenticated) << wrong.status().to_string();
+  EXPECT_THAT(wrong.status(), StatusIs(ErrorCode::kUnauthenticated));
 
   auto missing = OpenStore("redis://" + hp);
-  ASSERT_FALSE(missing.ok());
-  EXPECT_EQ(missing.status().code(), ErrorCode::kUnauthenticated) << missing.status().to_string();
+  EXPECT_THAT(missing.status(), StatusIs(ErrorCode::kUnauthenticated));
 
   // An ACL user (Redis 6+): user name and password.
   EXPECT_EQ(server->CmdStr({"ACL", "SETUSER", "alice", "on", ">alicepw", "~*", "&*", "+@all"}), "OK");
   auto alice = OpenStore("redis://alice:alicepw@" + hp);
-  ASSERT_TRUE(alice.ok()) << alice.status().to_string();
+  ASSERT_THAT(alice.status(), IsOk());
   auto bad_alice = OpenStore("redis://alice:wrong@" + hp);
-  ASSERT_FALSE(bad_alice.ok());
-  EXPECT_EQ(bad_alice.status().code(), ErrorCode::kUnauthenticated) << bad_alice.status().to_string();
+  EXPECT_THAT(bad_alice.status(), StatusIs(ErrorCode::kUnauthenticated));
 }
 
 TEST(RedisConnect, ServerWithoutScriptsIsAClearError) {
@@ -120,11 +119,10 @@ TEST(RedisConnect, ServerWithoutScriptsIsAClearError) {
   auto server = RedisServer::Start(opt);
   ASSERT_TRUE(server);
   auto t0 = Now();
-  auto s = OpenStore(server->url("?connect_timeout=2s"));
-  ASSERT_FALSE(s.ok());
-  EXPECT_EQ(s.status().code(), ErrorCode::kFailedPrecondition) << s.status().to_string();
-  EXPECT_NE(s.status().message().find("scripts"), std::string::npos) << s.status().to_string();
-  EXPECT_LT(MsSince(t0), 2000);
+  auto s = OpenStore(server->url("?connect_timeout=60s"));
+  EXPECT_THAT(s.status(), StatusIs(ErrorCode::kFailedPrecondition));
+  EXPECT_THAT(s.status().message(), ::testing::HasSubstr("scripts"));
+  EXPECT_LT(MsSince(t0), 30'000);  // told at once, not after the 60 s connect timeout
 }
 
 // ---------------------------------------------------------------- the contract
@@ -147,65 +145,36 @@ class RedisSessionTest : public ::testing::Test {
 };
 RedisServer* RedisSessionTest::server_ = nullptr;
 
-TEST_F(RedisSessionTest, AppendListOrderTokensAndOwners) {
+TEST_F(RedisSessionTest, KeyLayoutIsOneHashTagPerQueue) {
+  // Order, tokens, kinds and owners are the contract (tests/store); what the
+  // scripts promise on top is the key layout: one hash tag per queue, so that
+  // a queue's keys live in one cluster slot.
   auto store = MustOpen(url());
   ASSERT_TRUE(store);
-  auto a = MustSession(*store), b = MustSession(*store), c = MustSession(*store);
-  ASSERT_TRUE(a && b && c);
-  std::vector<Appended> got;
-  for (Session* s : {a.get(), b.get(), c.get(), a.get()}) {
-    auto r = s->append(queue_, Spec(s == b.get() ? "read" : "lock"), In(5s));
-    ASSERT_TRUE(r.ok()) << r.status().to_string();
-    ASSERT_TRUE(r->entry.token.has_value());
-    ASSERT_TRUE(r->queue.has_value());
-    got.push_back(*r);
+  auto a = MustSession(*store), b = MustSession(*store);
+  ASSERT_TRUE(a && b);
+  for (Session* s : {a.get(), b.get(), a.get(), b.get()}) {
+    EXPECT_THAT(s->append(queue_, Spec(), In(5s)).status(), IsOk());
   }
-  for (std::size_t i = 1; i < got.size(); ++i) {
-    EXPECT_GT(got[i].entry.sequence, got[i - 1].entry.sequence);
-    EXPECT_GT(*got[i].entry.token, *got[i - 1].entry.token);
-    EXPECT_EQ(got[i].queue->size(), i + 1);  // the queue as it was right after this append
-    EXPECT_EQ(got[i].queue->back().id, got[i].entry.id);
-  }
-  auto listed = a->list(queue_, {}, In(5s));
-  ASSERT_TRUE(listed.ok()) << listed.status().to_string();
-  ASSERT_EQ(listed->size(), 4u);
-  for (std::size_t i = 0; i < 4; ++i) {
-    EXPECT_EQ((*listed)[i].id, got[i].entry.id);
-    EXPECT_EQ((*listed)[i].sequence, got[i].entry.sequence);
-    EXPECT_EQ((*listed)[i].token, got[i].entry.token);
-    EXPECT_EQ((*listed)[i].attempt_id, got[i].entry.attempt_id);
-    EXPECT_FALSE((*listed)[i].owner.has_value());
-  }
-  EXPECT_EQ((*listed)[1].kind, "read");
-  EXPECT_EQ((*listed)[0].kind, "lock");
-  auto with = b->list(queue_, {.with_owners = true}, In(5s));
-  ASSERT_TRUE(with.ok());
-  ASSERT_EQ(with->size(), 4u);
-  ASSERT_TRUE((*with)[2].owner.has_value());
-  EXPECT_EQ((*with)[2].owner->host, "testhost");
-  EXPECT_EQ((*with)[2].owner->pid, ::getpid());
-  EXPECT_EQ((*with)[2].owner->label, "redis_store_test");
-  EXPECT_EQ((*with)[2].owner->acquired_unix_ms, 1700000000000);
-  // The key layout the scripts promise: one hash tag per queue.
   EXPECT_EQ(server_->CmdInt({"ZCARD", "dlock:{" + queue_ + "}:q"}), 4);
-  EXPECT_EQ(server_->CmdInt({"EXISTS", "dlock:session:" + a->id()}), 1);
-  EXPECT_EQ(server_->CmdInt({"EXISTS", "dlock:{" + queue_ + "}:s:" + a->id()}), 1);
+  EXPECT_EQ(server_->CmdInt({"EXISTS", "dlock:{" + queue_ + "}:n"}), 1);
+  for (Session* s : {a.get(), b.get()}) {
+    EXPECT_EQ(server_->CmdInt({"EXISTS", "dlock:session:" + s->id()}), 1);
+    EXPECT_EQ(server_->CmdInt({"EXISTS", "dlock:{" + queue_ + "}:s:" + s->id()}), 1);
+  }
 }
 
-TEST_F(RedisSessionTest, TokensKeepGrowingAfterTheQueueEmptied) {
+TEST_F(RedisSessionTest, AnEmptiedQueueLeavesNoKeysAndTokensStillGrow) {
   auto store = MustOpen(url());
   auto s = MustSession(*store);
   ASSERT_TRUE(s);
   std::uint64_t last = 0;
   for (int round = 0; round < 3; ++round) {
     auto r = s->append(queue_, Spec(), In(5s));
-    ASSERT_TRUE(r.ok()) << r.status().to_string();
+    ASSERT_THAT(r.status(), IsOk());
     EXPECT_GT(*r->entry.token, last);
     last = *r->entry.token;
-    ASSERT_TRUE(s->remove(queue_, r->entry.id, In(5s)).ok());
-    auto listed = s->list(queue_, {}, In(5s));
-    ASSERT_TRUE(listed.ok());
-    EXPECT_TRUE(listed->empty());
+    ASSERT_THAT(s->remove(queue_, r->entry.id, In(5s)), IsOk());
     // Nothing is kept for an empty queue, its counter included: the next
     // token comes from the server's clock, which has moved on.
     EXPECT_EQ(server_->CmdInt({"EXISTS", "dlock:{" + queue_ + "}:q"}), 0);
@@ -214,61 +183,18 @@ TEST_F(RedisSessionTest, TokensKeepGrowingAfterTheQueueEmptied) {
   }
 }
 
-TEST_F(RedisSessionTest, DowngradeTakesTheGivenSequence) {
+TEST_F(RedisSessionTest, AGivenSequenceOutOfTheScriptsRangeIsRejected) {
+  // Where a given sequence sorts is the contract (tests/store); the range the
+  // scripts accept is Redis's own.
   auto store = MustOpen(url());
-  auto a = MustSession(*store), b = MustSession(*store);
-  auto w = a->append(queue_, Spec("write"), In(5s));
-  auto other = b->append(queue_, Spec("read"), In(5s));
-  ASSERT_TRUE(w.ok() && other.ok());
-  EntrySpec down = Spec("read");
-  down.sequence = w->entry.sequence;
-  auto r = a->append(queue_, down, In(5s));
-  ASSERT_TRUE(r.ok()) << r.status().to_string();
-  EXPECT_EQ(r->entry.sequence, w->entry.sequence);
-  EXPECT_GT(*r->entry.token, *other->entry.token);
-  ASSERT_TRUE(a->remove(queue_, w->entry.id, In(5s)).ok());
-  auto listed = b->list(queue_, {}, In(5s));
-  ASSERT_TRUE(listed.ok());
-  EXPECT_EQ(Ids(*listed), (std::vector<std::string>{r->entry.id, other->entry.id}));
-  EntrySpec bad = Spec();
-  bad.sequence = 0;
-  EXPECT_EQ(a->append(queue_, bad, In(5s)).status().code(), ErrorCode::kInvalidArgument);
-}
-
-TEST_F(RedisSessionTest, FindOwnSeesOnlyThisSessionsEntry) {
-  auto store = MustOpen(url());
-  auto a = MustSession(*store), b = MustSession(*store);
-  EntrySpec spec = Spec();
-  auto r = a->append(queue_, spec, In(5s));
-  ASSERT_TRUE(r.ok());
-  auto mine = a->find_own(queue_, spec.attempt_id, In(5s));
-  ASSERT_TRUE(mine.ok()) << mine.status().to_string();
-  ASSERT_TRUE(mine->has_value());
-  EXPECT_EQ((*mine)->id, r->entry.id);
-  EXPECT_EQ((*mine)->token, r->entry.token);
-  auto theirs = b->find_own(queue_, spec.attempt_id, In(5s));
-  ASSERT_TRUE(theirs.ok());
-  EXPECT_FALSE(theirs->has_value());
-  auto unknown = a->find_own(queue_, Hex(32), In(5s));
-  ASSERT_TRUE(unknown.ok());
-  EXPECT_FALSE(unknown->has_value());
-  ASSERT_TRUE(a->remove(queue_, r->entry.id, In(5s)).ok());
-  auto after = a->find_own(queue_, spec.attempt_id, In(5s));
-  ASSERT_TRUE(after.ok());
-  EXPECT_FALSE(after->has_value());
-}
-
-TEST_F(RedisSessionTest, RemoveTakesAnyonesEntryAndIsIdempotent) {
-  auto store = MustOpen(url());
-  auto a = MustSession(*store), b = MustSession(*store);
-  auto r = a->append(queue_, Spec(), In(5s));
-  ASSERT_TRUE(r.ok());
-  EXPECT_TRUE(b->remove(queue_, r->entry.id, In(5s)).ok());  // the operator's break
-  EXPECT_TRUE(b->remove(queue_, r->entry.id, In(5s)).ok());  // already gone: OK
-  EXPECT_TRUE(a->remove(queue_, r->entry.id, In(5s)).ok());
-  auto listed = a->list(queue_, {}, In(5s));
-  ASSERT_TRUE(listed.ok());
-  EXPECT_TRUE(listed->empty());
+  auto s = MustSession(*store);
+  ASSERT_TRUE(s);
+  for (std::int64_t bad : {std::int64_t{0}, std::int64_t{-1}}) {
+    EntrySpec spec = Spec();
+    spec.sequence = bad;
+    EXPECT_THAT(s->append(queue_, spec, In(5s)).status(), StatusIs(ErrorCode::kInvalidArgument)) << bad;
+  }
+  EXPECT_EQ(server_->CmdInt({"EXISTS", "dlock:{" + queue_ + "}:q"}), 0);
 }
 
 TEST_F(RedisSessionTest, ScriptCacheFlushFallsBackToEval) {
@@ -277,38 +203,31 @@ TEST_F(RedisSessionTest, ScriptCacheFlushFallsBackToEval) {
   auto before = server_->CommandCalls();
   ASSERT_EQ(server_->CmdStr({"SCRIPT", "FLUSH"}), "OK");
   auto r = s->append(queue_, Spec(), In(5s));
-  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  ASSERT_THAT(r.status(), IsOk());
   auto listed = s->list(queue_, {}, In(5s));
-  ASSERT_TRUE(listed.ok());
+  ASSERT_THAT(listed.status(), IsOk());
   EXPECT_EQ(listed->size(), 1u);
   auto after = server_->CommandCalls();
   EXPECT_GE(after["eval"] - before["eval"], 2);  // NOSCRIPT, then the source
-}
-
-TEST_F(RedisSessionTest, WaitReturnsAtOnceForAGoneEntry) {
-  auto store = MustOpen(url());
-  auto s = MustSession(*store);
-  std::vector<std::string> ids = {Hex(32)};
-  auto t0 = Now();
-  EXPECT_TRUE(s->wait_any_gone(queue_, ids, In(5s), {}).ok());
-  EXPECT_LT(MsSince(t0), 1000);
 }
 
 TEST_F(RedisSessionTest, WaitIsWokenByReleaseThroughPubSub) {
   auto store = MustOpen(url("?ttl=60s"));
   auto a = MustSession(*store), b = MustSession(*store);
   auto held = a->append(queue_, Spec(), In(5s));
-  ASSERT_TRUE(held.ok());
+  ASSERT_THAT(held.status(), IsOk());
   std::vector<std::string> ids = {held->entry.id};
   auto waiter = WaitInBackground(*b, queue_, ids, In(30s));
   ASSERT_TRUE(Eventually([&] { return server_->NumSub(Channel(queue_)) == 1; }));
   EXPECT_EQ(waiter.wait_for(300ms), std::future_status::timeout);  // still waiting
   auto t0 = Now();
-  ASSERT_TRUE(a->remove(queue_, held->entry.id, In(5s)).ok());
+  ASSERT_THAT(a->remove(queue_, held->entry.id, In(5s)), IsOk());
   ASSERT_EQ(waiter.wait_for(5s), std::future_status::ready);
   long long woke_after = MsSince(t0);
-  EXPECT_TRUE(waiter.get().ok());
-  EXPECT_LT(woke_after, 250) << "a release must wake a waiter at once";
+  EXPECT_THAT(waiter.get(), IsOk());
+  // Woken by the release (pub/sub), not by the re-check at the end of the
+  // holder's 60 s lease; how fast is printed, not asserted.
+  EXPECT_LT(woke_after, 30'000) << "a release must wake a waiter through pub/sub";
   std::printf("[ measure ] release -> waiter woken: %lld ms\n", woke_after);
 }
 
@@ -318,7 +237,7 @@ TEST_F(RedisSessionTest, WaitingDoesNotPoll) {
   auto store = MustOpen(url("?ttl=60s"));
   auto a = MustSession(*store), b = MustSession(*store);
   auto held = a->append(queue_, Spec(), In(5s));
-  ASSERT_TRUE(held.ok());
+  ASSERT_THAT(held.status(), IsOk());
   std::vector<std::string> ids = {held->entry.id};
   auto before = server_->CommandCalls();
   std::vector<std::future<Status>> waiters;
@@ -336,10 +255,10 @@ TEST_F(RedisSessionTest, WaitingDoesNotPoll) {
     if (cmd != "info") during += calls - settled[cmd];
   }
   EXPECT_EQ(during, 0) << "commands sent while 8 waits sat idle for 2s";
-  ASSERT_TRUE(a->remove(queue_, held->entry.id, In(5s)).ok());
+  ASSERT_THAT(a->remove(queue_, held->entry.id, In(5s)), IsOk());
   for (auto& w : waiters) {
     ASSERT_EQ(w.wait_for(5s), std::future_status::ready);
-    EXPECT_TRUE(w.get().ok());
+    EXPECT_THAT(w.get(), IsOk());
   }
   auto done = server_->CommandCalls();
   EXPECT_EQ(done["evalsha"] - idle["evalsha"], 1);  // the remove; the waiters checked nothing more
@@ -347,72 +266,23 @@ TEST_F(RedisSessionTest, WaitingDoesNotPoll) {
               settled["subscribe"] - before["subscribe"], settled["evalsha"] - before["evalsha"], during);
 }
 
-TEST_F(RedisSessionTest, WaitDeadlineAndStop) {
+TEST_F(RedisSessionTest, CloseDeletesTheSessionKeys) {
+  // That close ends the entries in every queue and wakes their waiters is
+  // the contract (tests/store); here, that it leaves no key behind.
   auto store = MustOpen(url());
-  auto a = MustSession(*store), b = MustSession(*store);
-  auto held = a->append(queue_, Spec(), In(5s));
-  ASSERT_TRUE(held.ok());
-  std::vector<std::string> ids = {held->entry.id};
-
-  auto t0 = Now();
-  Status s = b->wait_any_gone(queue_, ids, In(300ms), {});
-  long long took = MsSince(t0);
-  EXPECT_EQ(s.code(), ErrorCode::kDeadlineExceeded) << s.to_string();
-  EXPECT_GE(took, 290);
-  EXPECT_LT(took, 800);
-
-  std::stop_source stop;
-  auto waiter = WaitInBackground(*b, queue_, ids, kNoDeadline, stop.get_token());
-  ASSERT_TRUE(Eventually([&] { return server_->NumSub(Channel(queue_)) == 1; }));
-  EXPECT_EQ(waiter.wait_for(200ms), std::future_status::timeout);
-  auto t1 = Now();
-  stop.request_stop();
-  ASSERT_EQ(waiter.wait_for(5s), std::future_status::ready);
-  EXPECT_LT(MsSince(t1), 100);
-  EXPECT_EQ(waiter.get().code(), ErrorCode::kCancelled);
-
-  // A stop requested before the call.
-  EXPECT_EQ(b->wait_any_gone(queue_, ids, kNoDeadline, stop.get_token()).code(), ErrorCode::kCancelled);
-}
-
-TEST_F(RedisSessionTest, ClosingTheWaitingSessionEndsItsWait) {
-  auto store = MustOpen(url());
-  auto a = MustSession(*store), b = MustSession(*store);
-  auto held = a->append(queue_, Spec(), In(5s));
-  ASSERT_TRUE(held.ok());
-  std::vector<std::string> ids = {held->entry.id};
-  auto waiter = WaitInBackground(*b, queue_, ids, In(30s));
-  ASSERT_TRUE(Eventually([&] { return server_->NumSub(Channel(queue_)) == 1; }));
-  auto t0 = Now();
-  b->close();
-  ASSERT_EQ(waiter.wait_for(5s), std::future_status::ready);
-  EXPECT_LT(MsSince(t0), 500);
-  EXPECT_EQ(waiter.get().code(), ErrorCode::kSessionLost);
-  EXPECT_EQ(b->state(), SessionState::kClosed);
-  EXPECT_EQ(b->append(queue_, Spec(), In(1s)).status().code(), ErrorCode::kSessionLost);
-}
-
-TEST_F(RedisSessionTest, CloseRemovesEntriesAndSessionKeyAndWakesWaiters) {
-  auto store = MustOpen(url());
-  auto a = MustSession(*store), b = MustSession(*store);
+  auto a = MustSession(*store);
+  ASSERT_TRUE(a);
   std::string q2 = queue_ + "/other";
-  auto e1 = a->append(queue_, Spec(), In(5s));
-  auto e2 = a->append(q2, Spec(), In(5s));
-  ASSERT_TRUE(e1.ok() && e2.ok());
-  std::vector<std::string> ids = {e1->entry.id};
-  auto waiter = WaitInBackground(*b, queue_, ids, In(30s));
-  ASSERT_TRUE(Eventually([&] { return server_->NumSub(Channel(queue_)) == 1; }));
-  StateLog log(*a);
+  ASSERT_THAT(a->append(queue_, Spec(), In(5s)).status(), IsOk());
+  ASSERT_THAT(a->append(q2, Spec(), In(5s)).status(), IsOk());
   std::string sid = a->id();
+  EXPECT_EQ(server_->CmdInt({"EXISTS", "dlock:session:" + sid}), 1);
   a->close();
-  a->close();  // idempotent
-  EXPECT_EQ(log.states(), std::vector<SessionState>{SessionState::kClosed});
-  ASSERT_EQ(waiter.wait_for(5s), std::future_status::ready);
-  EXPECT_TRUE(waiter.get().ok());
   EXPECT_EQ(server_->CmdInt({"EXISTS", "dlock:session:" + sid}), 0);
-  EXPECT_EQ(server_->CmdInt({"EXISTS", "dlock:{" + q2 + "}:s:" + sid}), 0);
-  EXPECT_TRUE(b->list(queue_, {}, In(5s))->empty());
-  EXPECT_TRUE(b->list(q2, {}, In(5s))->empty());
+  for (const std::string& q : {queue_, q2}) {
+    EXPECT_EQ(server_->CmdInt({"EXISTS", "dlock:{" + q + "}:s:" + sid}), 0) << q;
+    EXPECT_EQ(server_->CmdInt({"EXISTS", "dlock:{" + q + "}:q"}), 0) << q;
+  }
 }
 
 TEST_F(RedisSessionTest, WaitIsWokenWhenACrashedHoldersLeaseRunsOut) {
@@ -446,7 +316,7 @@ TEST_F(RedisSessionTest, WaitIsWokenWhenACrashedHoldersLeaseRunsOut) {
   auto b = MustSession(*store);
   std::vector<std::string> ids = {held};
   auto listed = b->list(queue_, {}, In(5s));
-  ASSERT_TRUE(listed.ok());
+  ASSERT_THAT(listed.status(), IsOk());
   ASSERT_EQ(Ids(*listed), ids);
   auto before = server_->CommandCalls();
   auto waiter = WaitInBackground(*b, queue_, ids, In(20s));
@@ -458,16 +328,17 @@ TEST_F(RedisSessionTest, WaitIsWokenWhenACrashedHoldersLeaseRunsOut) {
   ::waitpid(child, &st, 0);
   ASSERT_EQ(waiter.wait_for(10s), std::future_status::ready);
   long long after_kill = MsSince(killed);
-  EXPECT_TRUE(waiter.get().ok());
-  // The lease had at most 1s left; the re-check runs just after it can end.
-  EXPECT_LT(after_kill, 1600);
+  EXPECT_THAT(waiter.get(), IsOk());
+  // The lease had at most 1s left; the re-check runs just after it can end,
+  // not at the waiter's 20 s deadline.
+  EXPECT_LT(after_kill, 10'000);
   auto after = server_->CommandCalls();
   long long scripts = after["evalsha"] - before["evalsha"];
   EXPECT_LE(scripts, 6) << "checks while waiting ~1s for a crashed holder";
   std::printf("[ measure ] crashed holder (ttl 1s) -> waiter woken %lld ms after SIGKILL, %lld scripts\n", after_kill,
               scripts);
   auto now_listed = b->list(queue_, {}, In(5s));
-  ASSERT_TRUE(now_listed.ok());
+  ASSERT_THAT(now_listed.status(), IsOk());
   EXPECT_TRUE(now_listed->empty());
 }
 
@@ -478,7 +349,7 @@ TEST_F(RedisSessionTest, FallbackRecheckRunsAboutOncePerLeaseForAllWaiters) {
   auto holder_store = MustOpen(url("?ttl=1s"));
   auto holder = MustSession(*holder_store);
   auto held = holder->append(queue_, Spec(), In(5s));
-  ASSERT_TRUE(held.ok());
+  ASSERT_THAT(held.status(), IsOk());
   auto store = MustOpen(url("?ttl=60s"));
   auto b = MustSession(*store);
   std::vector<std::string> ids = {held->entry.id};
@@ -502,10 +373,10 @@ TEST_F(RedisSessionTest, FallbackRecheckRunsAboutOncePerLeaseForAllWaiters) {
   EXPECT_EQ(idle["subscribe"] - before["subscribe"], 1);
   for (auto& w : waiters) EXPECT_EQ(w.wait_for(0s), std::future_status::timeout);
   std::printf("[ measure ] 4 waiters, holder lease 1s: %lld shared re-checks in 3s\n", checks);
-  ASSERT_TRUE(holder->remove(queue_, held->entry.id, In(5s)).ok());
+  ASSERT_THAT(holder->remove(queue_, held->entry.id, In(5s)), IsOk());
   for (auto& w : waiters) {
     ASSERT_EQ(w.wait_for(5s), std::future_status::ready);
-    EXPECT_TRUE(w.get().ok());
+    EXPECT_THAT(w.get(), IsOk());
   }
 }
 
@@ -514,14 +385,14 @@ TEST_F(RedisSessionTest, KilledCommandConnectionsAreReplacedWithoutErrors) {
   auto s = MustSession(*store);
   StateLog log(*s);
   auto e = s->append(queue_, Spec(), In(5s));
-  ASSERT_TRUE(e.ok());
+  ASSERT_THAT(e.status(), IsOk());
   // Once the keep-alive has its connection, kill it and the pool's (not the
   // one asking).
   long long before = server_->CommandCalls()["pexpire"];
   ASSERT_TRUE(Eventually([&] { return server_->CommandCalls()["pexpire"] > before; }));
   EXPECT_GE(server_->CmdInt({"CLIENT", "KILL", "TYPE", "normal"}), 2);
   auto listed = s->list(queue_, {}, In(5s));
-  ASSERT_TRUE(listed.ok()) << listed.status().to_string();
+  ASSERT_THAT(listed.status(), IsOk());
   EXPECT_EQ(Ids(*listed), std::vector<std::string>{e->entry.id});
   // Two renewals later, the session never noticed.
   long long renewals = server_->CommandCalls()["pexpire"];
@@ -534,62 +405,16 @@ TEST_F(RedisSessionTest, SubscriberRecoversFromAKilledConnection) {
   auto store = MustOpen(url("?ttl=60s"));
   auto a = MustSession(*store), b = MustSession(*store);
   auto held = a->append(queue_, Spec(), In(5s));
-  ASSERT_TRUE(held.ok());
+  ASSERT_THAT(held.status(), IsOk());
   std::vector<std::string> ids = {held->entry.id};
   auto waiter = WaitInBackground(*b, queue_, ids, In(30s));
   ASSERT_TRUE(Eventually([&] { return server_->NumSub(Channel(queue_)) == 1; }));
   // Cut the subscriber's connection, then release at once: the message may
   // well be lost. The re-subscription re-checks the queue.
   EXPECT_GE(server_->CmdInt({"CLIENT", "KILL", "TYPE", "pubsub"}), 1);
-  ASSERT_TRUE(a->remove(queue_, held->entry.id, In(5s)).ok());
+  ASSERT_THAT(a->remove(queue_, held->entry.id, In(5s)), IsOk());
   ASSERT_EQ(waiter.wait_for(5s), std::future_status::ready);
-  EXPECT_TRUE(waiter.get().ok());
-}
-
-TEST_F(RedisSessionTest, LocksExcludeEachOtherUnderContention) {
-  // A minimal lock recipe over the store, from 4 threads on 2 stores: the
-  // queue head holds the lock; others wait for their predecessor to go.
-  auto s1 = MustOpen(url()), s2 = MustOpen(url());
-  std::atomic<int> inside{0};
-  std::atomic<int> overlaps{0};
-  std::mutex mu;
-  std::vector<std::uint64_t> grant_tokens;
-  auto worker = [&](Store& store, int rounds) {
-    auto session = MustSession(store);
-    if (!session) return;
-    for (int i = 0; i < rounds; ++i) {
-      auto mine = session->append(queue_, Spec(), In(10s));
-      ASSERT_TRUE(mine.ok()) << mine.status().to_string();
-      std::vector<Entry> q = *mine->queue;
-      for (int guard = 0; guard < 1000; ++guard) {
-        auto it = std::find_if(q.begin(), q.end(), [&](const Entry& e) { return e.id == mine->entry.id; });
-        ASSERT_NE(it, q.end());
-        if (it == q.begin()) break;
-        std::vector<std::string> pred = {std::prev(it)->id};
-        Status w = session->wait_any_gone(queue_, pred, In(10s), {});
-        ASSERT_TRUE(w.ok()) << w.to_string();
-        auto l = session->list(queue_, {}, In(10s));
-        ASSERT_TRUE(l.ok());
-        q = *l;
-      }
-      if (inside.fetch_add(1) != 0) overlaps.fetch_add(1);
-      {
-        std::lock_guard<std::mutex> g(mu);
-        grant_tokens.push_back(*mine->entry.token);
-      }
-      std::this_thread::yield();
-      inside.fetch_sub(1);
-      ASSERT_TRUE(session->remove(queue_, mine->entry.id, In(10s)).ok());
-    }
-  };
-  std::vector<std::thread> threads;
-  for (int t = 0; t < 4; ++t) threads.emplace_back(worker, std::ref(t % 2 ? *s1 : *s2), 15);
-  for (auto& t : threads) t.join();
-  EXPECT_EQ(overlaps.load(), 0);
-  ASSERT_EQ(grant_tokens.size(), 60u);
-  for (std::size_t i = 1; i < grant_tokens.size(); ++i) {
-    EXPECT_GT(grant_tokens[i], grant_tokens[i - 1]) << "grants must follow token order";
-  }
+  EXPECT_THAT(waiter.get(), IsOk());
 }
 
 TEST_F(RedisSessionTest, DatabaseNumberSelectsTheDatabase) {
@@ -597,7 +422,7 @@ TEST_F(RedisSessionTest, DatabaseNumberSelectsTheDatabase) {
   auto s = MustSession(*store);
   ASSERT_TRUE(s);
   auto r = s->append(queue_, Spec(), In(5s));
-  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  ASSERT_THAT(r.status(), IsOk());
   EXPECT_EQ(server_->CmdInt({"EXISTS", "dlock:{" + queue_ + "}:q"}, 3), 1);
   EXPECT_EQ(server_->CmdInt({"EXISTS", "dlock:{" + queue_ + "}:q"}, 0), 0);
   // A waiter on the same database hears the release (its channel names db 3).
@@ -605,9 +430,9 @@ TEST_F(RedisSessionTest, DatabaseNumberSelectsTheDatabase) {
   std::vector<std::string> ids = {r->entry.id};
   auto waiter = WaitInBackground(*b, queue_, ids, In(30s));
   ASSERT_TRUE(Eventually([&] { return server_->NumSub(Channel(queue_) + ":3") == 1; }));
-  ASSERT_TRUE(s->remove(queue_, r->entry.id, In(5s)).ok());
+  ASSERT_THAT(s->remove(queue_, r->entry.id, In(5s)), IsOk());
   ASSERT_EQ(waiter.wait_for(5s), std::future_status::ready);
-  EXPECT_TRUE(waiter.get().ok());
+  EXPECT_THAT(waiter.get(), IsOk());
 }
 
 // ---------------------------------------------------------------- faults
@@ -619,9 +444,9 @@ void ExpectRemoveWakesWait(RedisServer& server, Session& waiter, Session& remove
   std::vector<std::string> ids = {id};
   auto wait = WaitInBackground(waiter, queue, ids, In(30s));
   ASSERT_TRUE(Eventually([&] { return server.NumSub(Channel(queue)) == 1; }));
-  ASSERT_TRUE(remover.remove(queue, id, In(5s)).ok());
+  ASSERT_THAT(remover.remove(queue, id, In(5s)), IsOk());
   ASSERT_EQ(wait.wait_for(5s), std::future_status::ready);
-  EXPECT_TRUE(wait.get().ok());
+  EXPECT_THAT(wait.get(), IsOk());
 }
 
 TEST(RedisFaults, LostIsDeclaredBeforeTheServerLeaseEndsWhenTheServerFreezes) {
@@ -632,7 +457,7 @@ TEST(RedisFaults, LostIsDeclaredBeforeTheServerLeaseEndsWhenTheServerFreezes) {
   ASSERT_TRUE(s);
   StateLog log(*s);
   auto e = s->append("frozen/q", Spec(), In(5s));
-  ASSERT_TRUE(e.ok());
+  ASSERT_THAT(e.status(), IsOk());
   // Let a renewal happen, then read how long the server will keep the lease.
   ASSERT_TRUE(Eventually([&] { return server->CommandCalls()["pexpire"] >= 1; }, 3s));
   auto t_q = Now();
@@ -648,7 +473,7 @@ TEST(RedisFaults, LostIsDeclaredBeforeTheServerLeaseEndsWhenTheServerFreezes) {
   ASSERT_TRUE(suspended.has_value()) << "no kSuspended while the server is frozen";
   // While suspended, requests fail fast instead of hanging.
   auto t_a = Now();
-  EXPECT_EQ(s->append("frozen/q", Spec(), In(5s)).status().code(), ErrorCode::kUnavailable);
+  EXPECT_THAT(s->append("frozen/q", Spec(), In(5s)).status(), StatusIs(ErrorCode::kUnavailable));
   EXPECT_LT(MsSince(t_a), 100);
   auto lost = log.WaitFor(SessionState::kLost, 5s);
   ASSERT_TRUE(lost.has_value()) << "no kLost while the server is frozen";
@@ -668,12 +493,12 @@ TEST(RedisFaults, LostIsDeclaredBeforeTheServerLeaseEndsWhenTheServerFreezes) {
   ASSERT_TRUE(s2);
   EXPECT_NE(s2->id(), s->id());
   auto e2 = s2->append("frozen/q", Spec(), In(5s));
-  ASSERT_TRUE(e2.ok()) << e2.status().to_string();
+  ASSERT_THAT(e2.status(), IsOk());
   EXPECT_GT(*e2->entry.token, *e->entry.token);
   auto listed = s2->list("frozen/q", {}, In(5s));
-  ASSERT_TRUE(listed.ok());
+  ASSERT_THAT(listed.status(), IsOk());
   EXPECT_EQ(Ids(*listed), std::vector<std::string>{e2->entry.id});  // the lost session's entry is gone
-  EXPECT_EQ(s->append("frozen/q", Spec(), In(1s)).status().code(), ErrorCode::kSessionLost);
+  EXPECT_THAT(s->append("frozen/q", Spec(), In(1s)).status(), StatusIs(ErrorCode::kSessionLost));
   EXPECT_EQ(s->state(), SessionState::kLost);
   auto states = log.states();
   ASSERT_FALSE(states.empty());
@@ -689,7 +514,7 @@ TEST(RedisFaults, AShortOutageSuspendsAndRecovers) {
   ASSERT_TRUE(a && b);
   StateLog log(*a), log_b(*b);
   auto e = a->append("outage/q", Spec(), In(5s));
-  ASSERT_TRUE(e.ok());
+  ASSERT_THAT(e.status(), IsOk());
   server->Freeze();
   auto suspended = log.WaitFor(SessionState::kSuspended, 3s);
   server->Thaw();
@@ -705,7 +530,7 @@ TEST(RedisFaults, AShortOutageSuspendsAndRecovers) {
   EXPECT_EQ(b->state(), SessionState::kConnected);
   // Its entry survived, and waits on it still work.
   auto listed = b->list("outage/q", {}, In(5s));
-  ASSERT_TRUE(listed.ok()) << listed.status().to_string();
+  ASSERT_THAT(listed.status(), IsOk());
   ASSERT_EQ(Ids(*listed), std::vector<std::string>{e->entry.id});
   EXPECT_EQ((*listed)[0].token, e->entry.token);
   ExpectRemoveWakesWait(*server, *b, *a, "outage/q", e->entry.id);
@@ -719,8 +544,8 @@ TEST(RedisFaults, ServerRestartWithoutDataLosesSessionsAndThenWorks) {
   ASSERT_TRUE(a && b);
   StateLog la(*a);
   auto held = a->append("restart/q", Spec(), In(5s));
-  ASSERT_TRUE(held.ok());
-  ASSERT_TRUE(b->append("restart/q", Spec(), In(5s)).ok());  // b queues behind a, as a lock would
+  ASSERT_THAT(held.status(), IsOk());
+  ASSERT_THAT(b->append("restart/q", Spec(), In(5s)).status(), IsOk());  // b queues behind a, as a lock would
   std::vector<std::string> ids = {held->entry.id};
   auto waiter = WaitInBackground(*b, "restart/q", ids, In(30s));
   ASSERT_TRUE(Eventually([&] { return server->NumSub(Channel("restart/q")) == 1; }));
@@ -728,7 +553,7 @@ TEST(RedisFaults, ServerRestartWithoutDataLosesSessionsAndThenWorks) {
   server->Kill();
   ASSERT_TRUE(la.WaitFor(SessionState::kSuspended, 5s).has_value());
   auto t0 = Now();
-  EXPECT_EQ(a->list("restart/q", {}, In(5s)).status().code(), ErrorCode::kUnavailable);
+  EXPECT_THAT(a->list("restart/q", {}, In(5s)).status(), StatusIs(ErrorCode::kUnavailable));
   EXPECT_LT(MsSince(t0), 1500);
   EXPECT_EQ(waiter.wait_for(100ms), std::future_status::timeout) << "a wait keeps waiting through a suspension";
 
@@ -737,14 +562,14 @@ TEST(RedisFaults, ServerRestartWithoutDataLosesSessionsAndThenWorks) {
   // wait ends with kSessionLost, nothing hangs.
   ASSERT_TRUE(la.WaitFor(SessionState::kLost, 5s).has_value());
   ASSERT_EQ(waiter.wait_for(5s), std::future_status::ready);
-  EXPECT_EQ(waiter.get().code(), ErrorCode::kSessionLost);
+  EXPECT_THAT(waiter.get(), StatusIs(ErrorCode::kSessionLost));
   auto c = MustSession(*store);
   ASSERT_TRUE(c);
   auto e = c->append("restart/q", Spec(), In(5s));
-  ASSERT_TRUE(e.ok()) << e.status().to_string();
+  ASSERT_THAT(e.status(), IsOk());
   EXPECT_GT(*e->entry.token, *held->entry.token) << "tokens must keep growing across a restart that lost data";
   auto listed = c->list("restart/q", {}, In(5s));
-  ASSERT_TRUE(listed.ok());
+  ASSERT_THAT(listed.status(), IsOk());
   EXPECT_EQ(Ids(*listed), std::vector<std::string>{e->entry.id});
   // Waits work again too (the subscriber reconnected).
   auto d = MustSession(*store);
@@ -754,13 +579,12 @@ TEST(RedisFaults, ServerRestartWithoutDataLosesSessionsAndThenWorks) {
 TEST(RedisFaults, OpenSessionOnADownServerIsUnavailable) {
   auto server = RedisServer::Start();
   ASSERT_TRUE(server);
-  auto store = MustOpen(server->url("?connect_timeout=1s"));
+  auto store = MustOpen(server->url("?connect_timeout=60s"));
   server->Kill();
   auto t0 = Now();
-  auto s = store->open_session(In(5s));
-  ASSERT_FALSE(s.ok());
-  EXPECT_EQ(s.status().code(), ErrorCode::kUnavailable) << s.status().to_string();
-  EXPECT_LT(MsSince(t0), 1500);
+  auto s = store->open_session(In(60s));
+  EXPECT_THAT(s.status(), StatusIs(ErrorCode::kUnavailable));
+  EXPECT_LT(MsSince(t0), 30'000);  // refused at once, not after 60 s
 }
 
 TEST(RedisFaults, WaitReplicasRequiresAcknowledgements) {
@@ -776,21 +600,21 @@ TEST(RedisFaults, WaitReplicasRequiresAcknowledgements) {
   auto one = MustOpen(primary->url("?wait_replicas=1"));
   auto s1 = MustSession(*one);
   auto ok = s1->append("wait/q", Spec(), In(5s));
-  ASSERT_TRUE(ok.ok()) << ok.status().to_string();
-  EXPECT_TRUE(s1->remove("wait/q", ok->entry.id, In(5s)).ok());
+  ASSERT_THAT(ok.status(), IsOk());
+  EXPECT_THAT(s1->remove("wait/q", ok->entry.id, In(5s)), IsOk());
 
   auto two = MustOpen(primary->url("?wait_replicas=2&wait_timeout=200ms"));
   auto s2 = MustSession(*two);
   auto t0 = Now();
-  auto r = s2->append("wait/q", Spec(), In(5s));
+  auto r = s2->append("wait/q", Spec(), In(60s));
   long long took = MsSince(t0);
   ASSERT_FALSE(r.ok());
   // The store took the entry back: kAborted (not "maybe there").
-  EXPECT_EQ(r.status().code(), ErrorCode::kAborted);
-  EXPECT_NE(r.status().message().find("1 of 2"), std::string::npos) << r.status().to_string();
+  EXPECT_THAT(r.status(), StatusIs(ErrorCode::kAborted));
+  EXPECT_THAT(r.status().message(), ::testing::HasSubstr("1 of 2"));
   EXPECT_EQ(primary->CmdInt({"EXISTS", "dlock:{wait/q}:q"}), 0);
   EXPECT_GE(took, 190);
-  EXPECT_LT(took, 1000);
+  EXPECT_LT(took, 30'000);  // the 200 ms wait_timeout ended it, not the 60 s deadline
 }
 
 }  // namespace

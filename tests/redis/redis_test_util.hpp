@@ -1,5 +1,5 @@
-// Test helpers shared by the redis store tests: time, specs, a state log,
-// opening stores and sessions. Everything polls with a bound.
+// Test helpers shared by the redis store tests: time, specs, opening stores
+// and sessions (polling and the state log are in tests/support).
 #ifndef DLOCK_TESTS_REDIS_REDIS_TEST_UTIL_HPP_
 #define DLOCK_TESTS_REDIS_REDIS_TEST_UTIL_HPP_
 
@@ -20,6 +20,8 @@
 #include <gtest/gtest.h>
 
 #include "dlock/store.hpp"
+#include "support/poll.hpp"       // Eventually
+#include "support/state_log.hpp"  // StateLog
 
 namespace dlock::testing {
 
@@ -58,58 +60,7 @@ inline EntrySpec Spec(std::string kind = "lock", std::string attempt = Hex(32)) 
   return s;
 }
 
-// Polls `f` every few ms until it holds, for conditions the server offers no
-// event for (a subscription count, a command count). Bounded in time.
-template <typename F>
-inline bool Eventually(F f, milliseconds timeout = 5s) {
-  auto until = Now() + timeout;
-  while (Now() < until) {
-    if (f()) return true;
-    std::this_thread::sleep_for(5ms);
-  }
-  return f();
-}
-
 inline std::string Channel(const std::string& queue) { return "dlock:{" + queue + "}:c"; }
-
-// Records a session's state changes, with their times.
-class StateLog {
- public:
-  explicit StateLog(Session& s) {
-    handle_ = s.subscribe([this](SessionState st) {
-      std::lock_guard<std::mutex> g(mu_);
-      events_.emplace_back(st, Now());
-      cv_.notify_all();
-    });
-  }
-  // The time `st` was first reported, waiting at most `timeout` for it.
-  std::optional<SteadyTime> WaitFor(SessionState st, milliseconds timeout) {
-    std::unique_lock<std::mutex> lk(mu_);
-    std::optional<SteadyTime> at;
-    cv_.wait_for(lk, timeout, [&] {
-      for (auto& [s, t] : events_) {
-        if (s == st) {
-          at = t;
-          return true;
-        }
-      }
-      return false;
-    });
-    return at;
-  }
-  std::vector<SessionState> states() {
-    std::lock_guard<std::mutex> g(mu_);
-    std::vector<SessionState> out;
-    for (auto& e : events_) out.push_back(e.first);
-    return out;
-  }
-
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::vector<std::pair<SessionState, SteadyTime>> events_;
-  std::shared_ptr<void> handle_;
-};
 
 inline std::shared_ptr<Store> MustOpen(const std::string& url) {
   auto s = OpenStore(url);

@@ -1,89 +1,95 @@
 #!/usr/bin/env bash
-# Runs a command next to a private redis-server (Debian's), for the suites
-# that take store URLs from DLOCK_TEST_URLS:
+# A throwaway redis-server for tests (Debian's): loopback only, on a free
+# port, no persistence, its files in DIR. The same interface as every script
+# in tests/servers (see dlock_add_server_fixture in tests/CMakeLists.txt):
 #
-#   tests/servers/redis.sh [--param 'ttl=5s'] COMMAND [ARGS...]
+#   redis.sh start DIR        start, wait until PING answers, write the store
+#                             URL to DIR/url (and the port to DIR/port), print it
+#   redis.sh stop DIR         stop it (also if a test left it SIGSTOPped) and
+#                             delete DIR
+#   redis.sh run DIR [--param 'ttl=5s'] CMD...
+#                             start, run CMD with the URL (plus ?PARAM) appended
+#                             to DLOCK_TEST_URLS, stop (also on errors and signals)
 #
-# Starts redis-server on 127.0.0.1 and a free port the script picks, with no
-# persistence, in a scratch directory; waits until PING answers; runs COMMAND
-# with DLOCK_TEST_URLS="redis://127.0.0.1:PORT[?PARAM]" (appended to any URLs
-# already there), in its own process group; then stops the server, kills what
-# is left of that group and removes the directory, on every exit path; and
-# exits with COMMAND's status.
+# Every wait is bounded.
 set -euo pipefail
 
-param=""
-if [ "${1:-}" = "--param" ]; then
-  param="?$2"
-  shift 2
-fi
-[ $# -ge 1 ] || { echo "usage: $0 [--param k=v&...] COMMAND [ARGS...]" >&2; exit 2; }
-
-server=$(command -v redis-server || true)
-cli=$(command -v redis-cli || true)
-[ -n "$server" ] || { echo "redis.sh: redis-server not found (apt-get install redis-server)" >&2; exit 2; }
-
-dir=$(mktemp -d "${TMPDIR:-/tmp}/dlock-redis-XXXXXX")
-pid=""
-cmd_pid=""
-cleanup() {
-  # Whatever the command left running in its process group (e.g. a child
-  # of a process a test killed) goes too.
-  if [ -n "$cmd_pid" ]; then kill -KILL -- "-$cmd_pid" 2>/dev/null || true; fi
-  if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then
-    kill -CONT "$pid" 2>/dev/null || true
-    kill "$pid" 2>/dev/null || true
-    for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.05; done
-    kill -9 "$pid" 2>/dev/null || true
-  fi
-  rm -rf "$dir"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
+die() { echo "redis.sh: $*" >&2; exit 1; }
 
 free_port() {
   python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()'
 }
 
 ping() {  # ping PORT: true once the server answers PONG
+  local cli
+  cli=$(command -v redis-cli || true)
   if [ -n "$cli" ]; then
-    [ "$("$cli" -h 127.0.0.1 -p "$1" ping 2>/dev/null)" = "PONG" ]
+    [ "$(timeout 2 "$cli" -h 127.0.0.1 -p "$1" ping 2>/dev/null)" = "PONG" ]
   else
-    python3 -c "import redis,sys; sys.exit(0 if redis.Redis(port=$1, socket_timeout=1).ping() else 1)" 2>/dev/null
+    timeout 2 bash -c "exec 3<>/dev/tcp/127.0.0.1/$1 && printf 'PING\r\n' >&3 && head -c 5 <&3" 2>/dev/null |
+      grep -q PONG
   fi
 }
 
-port=""
-for attempt in 1 2 3 4 5; do  # the port can be taken between pick and bind
-  port=$(free_port)
-  "$server" --port "$port" --bind 127.0.0.1 --save '' --appendonly no --dir "$dir" \
-    --daemonize no --protected-mode no --logfile "$dir/redis.log" &
-  pid=$!
-  up=0
-  for _ in $(seq 1 200); do  # 10s at most
-    if ! kill -0 "$pid" 2>/dev/null; then break; fi
-    if ping "$port"; then up=1; break; fi
-    sleep 0.05
+start() {
+  local dir=$1 server port pid up attempt
+  [ -n "$dir" ] || die "start needs a directory"
+  server=$(command -v redis-server || true)
+  [ -n "$server" ] || die "redis-server not found (apt-get install redis-server)"
+  mkdir -p "$dir"
+  dir=$(cd "$dir" && pwd)
+  if [ -f "$dir/pid" ] && kill -0 "$(cat "$dir/pid")" 2>/dev/null; then
+    # Started before (e.g. ctest --repeat runs the fixture's setup again).
+    ping "$(cat "$dir/port")" && { cat "$dir/url"; return 0; }
+    die "a server runs in $dir (pid $(cat "$dir/pid")) but does not answer"
+  fi
+  for attempt in 1 2 3 4 5; do  # the port can be taken between pick and bind
+    port=$(free_port)
+    # setsid, output to a file: the server outlives this script without
+    # holding the test runner's pipes, in a process group of its own.
+    setsid "$server" --port "$port" --bind 127.0.0.1 --save '' --appendonly no --dir "$dir" \
+      --daemonize no --protected-mode no --logfile "$dir/redis.log" >/dev/null 2>&1 </dev/null &
+    pid=$!
+    echo "$pid" >"$dir/pid"
+    up=0
+    for _ in $(seq 1 200); do  # 10 s at most
+      kill -0 "$pid" 2>/dev/null || break
+      if ping "$port"; then up=1; break; fi
+      sleep 0.05
+    done
+    if [ $up -eq 1 ]; then
+      echo "$port" >"$dir/port"
+      echo "redis://127.0.0.1:$port" >"$dir/url"
+      cat "$dir/url"
+      return 0
+    fi
+    kill -9 "$pid" 2>/dev/null || true
+    rm -f "$dir/pid"
   done
-  [ $up -eq 1 ] && break
-  kill -9 "$pid" 2>/dev/null || true
-  wait "$pid" 2>/dev/null || true
-  pid=""
-done
-if [ -z "$pid" ]; then
-  echo "redis.sh: redis-server did not start; log:" >&2
   cat "$dir/redis.log" >&2 || true
-  exit 1
-fi
+  die "redis-server did not start"
+}
 
-url="redis://127.0.0.1:${port}${param}"
-export DLOCK_TEST_URLS="${DLOCK_TEST_URLS:+$DLOCK_TEST_URLS }$url"
-echo "redis.sh: $url (pid $pid)" >&2
-# In its own session and process group (see cleanup).
-setsid "$@" &
-cmd_pid=$!
-set +e
-wait "$cmd_pid"
-status=$?
-set -e
-exit $status
+stop() {
+  local dir=$1 pid
+  [ -n "$dir" ] || die "stop needs a directory"
+  [ -d "$dir" ] || return 0
+  if [ -f "$dir/pid" ]; then
+    pid=$(cat "$dir/pid")
+    kill -CONT "$pid" 2>/dev/null || true
+    kill -TERM "$pid" 2>/dev/null || true
+    for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.05; done
+    kill -KILL "$pid" 2>/dev/null || true
+  fi
+  rm -rf "$dir"
+}
+
+case "${1:-}" in
+  start) start "${2:-}" ;;
+  stop) stop "${2:-}" ;;
+  run)
+    dir=${2:-}; shift 2 || die "run needs a directory and a command"
+    exec "$(dirname "$0")/run-with-url.sh" --server "$0" "$dir" "$@"
+    ;;
+  *) die "usage: redis.sh start DIR | stop DIR | run DIR [--param k=v&...] CMD..." ;;
+esac

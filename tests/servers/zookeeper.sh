@@ -2,12 +2,18 @@
 # A throwaway standalone ZooKeeper server for tests: Debian's package run with
 # `java` directly, loopback only, on a free port, with its data in DIR.
 #
-#   zookeeper.sh start DIR [PORT]   start, wait until it answers, print the port
+# The same interface as every script in tests/servers (see
+# dlock_add_server_fixture in tests/CMakeLists.txt):
+#
+#   zookeeper.sh start DIR [PORT]   start, wait until it answers, write the
+#                                   store URL to DIR/url, print the port
 #   zookeeper.sh stop DIR           stop it and delete DIR
-#   zookeeper.sh run DIR CMD...     start, run CMD with DLOCK_TEST_ZK=127.0.0.1:PORT,
+#   zookeeper.sh run DIR [--suffix /CHROOT] [--param Q] CMD...
+#                                   start, run CMD with the URL appended to
+#                                   DLOCK_TEST_URLS and DLOCK_TEST_ZK=127.0.0.1:PORT,
 #                                   stop (also on errors and signals)
 #
-# DIR holds zoo.cfg, data/, server.log, pid and port. tickTime is 200ms, so
+# DIR holds zoo.cfg, data/, server.log, pid, port and url. tickTime is 200ms, so
 # sessions may be as short as 400ms; the container reaper runs every 200ms so
 # that tests can see empty lock directories vanish. All four-letter commands
 # are enabled (ruok, srvr, mntr, ...). Every wait is bounded.
@@ -71,6 +77,7 @@ EOF
     >"$dir/server.log" 2>&1 </dev/null &
   echo $! >"$dir/pid"
   echo "$port" >"$dir/port"
+  echo "zk://127.0.0.1:$port" >"$dir/url"
   local i
   for i in $(seq 1 300); do  # up to 60 s: a cold JVM on a busy machine
     if [ "$(four_letters "$port" ruok)" = "imok" ] && four_letters "$port" srvr | grep -q '^Mode: standalone'; then
@@ -113,9 +120,7 @@ case "${1:-}" in
   stop) stop "${2:-}" ;;
   run)
     dir=${2:-}; shift 2 || die "run needs a directory and a command"
-    trap 'stop "$dir"' EXIT INT TERM
-    port=$(start "$dir")
-    DLOCK_TEST_ZK=127.0.0.1:$port "$@"
+    exec "$(dirname "$0")/run-with-url.sh" --server "$0" "$dir" "$@"
     ;;
-  *) die "usage: zookeeper.sh start DIR [PORT] | stop DIR | run DIR CMD..." ;;
+  *) die "usage: zookeeper.sh start DIR [PORT] | stop DIR | run DIR [--suffix S] [--param Q] CMD..." ;;
 esac

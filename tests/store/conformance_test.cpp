@@ -265,6 +265,8 @@ TEST_P(ConformanceTest, EveryKindIsKeptAndAGivenSequenceSortsBesideItsEntry) {
   read.sequence = write.sequence;  // a downgrade: the read entry takes the write entry's place
   Entry downgraded = Append(*s, Queue("rw"), read);
   EXPECT_EQ(downgraded.sequence, write.sequence);
+  ASSERT_TRUE(downgraded.token && queued.token);
+  EXPECT_GT(*downgraded.token, *queued.token) << "an entry with a given sequence still gets a newer token";
   ASSERT_THAT(s->remove(Queue("rw"), write.id, In(kPrompt)), IsOk());
   auto listed = List(*s, Queue("rw"));
   ASSERT_EQ(listed.size(), 2u);
@@ -376,6 +378,11 @@ TEST_P(ConformanceTest, WaitHonoursItsDeadlineAndItsStopToken) {
   EXPECT_TRUE(wait.Blocks());
   wait.Cancel();
   EXPECT_THAT(wait.Result(), StatusIs(ErrorCode::kCancelled));
+  std::stop_source stopped;
+  stopped.request_stop();
+  EXPECT_THAT(waiter->wait_any_gone(Queue("stays"), ids, kNoDeadline, stopped.get_token()),
+              StatusIs(ErrorCode::kCancelled))
+      << "a stop requested before the call";
   EXPECT_EQ(List(*waiter, Queue("stays")).size(), 1u);
 }
 
@@ -431,6 +438,23 @@ TEST_P(ConformanceTest, SubscribersHearCloseBeforeAnyoneSeesTheEntriesGo) {
   EXPECT_EQ(seen_when_told.load(), 1) << "0: the entry was gone before the subscriber was told";
   EXPECT_TRUE(Eventually([&] { return List(*observer, Queue("close-order")).empty(); }));
   EXPECT_EQ(s->state(), SessionState::kClosed);
+}
+
+TEST_P(ConformanceTest, CloseEndsTheEntriesInEveryQueueAndIsHeardOnce) {
+  auto s = NewSession();
+  auto observer = NewSession();
+  ASSERT_TRUE(s && observer);
+  Append(*s, Queue("first"));
+  Append(*s, Queue("second/nested"));
+  Entry theirs = Append(*observer, Queue("first"));
+  std::atomic<int> closed{0};
+  auto sub = s->subscribe([&](SessionState state) { closed += state == SessionState::kClosed ? 1 : 100; });
+  s->close();
+  s->close();
+  EXPECT_TRUE(Eventually([&] { return List(*observer, Queue("second/nested")).empty(); }));
+  EXPECT_TRUE(Eventually([&] { return List(*observer, Queue("first")).size() == 1; }));
+  EXPECT_THAT(Ids(List(*observer, Queue("first"))), ElementsAreArray({theirs.id}));
+  EXPECT_EQ(closed.load(), 1) << "one kClosed and nothing else, however often close is called";
 }
 
 TEST_P(ConformanceTest, ASubscriberMayCallBackInAndCloseTheSession) {

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "dlock/dlock.hpp"
+#include "support/poll.hpp"  // Eventually, for the suites that include this
 
 namespace dlock::testing {
 
@@ -79,17 +80,6 @@ inline std::string SpecName(const std::string& spec, std::size_t index) {
   std::string s;
   for (char c : spec) s += std::isalnum(static_cast<unsigned char>(c)) ? c : '_';
   return s.substr(0, 40) + "_" + std::to_string(index);
-}
-
-// Waits, bounded, until `cond()` holds. For conditions no event announces
-// (such as "a thread is now blocked in the store").
-inline bool Eventually(const std::function<bool()>& cond, std::chrono::milliseconds limit = std::chrono::seconds(20)) {
-  auto end = std::chrono::steady_clock::now() + limit;
-  while (std::chrono::steady_clock::now() < end) {
-    if (cond()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  return cond();
 }
 
 }  // namespace dlock::testing

@@ -11,12 +11,14 @@
 #include <algorithm>
 #include <memory>
 
+#include "support/status_matchers.hpp"
 #include "zookeeper/zk_test_support.hpp"
 
 namespace dlock {
 namespace {
 
 using namespace std::chrono_literals;
+using testing::IsOk;
 using zktest::SteadyClock;
 
 struct HoldRecord {
@@ -90,7 +92,7 @@ TEST(ZkEnsembleTest, LeaderKilledWhileLocksAreHeldAndWaitedFor) {
 
   // Some holds before the kill, then kill the leader while one is held.
   const auto t0 = SteadyClock::now();
-  EXPECT_TRUE(zktest::WaitFor([&] { return count_since(t0) >= 20; }, 30s));
+  EXPECT_TRUE(testing::Eventually([&] { return count_since(t0) >= 20; }, 30s));
   const std::string leader = Script("leader " + dir);
   ASSERT_FALSE(leader.empty()) << "no leader";
   // SIGKILL it straight from here, while a worker holds the lock (the others
@@ -98,20 +100,20 @@ TEST(ZkEnsembleTest, LeaderKilledWhileLocksAreHeldAndWaitedFor) {
   pid_t leader_pid = 0;
   std::ifstream(dir + "/s" + leader + "/pid") >> leader_pid;
   ASSERT_GT(leader_pid, 0);
-  EXPECT_TRUE(zktest::WaitFor([&] { return holding.load() > 0; }, 10s));
+  EXPECT_TRUE(testing::Eventually([&] { return holding.load() > 0; }, 10s));
   const auto killed_at = SteadyClock::now();
   ::kill(leader_pid, SIGKILL);
   Script("kill " + dir + " " + leader);
   const long before = static_cast<long>(count_since(t0)) - static_cast<long>(count_since(killed_at));
   // The two survivors elect a new leader...
   std::string new_leader;
-  EXPECT_TRUE(zktest::WaitFor([&] { return !(new_leader = Script("leader " + dir)).empty(); }, 30s));
+  EXPECT_TRUE(testing::Eventually([&] { return !(new_leader = Script("leader " + dir)).empty(); }, 30s));
   const auto elected_at = SteadyClock::now();
   std::printf("killed leader server.%s after %ld holds; server.%s leads after %.2f s\n", leader.c_str(), before,
               new_leader.c_str(), zktest::Seconds(elected_at - killed_at));
   EXPECT_NE(new_leader, leader);
   // ...and work resumes under it.
-  EXPECT_TRUE(zktest::WaitFor([&] { return count_since(elected_at) >= 30; }, 60s))
+  EXPECT_TRUE(testing::Eventually([&] { return count_since(elected_at) >= 30; }, 60s))
       << "holds after the election: " << count_since(elected_at);
   stop = true;
   for (auto& t : threads) t.join();
@@ -148,7 +150,7 @@ struct Ensemble {
   struct Link {
     int from, to;
     std::string kind;  // quorum | election
-    std::unique_ptr<zktest::TcpProxy> proxy;
+    std::unique_ptr<testing::TcpProxy> proxy;
   };
   std::vector<int> client_ports;  // [0] is server 1
   std::vector<Link> links;
@@ -180,7 +182,7 @@ bool StartProxies(const std::string& dir, Ensemble& e) {
   Ensemble::Link l;
   int listen = 0, target = 0;
   while (in >> l.from >> l.to >> l.kind >> listen >> target) {
-    e.links.push_back({l.from, l.to, l.kind, std::make_unique<zktest::TcpProxy>(target, listen)});
+    e.links.push_back({l.from, l.to, l.kind, std::make_unique<testing::TcpProxy>(target, listen)});
     if (e.links.back().proxy->port() != listen) return false;
   }
   return e.links.size() == 12;
@@ -203,7 +205,7 @@ TEST(ZkPartitionTest, FollowerCutFromTheLeaderLosesItsHolderFirst) {
   ASSERT_TRUE(StartProxies(dir, ens)) << "cannot read " << dir << "/links";
   // The quorum forms once the proxies run.
   int leader = 0;
-  ASSERT_TRUE(zktest::WaitFor(
+  ASSERT_TRUE(testing::Eventually(
       [&] {
         int followers = 0;
         leader = 0;
@@ -222,9 +224,9 @@ TEST(ZkPartitionTest, FollowerCutFromTheLeaderLosesItsHolderFirst) {
   // The holder talks to the follower only; the successor to the other two.
   constexpr auto kTimeout = 2s;
   auto holder_store = OpenStore("zk://" + ens.hosts(follower) + "/dlock-partition?session_timeout=2s");
-  ASSERT_TRUE(holder_store.ok()) << holder_store.status().to_string();
+  ASSERT_THAT(holder_store.status(), IsOk());
   auto holder = (*holder_store)->open_session(Clock::system()->now() + 30s);
-  ASSERT_TRUE(holder.ok()) << holder.status().to_string();
+  ASSERT_THAT(holder.status(), IsOk());
   std::mutex mu;
   std::vector<std::pair<SessionState, SteadyClock::time_point>> heard;
   auto sub = (*holder)->subscribe([&](SessionState st) {
@@ -235,7 +237,7 @@ TEST(ZkPartitionTest, FollowerCutFromTheLeaderLosesItsHolderFirst) {
   spec.kind = std::string(entry_kind::kLock);
   spec.attempt_id = "0123456789abcdef0123456789abcdef";
   auto held = (*holder)->append("lock", spec, Clock::system()->now() + 30s);
-  ASSERT_TRUE(held.ok()) << held.status().to_string();
+  ASSERT_THAT(held.status(), IsOk());
   ASSERT_TRUE(held->queue);
   ASSERT_EQ(held->queue->front().id, held->entry.id);  // the holder holds the lock
 
@@ -257,7 +259,7 @@ TEST(ZkPartitionTest, FollowerCutFromTheLeaderLosesItsHolderFirst) {
   EXPECT_EQ(holder_state, SessionState::kLost)
       << "the successor got the lock while the holder's session said " << SessionStateName(holder_state);
   EXPECT_GT(hold->fencing_token(), *held->entry.token);
-  EXPECT_TRUE(zktest::WaitFor([&] { return (*holder)->state() == SessionState::kLost; }, 20s));
+  EXPECT_TRUE(testing::Eventually([&] { return (*holder)->state() == SessionState::kLost; }, 20s));
   {
     std::lock_guard<std::mutex> g(mu);
     std::string told;

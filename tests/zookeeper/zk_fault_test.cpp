@@ -82,7 +82,7 @@ TEST(ZkFaultTest, RandomTimeoutsCancellationsAndDropsLeaveNoOrphans) {
   const std::string chroot = zktest::UniqueChroot("faults");
   zktest::RawZk raw(hosts);
   ASSERT_TRUE(raw.connected());
-  zktest::TcpProxy proxy(std::stoi(hosts.substr(hosts.rfind(':') + 1)));
+  testing::TcpProxy proxy(std::stoi(hosts.substr(hosts.rfind(':') + 1)));
 
   // A short session timeout, so that sessions lost behind the proxy expire
   // (and their ephemerals go) within the test's bounded wait.
@@ -202,10 +202,10 @@ TEST(ZkFaultTest, RandomTimeoutsCancellationsAndDropsLeaveNoOrphans) {
   // is an orphan, unless it belongs to a session that is lost and about to
   // expire (2 s) or to a removal the store is still retrying.
   std::vector<std::string> left;
-  EXPECT_TRUE(zktest::WaitFor([&] { return (left = Ephemerals(raw, chroot)).empty(); }, 20s))
+  EXPECT_TRUE(testing::Eventually([&] { return (left = Ephemerals(raw, chroot)).empty(); }, 20s))
       << left.size() << " orphan(s), first " << left.front();
   clients.clear();
-  EXPECT_TRUE(zktest::WaitFor([&] { return Ephemerals(raw, chroot).empty(); }, 10s));
+  EXPECT_TRUE(testing::Eventually([&] { return Ephemerals(raw, chroot).empty(); }, 10s));
 }
 
 }  // namespace

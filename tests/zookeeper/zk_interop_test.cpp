@@ -9,12 +9,14 @@
 #include <filesystem>
 
 #include "stores/zookeeper/zk_names.hpp"
+#include "support/status_matchers.hpp"
 #include "zookeeper/zk_test_support.hpp"
 
 namespace dlock {
 namespace {
 
 using namespace std::chrono_literals;
+using testing::IsOk;
 using zktest::PeerClient;
 using zktest::PeerKind;
 using zktest::SharedServer;
@@ -50,10 +52,10 @@ class ZkInterop : public ::testing::Test {
     chroot_ = zktest::UniqueChroot(test);
     url_ = "zk://" + hosts_ + chroot_;
     auto store = OpenStore(url_);
-    ASSERT_TRUE(store.ok()) << store.status().to_string();
+    ASSERT_THAT(store.status(), IsOk());
     store_ = *store;
     auto s = store_->open_session(In(20s));
-    ASSERT_TRUE(s.ok()) << s.status().to_string();
+    ASSERT_THAT(s.status(), IsOk());
     session_ = *s;
     raw_ = std::make_unique<zktest::RawZk>(hosts_);
     ASSERT_TRUE(raw_->connected());
@@ -63,7 +65,7 @@ class ZkInterop : public ::testing::Test {
   // Waits (bounded) until the queue has exactly `n` children: the observable
   // sign that a waiter has queued, or that a timed-out one has cleaned up.
   bool AwaitChildren(const std::string& queue, std::size_t n, std::chrono::milliseconds limit = 10s) {
-    return zktest::WaitFor([&] { return raw_->children(Path(queue)).size() == n; }, limit);
+    return testing::Eventually([&] { return raw_->children(Path(queue)).size() == n; }, limit);
   }
   std::size_t Children(const std::string& queue) { return raw_->children(Path(queue)).size(); }
   // The peer, already queued, is still waiting; once `let_go` has run it
@@ -84,10 +86,10 @@ class ZkInterop : public ::testing::Test {
       std::vector<std::string> ids{node};
       waited = session_->wait_any_gone(queue, ids, In(30s), {});
     });
-    EXPECT_TRUE(zktest::WaitFor([&] { return zktest::FourLetters(hosts_, "wchp").find(node) != std::string::npos; }));
+    EXPECT_TRUE(testing::Eventually([&] { return zktest::FourLetters(hosts_, "wchp").find(node) != std::string::npos; }));
     EXPECT_EQ(peer.call("release"), "released");
     t.join();
-    EXPECT_TRUE(waited.ok()) << waited.to_string();
+    EXPECT_THAT(waited, IsOk());
   }
 
   PeerKind peer_ = PeerKind::kKazoo;
@@ -121,7 +123,7 @@ TEST_F(ZkKazooTest, KazooHolderIsListedAndDlockQueuesBehindIt) {
   std::string node = got.substr(9);
 
   auto a = session_->append("q", Spec("lock"), In(10s));
-  ASSERT_TRUE(a.ok()) << a.status().to_string();
+  ASSERT_THAT(a.status(), IsOk());
   ASSERT_TRUE(a->queue);
   ASSERT_EQ(a->queue->size(), 2u);
   const Entry& first = (*a->queue)[0];
@@ -137,7 +139,7 @@ TEST_F(ZkKazooTest, KazooHolderIsListedAndDlockQueuesBehindIt) {
 
 TEST_F(ZkKazooTest, DlockEntryBlocksKazooUntilRemoved) {
   auto a = session_->append("q", Spec("lock"), In(10s));
-  ASSERT_TRUE(a.ok()) << a.status().to_string();
+  ASSERT_THAT(a.status(), IsOk());
   PeerClient kazoo(PeerKind::kKazoo, hosts_);
   ASSERT_TRUE(kazoo.ready());
   // kazoo with extra_lock_patterns=["-lock-"] sees our _c_<uuid>-lock- node.
@@ -345,7 +347,7 @@ TEST_F(ZkCuratorTest, CuratorHolderIsListedAndDlockQueuesBehindIt) {
   std::string node = got.substr(got.rfind('/') + 1);  // _c_<uuid>-lock-<seq>
 
   auto a = session_->append("q", Spec("lock"), In(10s));
-  ASSERT_TRUE(a.ok()) << a.status().to_string();
+  ASSERT_THAT(a.status(), IsOk());
   ASSERT_TRUE(a->queue);
   ASSERT_EQ(a->queue->size(), 2u);
   const Entry& first = (*a->queue)[0];

@@ -15,12 +15,14 @@
 #include <thread>
 
 #include "dlock/dlock.hpp"
+#include "support/status_matchers.hpp"
 #include "zookeeper/zk_test_support.hpp"
 
 namespace dlock {
 namespace {
 
 using namespace std::chrono_literals;
+using testing::IsOk;
 using Steady = std::chrono::steady_clock;
 
 std::string Server() { return zktest::SharedServer(); }
@@ -30,16 +32,6 @@ std::string Server() { return zktest::SharedServer(); }
 std::string Chroot(const std::string& test) {
   return "/dlock-review-" + test + "-" + std::to_string(::getpid()) + "-" +
          std::to_string(Steady::now().time_since_epoch().count() % 100000);
-}
-
-template <typename F>
-bool WaitFor(F cond, std::chrono::milliseconds limit) {
-  auto end = Steady::now() + limit;
-  while (Steady::now() < end) {
-    if (cond()) return true;
-    std::this_thread::sleep_for(5ms);
-  }
-  return cond();
 }
 
 // Runs `body` in a forked child (its threads cannot hang the test binary):
@@ -113,7 +105,7 @@ void DeadlockScenario(bool listener_calls_in, std::string& outcome) {
         Mutex other(*client, "other");
         bool got = other.try_lock();  // finds the session lost and replaces it
         if (got) other.unlock();
-        return WaitFor([&] { return listener_done.load(); }, 5s) ? 0 : 5;
+        return testing::Eventually([&] { return listener_done.load(); }, 5s) ? 0 : 5;
       },
       30s);
 }
@@ -146,14 +138,14 @@ TEST(ZkRegressions, ReplacingALostSessionWithAQuietListener) {
 TEST(ZkRegressions, ASessionOpenedLateIsReplacedBeforeUse) {
   REQUIRE_ZK();
   const std::string server = Server();
-  zktest::TcpProxy proxy(std::stoi(server.substr(server.rfind(':') + 1)));
+  testing::TcpProxy proxy(std::stoi(server.substr(server.rfind(':') + 1)));
   proxy.partition();
   std::thread healer([&] {
-    WaitFor([&] { return proxy.accepted() >= 2; }, 20s);
+    testing::Eventually([&] { return proxy.accepted() >= 2; }, 20s);
     proxy.heal();
   });
   auto client = Client::open("zk://" + proxy.hosts() + Chroot("late") + "?session_timeout=2s&connect_timeout=20s");
-  ASSERT_TRUE(client.ok()) << client.status().to_string();
+  ASSERT_THAT(client.status(), IsOk());
   Mutex m(*client, "job");
   auto t0 = Steady::now();
   auto hold = m.acquire(30s);
@@ -162,7 +154,7 @@ TEST(ZkRegressions, ASessionOpenedLateIsReplacedBeforeUse) {
   auto opened_ms = std::chrono::duration_cast<std::chrono::milliseconds>(Steady::now() - t0).count();
   EXPECT_GE(proxy.accepted(), 3) << "the first session did not open late";
   auto t1 = Steady::now();
-  bool lost = WaitFor([&] { return hold->state() == HoldState::kLost; }, 1500ms);
+  bool lost = testing::Eventually([&] { return hold->state() == HoldState::kLost; }, 1500ms);
   auto held_ms = std::chrono::duration_cast<std::chrono::milliseconds>(Steady::now() - t1).count();
   EXPECT_FALSE(lost) << "acquiring took " << opened_ms << " ms; the hold was declared lost " << held_ms
                      << " ms after it was granted, with the server healthy";

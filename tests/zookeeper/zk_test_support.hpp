@@ -29,6 +29,8 @@
 #include <vector>
 
 #include "dlock/dlock.hpp"
+#include "support/poll.hpp"       // testing::Eventually
+#include "support/tcp_proxy.hpp"  // testing::TcpProxy: partition(), heal(), reset()
 
 namespace dlock::zktest {
 
@@ -61,17 +63,6 @@ inline std::string UniqueChroot(const std::string& test) {
 }
 
 inline double Seconds(SteadyClock::duration d) { return std::chrono::duration<double>(d).count(); }
-
-// Waits, bounded, for `cond`.
-template <typename F>
-bool WaitFor(F cond, std::chrono::milliseconds limit = 20s) {
-  auto end = SteadyClock::now() + limit;
-  while (SteadyClock::now() < end) {
-    if (cond()) return true;
-    std::this_thread::sleep_for(5ms);
-  }
-  return cond();
-}
 
 // The answer of a four-letter command (srvr, mntr, wchp, ...) from the server
 // at "host:port", or "" if it does not answer within two seconds.
@@ -241,128 +232,6 @@ class PrivateServer {
   bool ok_ = false;
   int port_ = 0;
   pid_t pid_ = 0;
-};
-
-// ------------------------------------------------------------------ TcpProxy
-// Forwards 127.0.0.1:port() to a server. partition() stops forwarding in both
-// directions while keeping the connections open (a silent network); heal()
-// resumes; reset() closes every connection (the client sees it at once).
-// It listens on `listen_port`, or on a free port if 0 (port() says which;
-// 0 if it could not listen).
-class TcpProxy {
- public:
-  explicit TcpProxy(int target_port, int listen_port = 0) : target_(target_port) {
-    listen_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    int one = 1;
-    ::setsockopt(listen_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    a.sin_port = htons(static_cast<std::uint16_t>(listen_port));
-    if (::bind(listen_, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 && ::listen(listen_, 64) == 0) {
-      socklen_t len = sizeof a;
-      ::getsockname(listen_, reinterpret_cast<sockaddr*>(&a), &len);
-      port_ = ntohs(a.sin_port);
-    }
-    thread_ = std::thread([this] { Loop(); });
-  }
-  ~TcpProxy() {
-    stop_ = true;
-    thread_.join();
-    for (auto& p : pairs_) {
-      ::close(p.first);
-      if (p.second >= 0) ::close(p.second);
-    }
-    ::close(listen_);
-  }
-  TcpProxy(const TcpProxy&) = delete;
-  TcpProxy& operator=(const TcpProxy&) = delete;
-
-  int port() const { return port_; }
-  std::string hosts() const { return "127.0.0.1:" + std::to_string(port_); }
-  void partition() { partitioned_ = true; }
-  void heal() { partitioned_ = false; }
-  void reset() { reset_ = true; }
-  // How many connections it has accepted so far.
-  int accepted() const { return accepted_.load(); }
-
- private:
-  int Connect() {
-    int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    a.sin_port = htons(static_cast<std::uint16_t>(target_));
-    if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
-      ::close(fd);
-      return -1;
-    }
-    return fd;
-  }
-  void Loop() {
-    std::vector<char> buf(1 << 16);
-    while (!stop_) {
-      if (reset_.exchange(false)) {
-        for (auto& p : pairs_) {
-          ::close(p.first);
-          if (p.second >= 0) ::close(p.second);
-        }
-        pairs_.clear();
-      }
-      std::vector<pollfd> fds;
-      fds.push_back({listen_, POLLIN, 0});
-      bool silent = partitioned_;
-      if (!silent) {
-        for (auto& p : pairs_) {
-          fds.push_back({p.first, POLLIN, 0});
-          fds.push_back({p.second, POLLIN, 0});
-        }
-      }
-      ::poll(fds.data(), fds.size(), 10);
-      const std::size_t polled = silent ? 0 : pairs_.size();  // fds has entries for these only
-      if (fds[0].revents & POLLIN) {
-        int c = ::accept4(listen_, nullptr, nullptr, SOCK_CLOEXEC);
-        // Connections made during a partition are held but never connected
-        // upstream: like a network that swallows the handshake.
-        if (c >= 0) {
-          pairs_.emplace_back(c, silent ? -1 : Connect());
-          ++accepted_;
-        }
-      }
-      if (silent) continue;
-      std::vector<std::size_t> dead;
-      for (std::size_t i = 0; i < polled; ++i) {
-        auto [a, b] = pairs_[i];
-        if (b < 0) {
-          dead.push_back(i);
-          continue;
-        }
-        for (int dir = 0; dir < 2; ++dir) {
-          const pollfd& pf = fds[1 + 2 * i + static_cast<std::size_t>(dir)];
-          if (!(pf.revents & (POLLIN | POLLHUP | POLLERR))) continue;
-          int from = dir == 0 ? a : b, to = dir == 0 ? b : a;
-          ssize_t n = ::read(from, buf.data(), buf.size());
-          if (n <= 0 || ::write(to, buf.data(), static_cast<std::size_t>(n)) != n) {
-            dead.push_back(i);
-            break;
-          }
-        }
-      }
-      for (auto it = dead.rbegin(); it != dead.rend(); ++it) {
-        ::close(pairs_[*it].first);
-        if (pairs_[*it].second >= 0) ::close(pairs_[*it].second);
-        pairs_.erase(pairs_.begin() + static_cast<std::ptrdiff_t>(*it));
-      }
-    }
-  }
-
-  int target_;
-  int listen_ = -1;
-  int port_ = 0;
-  std::atomic<bool> stop_{false}, partitioned_{false}, reset_{false};
-  std::atomic<int> accepted_{0};
-  std::vector<std::pair<int, int>> pairs_;  // client, server (-1: held, never connected)
-  std::thread thread_;
 };
 
 // ------------------------------------------------------------ peer clients

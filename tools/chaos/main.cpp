@@ -37,12 +37,19 @@
 
 #include "dlock/dlock.hpp"
 #include "ledger.hpp"
-#include "tcp_proxy.hpp"
+#include "support/loopback.hpp"
+#include "support/redis_server.hpp"
+#include "support/tcp_proxy.hpp"
 
 namespace dlock::chaos {
 namespace {
 
 using namespace std::chrono_literals;
+using testing::ConnectLoopback;
+using testing::FreePort;
+using testing::Loopback;
+using testing::Spawn;
+using testing::TcpProxy;
 namespace fs = std::filesystem;
 
 std::string Str(std::int64_t v) { return std::to_string(v); }
@@ -219,75 +226,6 @@ int RunWorker(const WorkerArgs& a) {
 
 // ---------------------------------------------------------------- runner
 
-int FreePort() {
-  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in a = Loopback(0);
-  socklen_t len = sizeof a;
-  int port = -1;
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0)
-    port = ntohs(a.sin_port);
-  ::close(fd);
-  return port;
-}
-
-// A socket connected to 127.0.0.1:`port` whose reads give up after
-// `read_timeout_s`, or -1.
-int ConnectLoopback(int port, int read_timeout_s) {
-  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return -1;
-  sockaddr_in a = Loopback(port);
-  timeval tv{read_timeout_s, 0};
-  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
-    ::close(fd);
-    return -1;
-  }
-  return fd;
-}
-
-bool RedisPing(int port) {
-  int fd = ConnectLoopback(port, 1);
-  if (fd < 0) return false;
-  bool ok = false;
-  if (::write(fd, "PING\r\n", 6) == 6) {
-    char buf[16] = {};
-    ok = ::read(fd, buf, sizeof buf - 1) >= 5 && std::string(buf).starts_with("+PONG");
-  }
-  ::close(fd);
-  return ok;
-}
-
-// Starts `args`; it dies with the runner (PR_SET_PDEATHSIG), even if the
-// runner crashes. With a `log`, stdout and stderr go there and it gets its
-// own session (servers: a Ctrl-C to the runner's group does not reach them,
-// and they do not hold the runner's output open).
-// `block`: signals the child starts with blocked (kept across exec).
-pid_t Spawn(const std::vector<std::string>& args, const std::string& log = "", const sigset_t* block = nullptr) {
-  std::vector<char*> argv;
-  for (const auto& s : args) argv.push_back(const_cast<char*>(s.c_str()));
-  argv.push_back(nullptr);
-  const pid_t parent = ::getpid();
-  const pid_t pid = ::fork();
-  if (pid != 0) return pid;
-  // The child: only async-signal-safe calls until exec.
-  ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-  if (::getppid() != parent) ::_exit(127);  // the runner is already gone
-  if (block) ::sigprocmask(SIG_BLOCK, block, nullptr);
-  if (!log.empty()) {
-    ::setsid();
-    int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0600);
-    if (fd >= 0) {
-      ::dup2(fd, 1);
-      ::dup2(fd, 2);
-    }
-    int null = ::open("/dev/null", O_RDONLY);
-    if (null >= 0) ::dup2(null, 0);
-  }
-  ::execvp(argv[0], argv.data());
-  ::_exit(127);
-}
-
 // A ZooKeeper four-letter command's answer ("" if none).
 std::string FourLetters(int port, const char* cmd) {
   int fd = ConnectLoopback(port, 2);
@@ -419,64 +357,16 @@ std::string RedisCommand(int port, const std::string& cmd) {
   return out;
 }
 
-// A private redis-server in its own directory. Persistence: "none" (a
-// restart loses every key), "rdb" (a snapshot whenever a key changed in the
-// last second: `save 1 1`) or "aof" (append-only file, `appendfsync
-// everysec`). A restart loads whatever the directory holds.
-class RedisServer {
- public:
-  RedisServer(std::string dir, std::string persist)
-      : dir_(std::move(dir)), persist_(std::move(persist)), port_(FreePort()) {
-    fs::create_directories(dir_);
-  }
-  ~RedisServer() { stop(); }
-  int port() const { return port_; }
-  const std::string& dir() const { return dir_; }
-  // `replica_of`: the port of the primary to replicate, or 0.
-  bool start(int replica_of = 0) {
-    std::vector<std::string> args = {"redis-server", "--port",    Str(port_),         "--bind", "127.0.0.1",
-                                     "--dir",        dir_,        "--daemonize",      "no",     "--protected-mode",
-                                     "no",           "--logfile", dir_ + "/redis.log"};
-    if (persist_ == "rdb")
-      args.insert(args.end(), {"--save", "1 1", "--appendonly", "no"});
-    else if (persist_ == "aof")
-      args.insert(args.end(), {"--save", "", "--appendonly", "yes", "--appendfsync", "everysec"});
-    else
-      args.insert(args.end(), {"--save", "", "--appendonly", "no"});
-    if (replica_of > 0) args.insert(args.end(), {"--replicaof", "127.0.0.1", Str(replica_of)});
-    for (int attempt = 0; attempt < 20; ++attempt) {  // the port may linger a moment after a kill
-      pid_ = Spawn(args, dir_ + "/redis.out");
-      for (int i = 0; i < 100 && pid_ > 0; ++i) {
-        // PING answers while an AOF or RDB loads (-LOADING): wait for +PONG.
-        if (RedisPing(port_)) return true;
-        if (::waitpid(pid_, nullptr, WNOHANG) == pid_) {
-          pid_ = -1;
-          break;
-        }
-        std::this_thread::sleep_for(20ms);
-      }
-      stop();
-      std::this_thread::sleep_for(100ms);
-    }
-    return false;
-  }
-  void stop() {
-    if (pid_ <= 0) return;
-    ::kill(pid_, SIGKILL);
-    ::waitpid(pid_, nullptr, 0);
-    pid_ = -1;
-  }
-  bool running() const { return pid_ > 0; }
-  // The files a restart loads.
-  std::vector<std::string> data_files() const {
-    return persist_ == "aof" ? std::vector<std::string>{"appendonlydir"} : std::vector<std::string>{"dump.rdb"};
-  }
+// The redis-servers: tests/support/redis_server.hpp (shared with the tests).
+// Persistence "none", "rdb" or "aof"; a restart loads what the directory holds.
+using RedisServer = testing::RedisServerProcess;
 
- private:
-  std::string dir_, persist_;
-  int port_;
-  pid_t pid_ = -1;
-};
+RedisServer::Options RedisOptions(const std::string& persist, const std::string& dir) {
+  RedisServer::Options o;
+  o.persist = persist;
+  o.dir = dir;
+  return o;
+}
 
 // ---------------------------------------------------------------- watchdog
 
@@ -895,14 +785,15 @@ class Runner {
         std::cerr << "dlock-chaos: --redis-persist: none, rdb or aof\n";
         return 2;
       }
-      redis_ = std::make_unique<RedisServer>(a_.out + "/redis-a", a_.redis_persist);
+      redis_ = std::make_unique<RedisServer>(RedisOptions(a_.redis_persist, a_.out + "/redis-a"));
       if (!redis_->start()) {
         std::cerr << "dlock-chaos: redis-server did not start (see " << redis_->dir() << "/redis.log)\n";
         return 2;
       }
       if (a_.redis_replica) {
-        replica_ = std::make_unique<RedisServer>(a_.out + "/redis-b", a_.redis_persist);
-        bool synced = replica_->start(redis_->port());
+        replica_ = std::make_unique<RedisServer>(RedisOptions(a_.redis_persist, a_.out + "/redis-b"));
+        replica_->set_replica_of(redis_->port());
+        bool synced = replica_->start();
         for (int i = 0; synced && i < 100 && !replica_synced(); ++i) std::this_thread::sleep_for(100ms);
         if (!synced || !replica_synced()) {
           std::cerr << "dlock-chaos: the redis replica did not start or sync (see " << replica_->dir()
@@ -994,8 +885,8 @@ class Runner {
       Watchdog::Doing doing(*wd_, "counting orphans", std::chrono::milliseconds(a_.ttl_ms * 3) + 60s);
       orphans = count_orphans();
       probe_.reset();
-      if (redis_) redis_->stop();
-      if (replica_) replica_->stop();
+      if (redis_) redis_->kill();
+      if (replica_) replica_->kill();
       zk_proxies_.clear();
       zk_.reset();
     }
@@ -1162,7 +1053,7 @@ class Runner {
       // With persistence it comes back with what it had written (AOF: all
       // but the last second or so; RDB: up to the last snapshot).
       server_down_ = true;
-      redis_->stop();
+      redis_->kill();
       later(between(0, 1500), [this, t0] {
         if (!redis_->start()) std::cerr << "dlock-chaos: redis-server did not restart\n";
         server_down_ = false;
@@ -1179,7 +1070,7 @@ class Runner {
       if (fit.empty()) return;
       const Snapshot snap = snapshots_[fit[rng_() % fit.size()]];
       server_down_ = true;
-      redis_->stop();
+      redis_->kill();
       std::error_code ec;
       for (const auto& f : redis_->data_files()) fs::remove_all(redis_->dir() + "/" + f, ec);
       fs::copy(snap.path, redis_->dir(), fs::copy_options::recursive | fs::copy_options::overwrite_existing, ec);
@@ -1194,8 +1085,9 @@ class Runner {
       // the proxies at it; what the replica had not yet received is gone.
       // The old primary comes back 0.5-2 s later, empty, as the new replica.
       server_down_ = true;
-      redis_->stop();
+      redis_->kill();
       const std::string reply = RedisCommand(replica_->port(), "REPLICAOF NO ONE");
+      replica_->set_replica_of(std::nullopt);  // a primary from now on, restarts included
       if (!reply.starts_with("+OK")) std::cerr << "dlock-chaos: REPLICAOF NO ONE answered '" << reply << "'\n";
       proxy_->set_upstream(replica_->port());
       inspect_proxy_->set_upstream(replica_->port());
@@ -1206,7 +1098,8 @@ class Runner {
       later(between(500, 2000), [this] {
         std::error_code ec;
         for (const auto& f : replica_->data_files()) fs::remove_all(replica_->dir() + "/" + f, ec);
-        if (!replica_->start(redis_->port()))
+        replica_->set_replica_of(redis_->port());
+        if (!replica_->start())
           std::cerr << "dlock-chaos: the old redis primary did not restart as a replica\n";
         for (int i = 0; i < 100 && !replica_synced(); ++i) std::this_thread::sleep_for(100ms);
         server_down_ = false;

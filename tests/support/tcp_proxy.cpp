@@ -1,4 +1,4 @@
-#include "tcp_proxy.hpp"
+#include "support/tcp_proxy.hpp"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-namespace dlock::chaos {
+namespace dlock::testing {
 namespace {
 
 using SteadyClock = std::chrono::steady_clock;
@@ -66,16 +66,16 @@ bool Flush(int to, Pipe& pipe, SteadyClock::time_point now) {
 
 }  // namespace
 
-TcpProxy::TcpProxy(int upstream_port) : upstream_port_(upstream_port) {
+TcpProxy::TcpProxy(int upstream_port, int listen_port) : upstream_port_(upstream_port) {
   listen_fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   int one = 1;
   ::setsockopt(listen_fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-  sockaddr_in a = Loopback(0);
+  sockaddr_in a = Loopback(listen_port);
   socklen_t len = sizeof a;
   if (listen_fd_ < 0 || ::bind(listen_fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
       ::listen(listen_fd_, 128) != 0 || ::getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
     if (listen_fd_ >= 0) ::close(listen_fd_);
-    throw std::runtime_error("tcp proxy: cannot listen on 127.0.0.1");
+    throw std::runtime_error("tcp proxy: cannot listen on 127.0.0.1:" + std::to_string(listen_port));
   }
   port_ = ntohs(a.sin_port);
   SetNonBlocking(listen_fd_);
@@ -112,6 +112,9 @@ void TcpProxy::run() {
     std::vector<Conn*> polled;  // in fds order; connections accepted below wait for the next round
     fds.push_back({listen_fd_, POLLIN, 0});
     for (auto& c : conns) {
+      // A connection held through a partition never reached the server: it
+      // ends with the partition.
+      if (c.server < 0 && mode != Mode::kBlackHole) close_conn(c);
       if (c.dead) continue;
       polled.push_back(&c);
       const bool flow = mode != Mode::kBlackHole;
@@ -120,8 +123,10 @@ void TcpProxy::run() {
       short sev = cev;
       if (flow && !c.up.pending.empty() && c.up.pending.front().due <= now) sev |= POLLOUT;
       if (flow && !c.down.pending.empty() && c.down.pending.front().due <= now) cev |= POLLOUT;
-      fds.push_back({c.client, cev, 0});
-      fds.push_back({c.server, sev, 0});
+      // Not polled at all in a black hole: a hang-up would wake poll at once,
+      // again and again.
+      fds.push_back({flow ? c.client : -1, cev, 0});
+      fds.push_back({flow ? c.server : -1, sev, 0});
     }
     ::poll(fds.data(), fds.size(), 10);  // short: delayed chunks become due without an event
     const auto after = SteadyClock::now();
@@ -129,6 +134,11 @@ void TcpProxy::run() {
       while (true) {
         int cfd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
         if (cfd < 0) break;
+        ++accepted_;
+        if (mode == Mode::kBlackHole) {  // held, never connected upstream
+          conns.push_back(Conn{cfd, -1, {}, {}, false});
+          continue;
+        }
         int sfd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
         sockaddr_in up = Loopback(upstream_port_.load());
         // Loopback: a blocking connect ends at once (refused while the server is down).
@@ -160,12 +170,4 @@ void TcpProxy::run() {
   for (auto& c : conns) close_conn(c);
 }
 
-sockaddr_in Loopback(int port) {
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = htons(static_cast<std::uint16_t>(port));
-  return a;
-}
-
-}  // namespace dlock::chaos
+}  // namespace dlock::testing

@@ -1,0 +1,68 @@
+// Test support: a fault-injecting TCP proxy on loopback, for the tests and
+// the chaos runner (tools/chaos). Clients connect to port() and are forwarded
+// to 127.0.0.1:upstream_port. Switching its mode cuts connections without
+// touching anything outside the test (no iptables, no tc).
+//
+//   kPass       forward at once
+//   kDelay      forward each chunk after `delay`
+//   kBlackHole  a silent partition: open connections stay open and carry
+//               nothing (the kernel buffers fill); new ones are accepted but
+//               never connected upstream (a network that swallows the
+//               handshake), and are closed once the partition ends
+#ifndef DLOCK_TESTS_SUPPORT_TCP_PROXY_HPP_
+#define DLOCK_TESTS_SUPPORT_TCP_PROXY_HPP_
+
+#include <netinet/in.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <thread>
+
+#include "support/loopback.hpp"
+
+namespace dlock::testing {
+
+class TcpProxy {
+ public:
+  enum class Mode { kPass, kDelay, kBlackHole };
+
+  // Listens on 127.0.0.1:`listen_port` (0: a free port); throws
+  // std::runtime_error if it cannot.
+  explicit TcpProxy(int upstream_port, int listen_port = 0);
+  ~TcpProxy();
+  TcpProxy(const TcpProxy&) = delete;
+  TcpProxy& operator=(const TcpProxy&) = delete;
+
+  int port() const noexcept { return port_; }
+  std::string hosts() const { return "127.0.0.1:" + std::to_string(port_); }
+  void set_mode(Mode mode, std::chrono::milliseconds delay = {}) noexcept;
+  void partition() noexcept { set_mode(Mode::kBlackHole); }
+  void heal() noexcept { set_mode(Mode::kPass); }
+  // Closes every open connection (both sides), like a reset: the client sees
+  // it at once.
+  void drop_all() noexcept { drop_.store(true); }
+  void reset() noexcept { drop_all(); }
+  // New connections go to 127.0.0.1:`port` from now on (a failover).
+  void set_upstream(int port) noexcept { upstream_port_.store(port); }
+  // How many connections it has accepted so far.
+  int accepted() const noexcept { return accepted_.load(); }
+
+ private:
+  void run();
+
+  int listen_fd_ = -1;
+  int port_ = 0;
+  std::atomic<int> upstream_port_{0};
+  std::atomic<Mode> mode_{Mode::kPass};
+  std::atomic<std::int64_t> delay_ms_{0};
+  std::atomic<bool> drop_{false};
+  std::atomic<bool> stop_{false};
+  std::atomic<int> accepted_{0};
+  std::thread thread_;
+};
+
+}  // namespace dlock::testing
+
+#endif  // DLOCK_TESTS_SUPPORT_TCP_PROXY_HPP_
