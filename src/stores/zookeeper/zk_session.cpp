@@ -91,24 +91,29 @@ void StderrLog(const char* message) { std::fprintf(stderr, "zookeeper: %s\n", me
 
 struct Batch;
 
-// One request's reply, filled by its completion callback.
+// One request's reply, filled by its completion callback (before
+// Core::finish; read once Core::await has seen the batch done).
 struct Slot {
   Batch* batch = nullptr;
   int rc = ZSYSTEMERROR;
-  bool done = false;  // guarded by the batch's Core::mu_ (see Batch)
   Stat stat{};
   std::string value;               // created path, or node data
   std::vector<std::string> names;  // children
+
+ private:
+  friend class Core;
+  bool done_ = false;  // guarded by the batch's Core::mu_ (see Batch)
 };
 
 // Requests sent back to back and waited for together. While any reply is
 // outstanding, Core::inflight_ owns the batch, so a callback can always reach
 // it even if the caller has stopped waiting.
 //
-// `pending` (and each Slot's `done`) are guarded by the mutex of `core`,
-// which is private to Core; only Core's methods touch them, with that mutex
-// held. The analysis cannot check these two: it cannot tell that a slot's
-// `batch->core` is the Core whose method runs.
+// `pending_` (and each Slot's `done_`) are guarded by the mutex of `core`,
+// which is private to Core; they are private too, so that only Core's
+// methods can touch them, with that mutex held. The analysis cannot check
+// these two: it cannot tell that a slot's `batch->core` is the Core whose
+// method runs.
 struct Batch {
   enum class Purpose { kRequest, kHeartbeat, kProbe };
   explicit Batch(Core* c, Purpose p = Purpose::kRequest) : core(c), purpose(p) {}
@@ -118,24 +123,31 @@ struct Batch {
   std::vector<std::function<int(zhandle_t*, Slot*)>> ops;  // filled before Core::send
   std::unique_ptr<Slot[]> slots;
   std::size_t size = 0;
-  int pending = 0;  // guarded by core's mutex (see above)
   Clock::time_point sent;
   std::condition_variable_any cv;
 
   Slot& operator[](std::size_t i) { return slots[i]; }
+
+ private:
+  friend class Core;
+  int pending_ = 0;  // guarded by core's mutex (see above)
 };
 
 Slot* AsSlot(const void* data) { return static_cast<Slot*>(const_cast<void*>(data)); }
 
 // A wait_any_gone call in progress. Lives on the waiting thread's stack and
-// is registered with the core (Core::add_waiter) for the duration. `fired`
-// and `gone` are guarded by that Core's mutex: only Core's methods touch them
-// (the analysis cannot name another object's private mutex here).
+// is registered with the core (Core::add_waiter) for the duration. `fired_`
+// and `gone_` are guarded by that Core's mutex, and private, so that only
+// Core's methods touch them, with the mutex held (the analysis cannot name
+// another object's private mutex here).
 struct Waiter {
   std::condition_variable_any cv;
   std::vector<std::string> paths;  // set before add_waiter, constant after
-  std::set<std::string> fired;     // watches that fired without a delete; re-arm
-  bool gone = false;               // a watched entry was deleted
+
+ private:
+  friend class Core;
+  std::set<std::string> fired_;  // watches that fired without a delete; re-arm
+  bool gone_ = false;            // a watched entry was deleted
 };
 
 // The waiting thread's own progress through a wait_any_gone call (no lock).
@@ -551,7 +563,7 @@ void Core::send(const std::shared_ptr<Batch>& b) {
   for (std::size_t i = 0; i < b->size; ++i) b->slots[i].batch = b.get();
   {
     MutexLock g(mu_);
-    b->pending = static_cast<int>(b->size);
+    b->pending_ = static_cast<int>(b->size);
     inflight_.emplace(b.get(), b);
   }
   ReaderLock zl(zh_mu_);
@@ -567,9 +579,9 @@ Status Core::await(Batch& b, Clock::time_point until, const std::string& what) {
   MutexLock lk(mu_);
   clock_->wait_until(b.cv, lk.native(), {}, until, [&] {
     mu_.assert_held();  // the predicate runs inside wait_until, with the lock taken back
-    return b.pending == 0;
+    return b.pending_ == 0;
   });
-  if (b.pending == 0) return OkStatus();
+  if (b.pending_ == 0) return OkStatus();
   return UnavailableError("no answer from ZooKeeper to " + what + " before the deadline; the outcome is unknown");
 }
 
@@ -578,10 +590,10 @@ void Core::finish(Slot* slot, int rc, bool from_server) {
   MutexLock g(mu_);
   Batch* b = slot->batch;
   slot->rc = rc;
-  slot->done = true;
+  slot->done_ = true;
   fold_clock();  // a reply after the deadline does not move it
   if (from_server && ServerAnswered(rc)) last_answered_sent_ = std::max(last_answered_sent_, b->sent);
-  if (--b->pending == 0) {
+  if (--b->pending_ == 0) {
     auto it = inflight_.find(b);
     if (it != inflight_.end()) {
       finished = std::move(it->second);
@@ -780,9 +792,9 @@ void Core::on_path_event(int type, const char* path) {
   if (it == watch_map_.end()) return;  // nobody waits any more: the watch was left to fire
   for (Waiter* w : it->second) {
     if (type == ZOO_DELETED_EVENT) {
-      w->gone = true;
+      w->gone_ = true;
     } else {
-      w->fired.insert(it->first);  // changed/created/not-watching: look again
+      w->fired_.insert(it->first);  // changed/created/not-watching: look again
     }
     w->cv.notify_all();
   }
@@ -931,12 +943,12 @@ void Core::close_handle() noexcept {
   MutexLock g(mu_);
   for (auto& [p, b] : inflight_) {  // replies the C client never delivered
     for (std::size_t i = 0; i < b->size; ++i) {
-      if (!b->slots[i].done) {
-        b->slots[i].done = true;
+      if (!b->slots[i].done_) {
+        b->slots[i].done_ = true;
         b->slots[i].rc = ZCLOSING;
       }
     }
-    b->pending = 0;
+    b->pending_ = 0;
     b->cv.notify_all();
     reaped.push_back(std::move(b));
   }
@@ -1039,11 +1051,11 @@ std::optional<Status> Core::wait_to_arm(Waiter& w, ArmState& st, Clock::time_poi
                                         const std::string& what, std::vector<std::string>& to_arm) {
   MutexLock lk(mu_);
   while (true) {
-    if (w.gone) return OkStatus();
+    if (w.gone_) return OkStatus();
     if (Status s = ended(); !s.ok()) return s;
     // A watch that fired without a delete is spent: arm it again.
-    for (const auto& p : w.fired) st.armed.erase(p);
-    w.fired.clear();
+    for (const auto& p : w.fired_) st.armed.erase(p);
+    w.fired_.clear();
     if (stop.stop_requested()) return CancelledError(what);
     const Clock::time_point now = clock_->now();
     const bool connected = phase_ == Phase::kOpen && state_ == SessionState::kConnected;
@@ -1064,7 +1076,7 @@ std::optional<Status> Core::wait_to_arm(Waiter& w, ArmState& st, Clock::time_poi
     const std::uint64_t gen = state_gen_;
     clock_->wait_until(w.cv, lk.native(), stop, until, [&] {
       mu_.assert_held();  // the predicate runs inside wait_until, with the lock taken back
-      return w.gone || !w.fired.empty() || state_gen_ != gen;
+      return w.gone_ || !w.fired_.empty() || state_gen_ != gen;
     });
   }
 }
