@@ -12,12 +12,12 @@
 #include <deque>
 #include <functional>
 #include <map>
-#include <mutex>
 #include <set>
 #include <shared_mutex>
 #include <unordered_map>
 #include <unordered_set>
 
+#include "core/thread_annotations.hpp"
 #include "stores/zookeeper/zk_names.hpp"
 
 namespace dlock::internal::zk {
@@ -70,7 +70,7 @@ Clock::duration LostMargin(Clock::duration timeout) {
 // it: a leader pings every tickTime/2, and the server never grants a session
 // timeout below minSessionTimeout, 2 * tickTime by default, so tickTime/2 is
 // at most a quarter of the timeout. A third leaves the leader's ping loop a
-// twelfth of the timeout of lateness. (See the heartbeat notes in Core.)
+// twelfth of the timeout of lateness. (See the heartbeat notes at Core::on_heartbeat.)
 Clock::duration LeaderPingBound(Clock::duration timeout) { return timeout / 3; }
 
 // The pause between a heartbeat's answer and the next heartbeat. Safety does
@@ -91,44 +91,109 @@ void StderrLog(const char* message) { std::fprintf(stderr, "zookeeper: %s\n", me
 
 struct Batch;
 
-// One request's reply, filled by its completion callback.
+// One request's reply, filled by its completion callback (before
+// Core::finish; read once Core::await has seen the batch done).
 struct Slot {
   Batch* batch = nullptr;
   int rc = ZSYSTEMERROR;
-  bool done = false;  // guarded by Core::mu_
   Stat stat{};
   std::string value;               // created path, or node data
   std::vector<std::string> names;  // children
+
+ private:
+  friend class Core;
+  bool done_ = false;  // guarded by the batch's Core::mu_ (see Batch)
 };
 
 // Requests sent back to back and waited for together. While any reply is
 // outstanding, Core::inflight_ owns the batch, so a callback can always reach
 // it even if the caller has stopped waiting.
+//
+// `pending_` (and each Slot's `done_`) are guarded by the mutex of `core`,
+// which is private to Core; they are private too, so that only Core's
+// methods can touch them, with that mutex held. The analysis cannot check
+// these two: it cannot tell that a slot's `batch->core` is the Core whose
+// method runs.
 struct Batch {
   enum class Purpose { kRequest, kHeartbeat, kProbe };
   explicit Batch(Core* c, Purpose p = Purpose::kRequest) : core(c), purpose(p) {}
 
   Core* const core;
   const Purpose purpose;
-  std::vector<std::function<int(zhandle_t*, Slot*)>> ops;  // filled before Send
+  std::vector<std::function<int(zhandle_t*, Slot*)>> ops;  // filled before Core::send
   std::unique_ptr<Slot[]> slots;
   std::size_t size = 0;
-  int pending = 0;  // guarded by Core::mu_
   Clock::time_point sent;
   std::condition_variable_any cv;
 
   Slot& operator[](std::size_t i) { return slots[i]; }
+
+ private:
+  friend class Core;
+  int pending_ = 0;  // guarded by core's mutex (see above)
 };
 
 Slot* AsSlot(const void* data) { return static_cast<Slot*>(const_cast<void*>(data)); }
 
 // A wait_any_gone call in progress. Lives on the waiting thread's stack and
-// is registered with the core (under its mutex) for the duration.
+// is registered with the core (Core::add_waiter) for the duration. `fired_`
+// and `gone_` are guarded by that Core's mutex, and private, so that only
+// Core's methods touch them, with the mutex held (the analysis cannot name
+// another object's private mutex here).
 struct Waiter {
   std::condition_variable_any cv;
-  std::vector<std::string> paths;
-  std::set<std::string> fired;  // watches that fired without a delete; re-arm
-  bool gone = false;            // a watched entry was deleted
+  std::vector<std::string> paths;  // set before add_waiter, constant after
+
+ private:
+  friend class Core;
+  std::set<std::string> fired_;  // watches that fired without a delete; re-arm
+  bool gone_ = false;            // a watched entry was deleted
+};
+
+// The waiting thread's own progress through a wait_any_gone call (no lock).
+struct ArmState {
+  std::set<std::string> armed;  // paths with a watch set in this session
+  bool tried = false;           // a round of arming was sent
+  Clock::time_point retry_at{};
+};
+
+// A std::shared_mutex the thread-safety analysis can see: submissions share
+// the handle, closing it takes it alone.
+class DLOCK_CAPABILITY("shared_mutex") SharedMutex {
+ public:
+  void lock() DLOCK_ACQUIRE() { mu_.lock(); }
+  void unlock() DLOCK_RELEASE() { mu_.unlock(); }
+  void lock_shared() DLOCK_THREAD_ANNOTATION(acquire_shared_capability()) { mu_.lock_shared(); }
+  void unlock_shared() DLOCK_THREAD_ANNOTATION(release_shared_capability()) { mu_.unlock_shared(); }
+
+ private:
+  std::shared_mutex mu_;
+};
+
+// Holds a SharedMutex shared for its scope.
+class DLOCK_SCOPED_CAPABILITY ReaderLock {
+ public:
+  explicit ReaderLock(SharedMutex& mu) DLOCK_THREAD_ANNOTATION(acquire_shared_capability(mu)) : mu_(mu) {
+    mu_.lock_shared();
+  }
+  ~ReaderLock() DLOCK_RELEASE() { mu_.unlock_shared(); }
+  ReaderLock(const ReaderLock&) = delete;
+  ReaderLock& operator=(const ReaderLock&) = delete;
+
+ private:
+  SharedMutex& mu_;
+};
+
+// Holds a SharedMutex exclusively for its scope.
+class DLOCK_SCOPED_CAPABILITY WriterLock {
+ public:
+  explicit WriterLock(SharedMutex& mu) DLOCK_ACQUIRE(mu) : mu_(mu) { mu_.lock(); }
+  ~WriterLock() DLOCK_RELEASE() { mu_.unlock(); }
+  WriterLock(const WriterLock&) = delete;
+  WriterLock& operator=(const WriterLock&) = delete;
+
+ private:
+  SharedMutex& mu_;
 };
 
 // ---------------------------------------------------------------- Core
@@ -141,147 +206,183 @@ class Core : public std::enable_shared_from_this<Core> {
       : cfg_(std::move(config)), clock_(std::move(clock)) {}
   ~Core() {
     clock_sub_.reset();
-    CloseHandle();
+    close_handle();
   }
+  Core(const Core&) = delete;
+  Core& operator=(const Core&) = delete;
 
   const Config& cfg() const { return *cfg_; }
   Clock& clock() const { return *clock_; }
 
-  void Init();
-  void Run(std::stop_token stop);
-  void Close() noexcept;
+  // --- Life cycle (ZkSession::start, the session thread, close()).
+  void subscribe_clock() DLOCK_EXCLUDES(mu_);
+  void init() DLOCK_EXCLUDES(mu_);
+  void run(std::stop_token stop) DLOCK_EXCLUDES(mu_);
+  void close() noexcept DLOCK_EXCLUDES(mu_);
 
-  // --- Requests.
-  std::shared_ptr<Batch> NewBatch() { return std::make_shared<Batch>(this); }
-  void Send(const std::shared_ptr<Batch>& b);
-  // Waits for every reply of `b` until `until`; kUnavailable if one is missing.
-  Status Await(Batch& b, Clock::time_point until, const std::string& what);
-  // Requests may overrun a deadline by one round trip: a call made with a
-  // deadline already past still gets its answer.
-  Clock::time_point ReplyDeadline(Clock::time_point deadline) const {
-    std::lock_guard<std::mutex> g(mu_);
-    return std::max(deadline, DeadlineAfter(clock_->now(), std::max<Clock::duration>(timeout_ / 3, milliseconds(200))));
-  }
+  // --- The session's state, for ZkSession (each takes the lock).
+  // See ZkSession::await_open.
+  Status await_open(Clock::time_point deadline) DLOCK_EXCLUDES(mu_);
+  bool reusable() const DLOCK_EXCLUDES(mu_);
+  Clock::duration time_left() const DLOCK_EXCLUDES(mu_);
+  Clock::duration negotiated_timeout() const DLOCK_EXCLUDES(mu_);
+  SessionState state() DLOCK_EXCLUDES(mu_);
+  std::int64_t session_id() const DLOCK_EXCLUDES(mu_);
   // OK if requests can be sent now; kUnavailable while suspended;
   // kSessionLost once lost or closed.
-  Status Usable();
-  Status Error(int rc, std::string_view op, std::string_view path);
-  std::int64_t session_id() const {
-    std::lock_guard<std::mutex> g(mu_);
-    return sid_;
-  }
+  Status usable() DLOCK_EXCLUDES(mu_);
+  Status error(int rc, std::string_view op, std::string_view path) DLOCK_EXCLUDES(mu_);
+
+  // --- Subscribers. A subscriber hears only the notes queued after it
+  // subscribed; remove_subscriber may be called from any thread.
+  std::uint64_t add_subscriber(std::function<void(SessionState)> fn) DLOCK_EXCLUDES(mu_);
+  void remove_subscriber(std::uint64_t key) DLOCK_EXCLUDES(mu_);
+
+  // --- Requests.
+  std::shared_ptr<Batch> new_batch() { return std::make_shared<Batch>(this); }
+  void send(const std::shared_ptr<Batch>& b) DLOCK_EXCLUDES(mu_);
+  // Waits for every reply of `b` until `until`; kUnavailable if one is missing.
+  Status await(Batch& b, Clock::time_point until, const std::string& what) DLOCK_EXCLUDES(mu_);
+  // Requests may overrun a deadline by one round trip: a call made with a
+  // deadline already past still gets its answer.
+  Clock::time_point reply_deadline(Clock::time_point deadline) const DLOCK_EXCLUDES(mu_);
+
+  // --- Watches (wait_any_gone). add_waiter registers `w` for its paths
+  // unless the session has ended (then it says why); remove_waiter undoes it.
+  Status add_waiter(Waiter& w) DLOCK_EXCLUDES(mu_);
+  void remove_waiter(Waiter& w) DLOCK_EXCLUDES(mu_);
+  // Sleeps until `w` has paths to (re-)arm, which it puts in `to_arm` and
+  // returns nullopt; or returns the call's outcome: OK once a watched entry
+  // is gone, or why the wait ended (session ended, stop, deadline).
+  std::optional<Status> wait_to_arm(Waiter& w, ArmState& st, Clock::time_point deadline, std::stop_token stop,
+                                    const std::string& what, std::vector<std::string>& to_arm) DLOCK_EXCLUDES(mu_);
 
   // --- Callbacks from the C client (completion thread).
-  static void OnGlobalEvent(zhandle_t* zh, int type, int state, const char* path, void* ctx);
-  static void OnNodeEvent(zhandle_t* zh, int type, int state, const char* path, void* ctx);
-  static void OnAuth(int rc, const void* data);
+  static void on_global_event(zhandle_t* zh, int type, int state, const char* path, void* ctx);
+  static void on_node_event(zhandle_t* zh, int type, int state, const char* path, void* ctx);
+  static void on_auth(int rc, const void* data);
   // `rc` of one request; `from_server`: a completion of the C client, not a
   // local refusal at submission.
-  void Finish(Slot* slot, int rc, bool from_server = true);
-
-  // Shared by ZkSession's methods.
-  mutable std::mutex mu_;
-  Phase phase_ = Phase::kConnecting;                                 // guarded by mu_
-  SessionState state_ = SessionState::kConnected;                    // meaningful once kOpen; guarded by mu_
-  std::uint64_t state_gen_ = 0;                                      // bumps on every change; guarded by mu_
-  std::unordered_map<std::string, std::vector<Waiter*>> watch_map_;  // guarded by mu_
-  std::unordered_set<Waiter*> waiters_;                              // guarded by mu_
-  std::condition_variable_any connect_cv_;
-
-  // Requires mu_: the error for a session that can no longer be used, or OK.
-  // Folds in the lost deadline first (FoldClockLocked).
-  Status EndedLocked();
-
-  // Requires mu_: declares the session lost if the clock has passed its lost
-  // deadline, whether or not the session thread has noticed yet, so that
-  // every reader agrees on the moment (store.hpp, state()) and nothing that
-  // happens later (a late reply) can make the session unlost.
-  void FoldClockLocked();
-  // Requires mu_: when this process counts the session lost.
-  Clock::time_point LostAtLocked() const { return basis_ + timeout_ - LostMargin(timeout_); }
-  // Requires mu_: the negotiated session timeout.
-  Clock::duration TimeoutLocked() const { return timeout_; }
-
-  // --- Subscribers.
-  struct Sub {
-    std::shared_ptr<std::function<void(SessionState)>> fn;
-    std::uint64_t since;  // hears only notes newer than this
-  };
-  std::map<std::uint64_t, Sub> subs_;  // guarded by mu_
-  std::uint64_t next_sub_ = 0;         // guarded by mu_
-  std::uint64_t note_seq_ = 0;         // guarded by mu_
-
-  void SubscribeClock() {
-    std::weak_ptr<Core> weak = weak_from_this();
-    clock_sub_ = clock_->on_advance([weak] {
-      if (auto core = weak.lock()) {
-        std::lock_guard<std::mutex> g(core->mu_);
-        core->WakeAllLocked();
-      }
-    });
-  }
+  void finish(Slot* slot, int rc, bool from_server = true) DLOCK_EXCLUDES(mu_);
 
  private:
-  void OnSessionState(zhandle_t* zh, int zstate);
-  void OnPathEvent(int type, const char* path);
-  void OnBatchDoneLocked(Batch& b);
-  void OnHeartbeatLocked(const Batch& b);
-  void NoteLocked(SessionState s);
-  void WakeAllLocked();
-  void FailLocked(Status why);
-  void LoseLocked(std::string why);
-  void CloseHandle() noexcept;
-  void SendControl(Batch::Purpose purpose);
+  // What the session thread does next, besides notes and closing.
+  enum class Tick { kSleep, kAgain, kProbe, kHeartbeat };
+
+  // The session thread's steps.
+  using Listener = std::shared_ptr<std::function<void(SessionState)>>;
+  // Takes the oldest note off the queue, with the subscribers that hear it.
+  std::pair<SessionState, std::vector<Listener>> take_next_note() DLOCK_REQUIRES(mu_);
+  Tick next_tick(Clock::time_point& next) DLOCK_REQUIRES(mu_);
+  Tick next_tick_connecting(Clock::time_point now, Clock::time_point& next) DLOCK_REQUIRES(mu_);
+  Tick next_tick_open(Clock::time_point now, Clock::time_point& next) DLOCK_REQUIRES(mu_);
+  void send_control(Batch::Purpose purpose) DLOCK_EXCLUDES(mu_);
+
+  // Callbacks.
+  void on_session_state(zhandle_t* zh, int zstate) DLOCK_EXCLUDES(mu_);
+  void on_connected(zhandle_t* zh) DLOCK_REQUIRES(mu_);
+  void on_disconnected() DLOCK_REQUIRES(mu_);
+  void on_path_event(int type, const char* path) DLOCK_EXCLUDES(mu_);
+  void on_batch_done(Batch& b) DLOCK_REQUIRES(mu_);
+  void on_probe(const Batch& b) DLOCK_REQUIRES(mu_);
+  void on_heartbeat(const Batch& b) DLOCK_REQUIRES(mu_);
+
+  // State changes.
+  void note(SessionState s) DLOCK_REQUIRES(mu_);
+  void wake_all() DLOCK_REQUIRES(mu_);
+  void fail(Status why) DLOCK_REQUIRES(mu_);
+  void lose(std::string why) DLOCK_REQUIRES(mu_);
+  // Declares the session lost if the clock has passed its lost deadline,
+  // whether or not the session thread has noticed yet, so that every reader
+  // agrees on the moment (store.hpp, state()) and nothing that happens later
+  // (a late reply) can make the session unlost.
+  void fold_clock() DLOCK_REQUIRES(mu_);
+  // The error for a session that can no longer be used, or OK. Folds in the
+  // lost deadline first (fold_clock).
+  Status ended() DLOCK_REQUIRES(mu_);
+  // When this process counts the session lost.
+  Clock::time_point lost_at() const DLOCK_REQUIRES(mu_) { return basis_ + timeout_ - LostMargin(timeout_); }
+
+  void close_handle() noexcept DLOCK_EXCLUDES(mu_, zh_mu_);
 
   const std::shared_ptr<const Config> cfg_;
   const std::shared_ptr<Clock> clock_;
   std::shared_ptr<void> clock_sub_;
 
-  // The handle. Requests are submitted under a shared lock; CloseHandle takes
-  // it exclusively to swap in nullptr, so no submission can touch a closed
-  // handle. Never held while waiting for a reply.
-  mutable std::shared_mutex zh_mu_;
-  zhandle_t* zh_ = nullptr;  // guarded by zh_mu_
+  // The handle. Requests are submitted under a shared lock; close_handle
+  // takes it exclusively to swap in nullptr, so no submission can touch a
+  // closed handle. Never held while waiting for a reply. Never taken with
+  // mu_ held; send() takes mu_ under it (finish, on a local refusal).
+  mutable SharedMutex zh_mu_;
+  zhandle_t* zh_ DLOCK_GUARDED_BY(zh_mu_) = nullptr;
 
   std::atomic<std::thread::id> thread_id_{};  // the session thread, once running
 
-  // Guarded by mu_:
-  Status failure_;           // why phase_ is kFailed
-  std::string lost_reason_;  // why state_ is kLost
-  std::int64_t sid_ = 0;
-  Clock::duration timeout_ = milliseconds(10'000);  // negotiated session timeout
-  Clock::time_point connect_deadline_ = kNoDeadline;
+  mutable Mutex mu_;
+  Phase phase_ DLOCK_GUARDED_BY(mu_) = Phase::kConnecting;
+  SessionState state_ DLOCK_GUARDED_BY(mu_) = SessionState::kConnected;  // meaningful once kOpen
+  std::uint64_t state_gen_ DLOCK_GUARDED_BY(mu_) = 0;                    // bumps on every change
+  std::unordered_map<std::string, std::vector<Waiter*>> watch_map_ DLOCK_GUARDED_BY(mu_);
+  std::unordered_set<Waiter*> waiters_ DLOCK_GUARDED_BY(mu_);
+  std::condition_variable_any connect_cv_;  // await_open waits on it
+
+  struct Sub {
+    Listener fn;
+    std::uint64_t since;  // hears only notes newer than this
+  };
+  std::map<std::uint64_t, Sub> subs_ DLOCK_GUARDED_BY(mu_);
+  std::uint64_t next_sub_ DLOCK_GUARDED_BY(mu_) = 0;
+  std::uint64_t note_seq_ DLOCK_GUARDED_BY(mu_) = 0;
+
+  Status failure_ DLOCK_GUARDED_BY(mu_);           // why phase_ is kFailed
+  std::string lost_reason_ DLOCK_GUARDED_BY(mu_);  // why state_ is kLost
+  std::int64_t sid_ DLOCK_GUARDED_BY(mu_) = 0;
+  Clock::duration timeout_ DLOCK_GUARDED_BY(mu_) = milliseconds(10'000);  // negotiated session timeout
+  Clock::time_point connect_deadline_ DLOCK_GUARDED_BY(mu_) = kNoDeadline;
   // The lost deadline's basis: a moment no later than the leader's last
   // touch of the session that we know of (see the heartbeat notes).
-  Clock::time_point basis_{};
+  Clock::time_point basis_ DLOCK_GUARDED_BY(mu_){};
   // The send time of the newest request a server answered: sent before the
   // current connection, once a reconnect has been reported.
-  Clock::time_point last_answered_sent_{};
+  Clock::time_point last_answered_sent_ DLOCK_GUARDED_BY(mu_){};
   // Heartbeats (syncs) answered on the current connection, oldest first.
   struct Beat {
     Clock::time_point sent, answered;
   };
-  std::deque<Beat> beats_;
-  Clock::time_point hb_answered_{};  // when the last heartbeat ended
-  bool c_connected_ = false;         // the C client reports ZOO_CONNECTED_STATE
-  bool probe_needed_ = false, probe_in_flight_ = false;
-  bool hb_in_flight_ = false, hb_now_ = false;
-  Clock::time_point hb_not_before_{};
-  bool close_needed_ = false, close_claimed_ = false;
-  bool handle_closed_ = false;             // CloseHandle has finished
-  std::condition_variable_any closed_cv_;  // Close waits on it for the session thread
-  bool wake_ = false;
-  std::condition_variable_any cv_;                            // wakes the session thread
-  std::deque<std::pair<std::uint64_t, SessionState>> notes_;  // state changes to deliver
-  std::unordered_map<Batch*, std::shared_ptr<Batch>> inflight_;
+  std::deque<Beat> beats_ DLOCK_GUARDED_BY(mu_);
+  Clock::time_point hb_answered_ DLOCK_GUARDED_BY(mu_){};  // when the last heartbeat ended
+  bool c_connected_ DLOCK_GUARDED_BY(mu_) = false;         // the C client reports ZOO_CONNECTED_STATE
+  bool probe_needed_ DLOCK_GUARDED_BY(mu_) = false;
+  bool probe_in_flight_ DLOCK_GUARDED_BY(mu_) = false;
+  bool hb_in_flight_ DLOCK_GUARDED_BY(mu_) = false;
+  bool hb_now_ DLOCK_GUARDED_BY(mu_) = false;
+  Clock::time_point hb_not_before_ DLOCK_GUARDED_BY(mu_){};
+  bool close_needed_ DLOCK_GUARDED_BY(mu_) = false;
+  bool close_claimed_ DLOCK_GUARDED_BY(mu_) = false;
+  bool handle_closed_ DLOCK_GUARDED_BY(mu_) = false;  // close_handle has finished
+  std::condition_variable_any closed_cv_;             // close waits on it for the session thread
+  bool wake_ DLOCK_GUARDED_BY(mu_) = false;
+  std::condition_variable_any cv_;                                                  // wakes the session thread
+  std::deque<std::pair<std::uint64_t, SessionState>> notes_ DLOCK_GUARDED_BY(mu_);  // state changes to deliver
+  std::unordered_map<Batch*, std::shared_ptr<Batch>> inflight_ DLOCK_GUARDED_BY(mu_);
 };
 
-void Core::Init() {
+void Core::subscribe_clock() {
+  std::weak_ptr<Core> weak = weak_from_this();
+  clock_sub_ = clock_->on_advance([weak] {
+    if (auto core = weak.lock()) {
+      MutexLock g(core->mu_);
+      core->wake_all();
+    }
+  });
+}
+
+void Core::init() {
   Clock::time_point start = clock_->now();
   int timeout_ms = static_cast<int>(cfg_->session_timeout.count());
   log_callback_fn log = std::getenv("DLOCK_ZK_LOG") ? StderrLog : DropLog;
   {
-    std::lock_guard<std::mutex> g(mu_);
+    MutexLock g(mu_);
     connect_deadline_ = DeadlineAfter(start, cfg_->connect_timeout);
     timeout_ = cfg_->session_timeout;
     // The leader touches a new session when it creates it, which is after
@@ -289,47 +390,49 @@ void Core::Init() {
     basis_ = start;
   }
   errno = 0;
-  zhandle_t* zh =
-      zookeeper_init2(cfg_->hosts.c_str(), &Core::OnGlobalEvent, timeout_ms, nullptr, this, ZOO_NO_LOG_CLIENTENV, log);
+  zhandle_t* zh = zookeeper_init2(cfg_->hosts.c_str(), &Core::on_global_event, timeout_ms, nullptr, this,
+                                  ZOO_NO_LOG_CLIENTENV, log);
   if (zh == nullptr) {
     int err = errno;
-    std::lock_guard<std::mutex> g(mu_);
+    MutexLock g(mu_);
     std::string why = err ? std::strerror(err) : "unknown error";
     if (err == EINVAL) {
-      FailLocked(InvalidArgumentError("ZooKeeper client rejected the hosts of " + cfg_->redacted_url +
-                                      " (unresolvable or malformed: " + why + ")"));
+      fail(InvalidArgumentError("ZooKeeper client rejected the hosts of " + cfg_->redacted_url +
+                                " (unresolvable or malformed: " + why + ")"));
     } else {
-      FailLocked(UnavailableError("cannot start a ZooKeeper client for " + cfg_->redacted_url + ": " + why));
+      fail(UnavailableError("cannot start a ZooKeeper client for " + cfg_->redacted_url + ": " + why));
     }
     return;
   }
   {
-    std::unique_lock<std::shared_mutex> w(zh_mu_);
+    WriterLock w(zh_mu_);
     zh_ = zh;
   }
   if (!cfg_->digest.empty()) {
     // Queued now, sent as part of every (re)connection handshake.
     int rc =
-        zoo_add_auth(zh, "digest", cfg_->digest.data(), static_cast<int>(cfg_->digest.size()), &Core::OnAuth, this);
+        zoo_add_auth(zh, "digest", cfg_->digest.data(), static_cast<int>(cfg_->digest.size()), &Core::on_auth, this);
     if (rc != ZOK) {
-      std::lock_guard<std::mutex> g(mu_);
-      FailLocked(UnauthenticatedError("cannot send credentials for " + cfg_->redacted_url + ": " + zerror(rc)));
+      MutexLock g(mu_);
+      fail(UnauthenticatedError("cannot send credentials for " + cfg_->redacted_url + ": " + zerror(rc)));
     }
   }
 }
 
 // --- The session thread.
-void Core::Run(std::stop_token stop) {
+//
+// One step at a time, in this order: deliver the oldest state change; close
+// a lost or closed handle; then the timers of the current phase (connect
+// deadline and probe; lost-timer and heartbeats); else sleep until the next
+// timer or a wake-up. Anything sent or delivered happens without mu_.
+void Core::run(std::stop_token stop) {
   thread_id_ = std::this_thread::get_id();
-  std::unique_lock<std::mutex> lk(mu_);
+  MutexLock lk(mu_);
   while (true) {
-    if (!notes_.empty()) {  // 1. state changes, oldest first, without our lock
-      auto [seq, s] = notes_.front();
-      notes_.pop_front();
-      std::vector<std::shared_ptr<std::function<void(SessionState)>>> fns;
-      for (auto& [key, sub] : subs_) {
-        if (sub.since < seq) fns.push_back(sub.fn);
-      }
+    if (!notes_.empty()) {
+      // 1. State changes, oldest first, without our lock: a listener may
+      // call back into the session (close() from a listener returns at once).
+      auto [s, fns] = take_next_note();
       lk.unlock();
       for (auto& fn : fns) {
         try {
@@ -341,63 +444,91 @@ void Core::Run(std::stop_token stop) {
       lk.lock();
       continue;
     }
-    if (close_needed_ && !close_claimed_) {  // 2. a lost or closed handle goes at once
+    if (close_needed_ && !close_claimed_) {
+      // 2. A lost or closed handle goes at once, after the notes before it.
       lk.unlock();
-      CloseHandle();
+      close_handle();
       lk.lock();
       continue;
     }
     if (stop.stop_requested()) break;
-    Clock::time_point now = clock_->now();
     Clock::time_point next = kNoDeadline;
-    if (phase_ == Phase::kConnecting) {
-      if (now >= connect_deadline_) {
-        FailLocked(UnavailableError("no ZooKeeper server of " + cfg_->redacted_url + " answered within " +
-                                    Millis(cfg_->connect_timeout) + " (down, unreachable, or not ZooKeeper)"));
-        continue;
-      }
-      if (probe_needed_ && c_connected_ && !probe_in_flight_) {
-        probe_needed_ = false;
-        probe_in_flight_ = true;
-        lk.unlock();
-        SendControl(Batch::Purpose::kProbe);
-        lk.lock();
-        continue;
-      }
-      next = connect_deadline_;
-    } else if (phase_ == Phase::kOpen) {
-      // 3. The lost-timer. The leader expires the session no earlier than
-      // `timeout_` after its last touch of it, which was no earlier than
-      // basis_. We declare the loss a margin before that point, so that a
-      // holder has time to stop before the leader can hand its locks on.
-      Clock::time_point lost_at = LostAtLocked();
-      if (now >= lost_at) {
-        FoldClockLocked();
-        continue;
-      }
-      next = lost_at;
-      // 4. Heartbeats (syncs, one at a time) move basis_ forward.
-      if (state_ == SessionState::kConnected && !hb_in_flight_) {
-        Clock::time_point hb_at = hb_now_ ? now : hb_answered_ + HeartbeatPause(timeout_);
-        hb_at = std::max(hb_at, hb_not_before_);
-        if (now >= hb_at) {
-          hb_now_ = false;
-          hb_in_flight_ = true;
-          lk.unlock();
-          SendControl(Batch::Purpose::kHeartbeat);
-          lk.lock();
-          continue;
-        }
-        next = std::min(next, hb_at);
-      }
+    const Tick tick = next_tick(next);
+    if (tick == Tick::kAgain) continue;  // the state changed (failed or lost): notes first
+    if (tick == Tick::kProbe || tick == Tick::kHeartbeat) {
+      lk.unlock();
+      send_control(tick == Tick::kProbe ? Batch::Purpose::kProbe : Batch::Purpose::kHeartbeat);
+      lk.lock();
+      continue;
     }
     wake_ = false;
-    clock_->wait_until(cv_, lk, stop, next,
-                       [&] { return wake_ || !notes_.empty() || (close_needed_ && !close_claimed_); });
+    clock_->wait_until(cv_, lk.native(), stop, next, [&] {
+      mu_.assert_held();  // the predicate runs inside wait_until, with the lock taken back
+      return wake_ || !notes_.empty() || (close_needed_ && !close_claimed_);
+    });
   }
 }
 
-void Core::SendControl(Batch::Purpose purpose) {
+std::pair<SessionState, std::vector<Core::Listener>> Core::take_next_note() {
+  auto [seq, s] = notes_.front();
+  notes_.pop_front();
+  std::vector<Listener> fns;
+  for (auto& [key, sub] : subs_) {
+    if (sub.since < seq) fns.push_back(sub.fn);
+  }
+  return {s, std::move(fns)};
+}
+
+Core::Tick Core::next_tick(Clock::time_point& next) {
+  const Clock::time_point now = clock_->now();
+  if (phase_ == Phase::kConnecting) return next_tick_connecting(now, next);
+  if (phase_ == Phase::kOpen) return next_tick_open(now, next);
+  return Tick::kSleep;  // failed or ended: only notes and the close are left
+}
+
+Core::Tick Core::next_tick_connecting(Clock::time_point now, Clock::time_point& next) {
+  if (now >= connect_deadline_) {
+    fail(UnavailableError("no ZooKeeper server of " + cfg_->redacted_url + " answered within " +
+                          Millis(cfg_->connect_timeout) + " (down, unreachable, or not ZooKeeper)"));
+    return Tick::kAgain;
+  }
+  // The handshake alone proves little (credentials, chroot): a first
+  // request, once per connection, decides whether the session opens.
+  if (probe_needed_ && c_connected_ && !probe_in_flight_) {
+    probe_needed_ = false;
+    probe_in_flight_ = true;
+    return Tick::kProbe;
+  }
+  next = connect_deadline_;
+  return Tick::kSleep;
+}
+
+Core::Tick Core::next_tick_open(Clock::time_point now, Clock::time_point& next) {
+  // 3. The lost-timer. The leader expires the session no earlier than
+  // `timeout_` after its last touch of it, which was no earlier than
+  // basis_. We declare the loss a margin before that point, so that a
+  // holder has time to stop before the leader can hand its locks on.
+  const Clock::time_point lost = lost_at();
+  if (now >= lost) {
+    fold_clock();
+    return Tick::kAgain;
+  }
+  next = lost;
+  // 4. Heartbeats (syncs, one at a time) move basis_ forward; none while
+  // suspended (a chain holds on one connection only).
+  if (state_ != SessionState::kConnected || hb_in_flight_) return Tick::kSleep;
+  Clock::time_point hb_at = hb_now_ ? now : hb_answered_ + HeartbeatPause(timeout_);
+  hb_at = std::max(hb_at, hb_not_before_);
+  if (now >= hb_at) {
+    hb_now_ = false;
+    hb_in_flight_ = true;
+    return Tick::kHeartbeat;
+  }
+  next = std::min(next, hb_at);
+  return Tick::kSleep;
+}
+
+void Core::send_control(Batch::Purpose purpose) {
   auto b = std::make_shared<Batch>(this, purpose);
   if (purpose == Batch::Purpose::kProbe && !cfg_->chroot.empty()) {
     // Reading the chroot checks the credentials against its ACL.
@@ -406,7 +537,7 @@ void Core::SendControl(Batch::Purpose purpose) {
       return zoo_aget(
           zh, path.c_str(), 0,
           [](int rc, const char*, int, const Stat*, const void* data) {
-            AsSlot(data)->batch->core->Finish(AsSlot(data), rc);
+            AsSlot(data)->batch->core->finish(AsSlot(data), rc);
           },
           s);
     });
@@ -414,92 +545,99 @@ void Core::SendControl(Batch::Purpose purpose) {
     b->ops.push_back([](zhandle_t* zh, Slot* s) {
       return zoo_aexists(
           zh, "/", 0,
-          [](int rc, const Stat*, const void* data) { AsSlot(data)->batch->core->Finish(AsSlot(data), rc); }, s);
+          [](int rc, const Stat*, const void* data) { AsSlot(data)->batch->core->finish(AsSlot(data), rc); }, s);
     });
   } else {
     b->ops.push_back([](zhandle_t* zh, Slot* s) {
       return zoo_async(
-          zh, "/", [](int rc, const char*, const void* data) { AsSlot(data)->batch->core->Finish(AsSlot(data), rc); },
+          zh, "/", [](int rc, const char*, const void* data) { AsSlot(data)->batch->core->finish(AsSlot(data), rc); },
           s);
     });
   }
-  Send(b);
+  send(b);
 }
 
-void Core::Send(const std::shared_ptr<Batch>& b) {
+void Core::send(const std::shared_ptr<Batch>& b) {
   b->size = b->ops.size();
   b->slots = std::make_unique<Slot[]>(b->size);
   for (std::size_t i = 0; i < b->size; ++i) b->slots[i].batch = b.get();
   {
-    std::lock_guard<std::mutex> g(mu_);
-    b->pending = static_cast<int>(b->size);
+    MutexLock g(mu_);
+    b->pending_ = static_cast<int>(b->size);
     inflight_.emplace(b.get(), b);
   }
-  std::shared_lock<std::shared_mutex> zl(zh_mu_);
+  ReaderLock zl(zh_mu_);
   b->sent = clock_->now();
   for (std::size_t i = 0; i < b->size; ++i) {
     // Back to back, without waiting: the server answers them in this order.
     int rc = zh_ ? b->ops[i](zh_, &b->slots[i]) : ZCLOSING;
-    if (rc != ZOK) Finish(&b->slots[i], rc, /*from_server=*/false);  // refused locally: no callback will come
+    if (rc != ZOK) finish(&b->slots[i], rc, /*from_server=*/false);  // refused locally: no callback will come
   }
 }
 
-Status Core::Await(Batch& b, Clock::time_point until, const std::string& what) {
-  std::unique_lock<std::mutex> lk(mu_);
-  clock_->wait_until(b.cv, lk, {}, until, [&] { return b.pending == 0; });
-  if (b.pending == 0) return OkStatus();
+Status Core::await(Batch& b, Clock::time_point until, const std::string& what) {
+  MutexLock lk(mu_);
+  clock_->wait_until(b.cv, lk.native(), {}, until, [&] {
+    mu_.assert_held();  // the predicate runs inside wait_until, with the lock taken back
+    return b.pending_ == 0;
+  });
+  if (b.pending_ == 0) return OkStatus();
   return UnavailableError("no answer from ZooKeeper to " + what + " before the deadline; the outcome is unknown");
 }
 
-void Core::Finish(Slot* slot, int rc, bool from_server) {
+void Core::finish(Slot* slot, int rc, bool from_server) {
   std::shared_ptr<Batch> finished;  // released after the lock: may be the last owner
-  std::lock_guard<std::mutex> g(mu_);
+  MutexLock g(mu_);
   Batch* b = slot->batch;
   slot->rc = rc;
-  slot->done = true;
-  FoldClockLocked();  // a reply after the deadline does not move it
+  slot->done_ = true;
+  fold_clock();  // a reply after the deadline does not move it
   if (from_server && ServerAnswered(rc)) last_answered_sent_ = std::max(last_answered_sent_, b->sent);
-  if (--b->pending == 0) {
+  if (--b->pending_ == 0) {
     auto it = inflight_.find(b);
     if (it != inflight_.end()) {
       finished = std::move(it->second);
       inflight_.erase(it);
     }
-    OnBatchDoneLocked(*b);
+    on_batch_done(*b);
   }
   b->cv.notify_all();
 }
 
-void Core::OnBatchDoneLocked(Batch& b) {
+void Core::on_batch_done(Batch& b) {
   if (b.purpose == Batch::Purpose::kHeartbeat) {
-    OnHeartbeatLocked(b);
+    on_heartbeat(b);
     wake_ = true;
     cv_.notify_all();
   } else if (b.purpose == Batch::Purpose::kProbe) {
-    probe_in_flight_ = false;
-    int rc = b[0].rc;
-    if (phase_ != Phase::kConnecting) return;
-    if (rc == ZOK || rc == ZNONODE) {
-      // Open. The lost-timer counts from basis_ (Init); heartbeats start now.
-      phase_ = Phase::kOpen;
-      state_ = SessionState::kConnected;
-      ++state_gen_;
-      hb_now_ = true;
-      connect_cv_.notify_all();
-    } else if (rc == ZNOAUTH) {
-      FailLocked(UnauthenticatedError(
-          (cfg_->user.empty() ? std::string("without credentials, ") : "as user '" + cfg_->user + "', ") +
-          "this client may not read the chroot " + cfg_->chroot + " of " + cfg_->redacted_url + " (ZooKeeper ACL)"));
-    } else if (ConnectionTrouble(rc)) {
-      probe_needed_ = true;  // sent again on the next connection
-    } else {
-      // Not Error(): it may take mu_, which we hold.
-      FailLocked(
-          UnavailableError("the first request of a new session to " + cfg_->redacted_url + " failed: " + zerror(rc)));
-    }
-    wake_ = true;
-    cv_.notify_all();
+    on_probe(b);
   }
+}
+
+// The answer to a new session's first request decides whether it opens.
+void Core::on_probe(const Batch& b) {
+  probe_in_flight_ = false;
+  int rc = b.slots[0].rc;
+  if (phase_ != Phase::kConnecting) return;
+  if (rc == ZOK || rc == ZNONODE) {
+    // Open. The lost-timer counts from basis_ (init); heartbeats start now.
+    phase_ = Phase::kOpen;
+    state_ = SessionState::kConnected;
+    ++state_gen_;
+    hb_now_ = true;
+    connect_cv_.notify_all();
+  } else if (rc == ZNOAUTH) {
+    fail(UnauthenticatedError(
+        (cfg_->user.empty() ? std::string("without credentials, ") : "as user '" + cfg_->user + "', ") +
+        "this client may not read the chroot " + cfg_->chroot + " of " + cfg_->redacted_url + " (ZooKeeper ACL)"));
+  } else if (ConnectionTrouble(rc)) {
+    probe_needed_ = true;  // sent again on the next connection
+  } else {
+    // Not error(): it may take mu_, which we hold.
+    fail(UnavailableError("the first request of a new session to " + cfg_->redacted_url + " failed: " + zerror(rc)));
+  }
+  wake_ = true;
+  cv_.notify_all();
 }
 
 // --- Heartbeats.
@@ -529,11 +667,11 @@ void Core::OnBatchDoneLocked(Batch& b) {
 // answered, the leader has touched the session at S(m) or later, and cannot
 // expire it before S(m) + timeout: basis_ = S(m) for the newest such m.
 //
-// The other ways basis_ moves: a new session starts at the moment Init began
+// The other ways basis_ moves: a new session starts at the moment init began
 // (the leader touched it on creation, later); and a reconnect moves it to the
 // send time of the newest request answered before (the new server asks the
 // leader to revalidate, which touches, the session before it accepts us).
-void Core::OnHeartbeatLocked(const Batch& b) {
+void Core::on_heartbeat(const Batch& b) {
   hb_in_flight_ = false;
   const Clock::time_point now = clock_->now();
   hb_answered_ = now;
@@ -559,109 +697,117 @@ void Core::OnHeartbeatLocked(const Batch& b) {
 }
 
 // --- Session and watch events.
-void Core::OnGlobalEvent(zhandle_t* zh, int type, int state, const char*, void* ctx) {
-  if (type == ZOO_SESSION_EVENT) static_cast<Core*>(ctx)->OnSessionState(zh, state);
+void Core::on_global_event(zhandle_t* zh, int type, int state, const char*, void* ctx) {
+  if (type == ZOO_SESSION_EVENT) static_cast<Core*>(ctx)->on_session_state(zh, state);
 }
 
-void Core::OnNodeEvent(zhandle_t*, int type, int, const char* path, void* ctx) {
+void Core::on_node_event(zhandle_t*, int type, int, const char* path, void* ctx) {
   // The C client also calls every node watcher on session events; the
   // global watcher handles those.
-  if (type != ZOO_SESSION_EVENT && path != nullptr) static_cast<Core*>(ctx)->OnPathEvent(type, path);
+  if (type != ZOO_SESSION_EVENT && path != nullptr) static_cast<Core*>(ctx)->on_path_event(type, path);
 }
 
-void Core::OnAuth(int rc, const void* data) {
+void Core::on_auth(int rc, const void* data) {
   auto* core = static_cast<Core*>(const_cast<void*>(data));
   if (rc != ZAUTHFAILED) return;  // success, or lost with the connection (resent on reconnect)
-  std::lock_guard<std::mutex> g(core->mu_);
+  MutexLock g(core->mu_);
   if (core->phase_ == Phase::kConnecting) {
-    core->FailLocked(UnauthenticatedError("ZooKeeper rejected the credentials of user '" + core->cfg_->user + "' for " +
-                                          core->cfg_->redacted_url));
+    core->fail(UnauthenticatedError("ZooKeeper rejected the credentials of user '" + core->cfg_->user + "' for " +
+                                    core->cfg_->redacted_url));
   } else {
-    core->LoseLocked("ZooKeeper rejected the session's credentials");
+    core->lose("ZooKeeper rejected the session's credentials");
   }
 }
 
-void Core::OnSessionState(zhandle_t* zh, int zstate) {
-  std::lock_guard<std::mutex> g(mu_);
+void Core::on_session_state(zhandle_t* zh, int zstate) {
+  MutexLock g(mu_);
   if (zstate == ZOO_CONNECTED_STATE) {
-    const clientid_t* id = zoo_client_id(zh);
-    int t = zoo_recv_timeout(zh);
-    if (phase_ == Phase::kConnecting) {
-      if (id) sid_ = id->client_id;
-      if (t > 0) timeout_ = milliseconds(t);
-      c_connected_ = true;
-      probe_needed_ = true;
-      wake_ = true;
-      cv_.notify_all();
-    } else if (phase_ == Phase::kOpen) {
-      if (id && id->client_id != sid_) {  // cannot happen with one handle; be safe
-        LoseLocked("ZooKeeper gave this handle a different session");
-        return;
-      }
-      if (t > 0) timeout_ = milliseconds(t);  // may change when the server changes
-      if (state_ == SessionState::kSuspended) {
-        FoldClockLocked();  // a reconnect after the deadline does not move it
-        if (phase_ != Phase::kOpen) return;
-        // The server accepted the new connection only after the leader had
-        // revalidated (touched) the session, which was after the C client
-        // sent its connect request, which was after it gave up the old
-        // connection: after every request answered on it was sent.
-        basis_ = std::max(basis_, last_answered_sent_);
-        beats_.clear();
-        state_ = SessionState::kConnected;
-        NoteLocked(SessionState::kConnected);
-        hb_now_ = true;
-      }
-    }
+    on_connected(zh);
   } else if (zstate == ZOO_EXPIRED_SESSION_STATE) {
     if (phase_ == Phase::kConnecting) {
-      FailLocked(
-          UnavailableError("ZooKeeper expired the new session of " + cfg_->redacted_url + " before it was usable"));
+      fail(UnavailableError("ZooKeeper expired the new session of " + cfg_->redacted_url + " before it was usable"));
     } else {
-      LoseLocked("ZooKeeper expired session " + Hex(sid_));
+      lose("ZooKeeper expired session " + Hex(sid_));
     }
   } else if (zstate == ZOO_AUTH_FAILED_STATE) {
     if (phase_ == Phase::kConnecting) {
-      FailLocked(UnauthenticatedError("ZooKeeper rejected the credentials of user '" + cfg_->user + "' for " +
-                                      cfg_->redacted_url));
+      fail(UnauthenticatedError("ZooKeeper rejected the credentials of user '" + cfg_->user + "' for " +
+                                cfg_->redacted_url));
     } else {
-      LoseLocked("ZooKeeper rejected the session's credentials");
+      lose("ZooKeeper rejected the session's credentials");
     }
   } else {
     // ZOO_CONNECTING_STATE, ZOO_ASSOCIATING_STATE, ZOO_NOTCONNECTED_STATE,
     // ZOO_READONLY_STATE (never asked for): no usable connection right now.
-    if (phase_ == Phase::kConnecting) {
-      c_connected_ = false;
-    } else if (phase_ == Phase::kOpen && state_ == SessionState::kConnected) {
-      beats_.clear();  // a heartbeat chain holds on one connection only
-      state_ = SessionState::kSuspended;
-      NoteLocked(SessionState::kSuspended);
-    }
+    on_disconnected();
   }
 }
 
-void Core::OnPathEvent(int type, const char* path) {
-  std::lock_guard<std::mutex> g(mu_);
+void Core::on_connected(zhandle_t* zh) {
+  const clientid_t* id = zoo_client_id(zh);
+  int t = zoo_recv_timeout(zh);
+  if (phase_ == Phase::kConnecting) {
+    // The handshake of a new session: the session thread sends the probe.
+    if (id) sid_ = id->client_id;
+    if (t > 0) timeout_ = milliseconds(t);
+    c_connected_ = true;
+    probe_needed_ = true;
+    wake_ = true;
+    cv_.notify_all();
+    return;
+  }
+  if (phase_ != Phase::kOpen) return;
+  if (id && id->client_id != sid_) {  // cannot happen with one handle; be safe
+    lose("ZooKeeper gave this handle a different session");
+    return;
+  }
+  if (t > 0) timeout_ = milliseconds(t);  // may change when the server changes
+  if (state_ != SessionState::kSuspended) return;
+  fold_clock();  // a reconnect after the deadline does not move it
+  if (phase_ != Phase::kOpen) return;
+  // The server accepted the new connection only after the leader had
+  // revalidated (touched) the session, which was after the C client
+  // sent its connect request, which was after it gave up the old
+  // connection: after every request answered on it was sent.
+  basis_ = std::max(basis_, last_answered_sent_);
+  beats_.clear();
+  state_ = SessionState::kConnected;
+  note(SessionState::kConnected);
+  hb_now_ = true;
+}
+
+void Core::on_disconnected() {
+  if (phase_ == Phase::kConnecting) {
+    c_connected_ = false;
+  } else if (phase_ == Phase::kOpen && state_ == SessionState::kConnected) {
+    beats_.clear();  // a heartbeat chain holds on one connection only
+    state_ = SessionState::kSuspended;
+    note(SessionState::kSuspended);
+  }
+}
+
+void Core::on_path_event(int type, const char* path) {
+  MutexLock g(mu_);
   auto it = watch_map_.find(path);
   if (it == watch_map_.end()) return;  // nobody waits any more: the watch was left to fire
   for (Waiter* w : it->second) {
     if (type == ZOO_DELETED_EVENT) {
-      w->gone = true;
+      w->gone_ = true;
     } else {
-      w->fired.insert(it->first);  // changed/created/not-watching: look again
+      w->fired_.insert(it->first);  // changed/created/not-watching: look again
     }
     w->cv.notify_all();
   }
 }
 
 // --- State changes. All require mu_.
-void Core::NoteLocked(SessionState s) {
+void Core::note(SessionState s) {
   ++state_gen_;
   notes_.emplace_back(++note_seq_, s);
-  WakeAllLocked();
+  wake_all();
 }
 
-void Core::WakeAllLocked() {
+void Core::wake_all() {
   wake_ = true;
   cv_.notify_all();
   connect_cv_.notify_all();
@@ -669,34 +815,34 @@ void Core::WakeAllLocked() {
   for (auto& [p, b] : inflight_) b->cv.notify_all();
 }
 
-void Core::FailLocked(Status why) {
+void Core::fail(Status why) {
   if (phase_ != Phase::kConnecting) return;
   phase_ = Phase::kFailed;
   failure_ = std::move(why);
   close_needed_ = true;
   ++state_gen_;
-  WakeAllLocked();
+  wake_all();
 }
 
-void Core::LoseLocked(std::string why) {
+void Core::lose(std::string why) {
   if (phase_ != Phase::kOpen) return;
   phase_ = Phase::kEnded;
   state_ = SessionState::kLost;
   lost_reason_ = std::move(why);
   close_needed_ = true;
-  NoteLocked(SessionState::kLost);
+  note(SessionState::kLost);
 }
 
-void Core::FoldClockLocked() {
+void Core::fold_clock() {
   if (phase_ != Phase::kOpen) return;
   Clock::time_point now = clock_->now();
-  if (now < LostAtLocked()) return;
-  LoseLocked("the ZooKeeper leader may not have heard of this session for " + Millis(now - basis_) + " of its " +
-             Millis(timeout_) + " timeout (no heartbeat through the leader); it may expire the session");
+  if (now < lost_at()) return;
+  lose("the ZooKeeper leader may not have heard of this session for " + Millis(now - basis_) + " of its " +
+       Millis(timeout_) + " timeout (no heartbeat through the leader); it may expire the session");
 }
 
-Status Core::EndedLocked() {
-  FoldClockLocked();
+Status Core::ended() {
+  fold_clock();
   switch (phase_) {
     case Phase::kFailed: return failure_;
     case Phase::kEnded:
@@ -708,9 +854,9 @@ Status Core::EndedLocked() {
   }
 }
 
-Status Core::Usable() {
-  std::lock_guard<std::mutex> g(mu_);
-  if (Status s = EndedLocked(); !s.ok()) return s;
+Status Core::usable() {
+  MutexLock g(mu_);
+  if (Status s = ended(); !s.ok()) return s;
   if (phase_ == Phase::kConnecting) return UnavailableError("not connected to " + cfg_->redacted_url + " yet");
   if (state_ == SessionState::kSuspended) {
     return UnavailableError("the connection of ZooKeeper session " + Hex(sid_) + " to " + cfg_->redacted_url +
@@ -719,7 +865,7 @@ Status Core::Usable() {
   return OkStatus();
 }
 
-Status Core::Error(int rc, std::string_view op, std::string_view path) {
+Status Core::error(int rc, std::string_view op, std::string_view path) {
   std::string what = std::string(op) + " " + std::string(path);
   std::string z = zerror(rc);
   if (ConnectionTrouble(rc)) {
@@ -729,9 +875,9 @@ Status Core::Error(int rc, std::string_view op, std::string_view path) {
     case ZSESSIONEXPIRED:
     case ZCLOSING:
     case ZINVALIDSTATE: {
-      std::lock_guard<std::mutex> g(mu_);
-      Status ended = EndedLocked();
-      if (!ended.ok() && ended.code() == ErrorCode::kSessionLost) return ended;
+      MutexLock g(mu_);
+      Status why = ended();
+      if (!why.ok() && why.code() == ErrorCode::kSessionLost) return why;
       return SessionLostError("ZooKeeper session " + Hex(sid_) + " ended during " + what + " (" + z + ")");
     }
     case ZNOAUTH:
@@ -757,14 +903,14 @@ Status Core::Error(int rc, std::string_view op, std::string_view path) {
 // every note before it: closing the handle deletes the session's entries at
 // once, and every subscriber must have heard kClosed (and returned) before
 // another session can see them gone (store.hpp, close()).
-void Core::Close() noexcept {
-  std::unique_lock<std::mutex> lk(mu_);
+void Core::close() noexcept {
+  MutexLock lk(mu_);
   if (phase_ == Phase::kConnecting) {
-    FailLocked(SessionLostError("the ZooKeeper session was closed before it connected"));
+    fail(SessionLostError("the ZooKeeper session was closed before it connected"));
   } else if (phase_ == Phase::kOpen) {
     phase_ = Phase::kEnded;
     state_ = SessionState::kClosed;
-    NoteLocked(SessionState::kClosed);
+    note(SessionState::kClosed);
   }
   close_needed_ = true;
   wake_ = true;
@@ -772,18 +918,21 @@ void Core::Close() noexcept {
   // Called by a subscriber: the session thread closes the handle once that
   // subscriber (and the others) have returned. Anyone else waits for it.
   if (thread_id_.load() == std::this_thread::get_id()) return;
-  closed_cv_.wait(lk, [&] { return handle_closed_; });
+  closed_cv_.wait(lk.native(), [&] {
+    mu_.assert_held();  // the predicate runs inside wait, with the lock taken back
+    return handle_closed_;
+  });
 }
 
-void Core::CloseHandle() noexcept {
+void Core::close_handle() noexcept {
   {
-    std::lock_guard<std::mutex> g(mu_);
+    MutexLock g(mu_);
     if (close_claimed_) return;
     close_claimed_ = true;
   }
   zhandle_t* zh = nullptr;
   {
-    std::unique_lock<std::shared_mutex> w(zh_mu_);  // waits out submissions in progress
+    WriterLock w(zh_mu_);  // waits out submissions in progress
     std::swap(zh, zh_);
   }
   // Sends the close request if connected (the server then deletes our
@@ -791,15 +940,15 @@ void Core::CloseHandle() noexcept {
   // runs after this returns.
   if (zh != nullptr) zookeeper_close(zh);
   std::vector<std::shared_ptr<Batch>> reaped;  // destroyed after the lock
-  std::lock_guard<std::mutex> g(mu_);
+  MutexLock g(mu_);
   for (auto& [p, b] : inflight_) {  // replies the C client never delivered
     for (std::size_t i = 0; i < b->size; ++i) {
-      if (!b->slots[i].done) {
-        b->slots[i].done = true;
+      if (!b->slots[i].done_) {
+        b->slots[i].done_ = true;
         b->slots[i].rc = ZCLOSING;
       }
     }
-    b->pending = 0;
+    b->pending_ = 0;
     b->cv.notify_all();
     reaped.push_back(std::move(b));
   }
@@ -807,6 +956,129 @@ void Core::CloseHandle() noexcept {
   hb_in_flight_ = probe_in_flight_ = false;
   handle_closed_ = true;
   closed_cv_.notify_all();
+}
+
+// --- The session's state, for ZkSession.
+Status Core::await_open(Clock::time_point deadline) {
+  MutexLock lk(mu_);
+  clock_->wait_until(connect_cv_, lk.native(), {}, deadline, [&] {
+    mu_.assert_held();  // the predicate runs inside wait_until, with the lock taken back
+    return phase_ != Phase::kConnecting;
+  });
+  switch (phase_) {
+    case Phase::kOpen: return OkStatus();
+    case Phase::kConnecting:
+      return UnavailableError("not connected to " + cfg_->redacted_url +
+                              " before the deadline (servers down or unreachable?)");
+    default: {
+      Status s = ended();
+      if (s.code() == ErrorCode::kSessionLost) return UnavailableError(s.message());
+      return s;
+    }
+  }
+}
+
+bool Core::reusable() const {
+  MutexLock g(mu_);
+  return phase_ == Phase::kConnecting || phase_ == Phase::kOpen;
+}
+
+Clock::duration Core::time_left() const {
+  MutexLock g(mu_);
+  return lost_at() - clock_->now();
+}
+
+Clock::duration Core::negotiated_timeout() const {
+  MutexLock g(mu_);
+  return timeout_;
+}
+
+SessionState Core::state() {
+  MutexLock g(mu_);
+  fold_clock();
+  switch (phase_) {
+    case Phase::kConnecting: return SessionState::kSuspended;
+    case Phase::kFailed: return SessionState::kClosed;
+    default: return state_;
+  }
+}
+
+std::int64_t Core::session_id() const {
+  MutexLock g(mu_);
+  return sid_;
+}
+
+Clock::time_point Core::reply_deadline(Clock::time_point deadline) const {
+  MutexLock g(mu_);
+  return std::max(deadline, DeadlineAfter(clock_->now(), std::max<Clock::duration>(timeout_ / 3, milliseconds(200))));
+}
+
+std::uint64_t Core::add_subscriber(std::function<void(SessionState)> fn) {
+  MutexLock g(mu_);
+  const std::uint64_t key = next_sub_++;
+  subs_[key] = {std::make_shared<std::function<void(SessionState)>>(std::move(fn)), note_seq_};
+  return key;
+}
+
+void Core::remove_subscriber(std::uint64_t key) {
+  MutexLock g(mu_);
+  subs_.erase(key);
+}
+
+// --- Watches.
+Status Core::add_waiter(Waiter& w) {
+  MutexLock g(mu_);
+  if (Status s = ended(); !s.ok()) return s;
+  waiters_.insert(&w);
+  for (const auto& p : w.paths) watch_map_[p].push_back(&w);
+  return OkStatus();
+}
+
+void Core::remove_waiter(Waiter& w) {
+  MutexLock g(mu_);
+  waiters_.erase(&w);
+  for (const auto& p : w.paths) {
+    auto it = watch_map_.find(p);
+    if (it == watch_map_.end()) continue;
+    std::erase(it->second, &w);
+    // The C client keeps one watcher per (path, function, context); it
+    // fires, unobserved, when the entry goes, and costs nothing until then.
+    if (it->second.empty()) watch_map_.erase(it);
+  }
+}
+
+std::optional<Status> Core::wait_to_arm(Waiter& w, ArmState& st, Clock::time_point deadline, std::stop_token stop,
+                                        const std::string& what, std::vector<std::string>& to_arm) {
+  MutexLock lk(mu_);
+  while (true) {
+    if (w.gone_) return OkStatus();
+    if (Status s = ended(); !s.ok()) return s;
+    // A watch that fired without a delete is spent: arm it again.
+    for (const auto& p : w.fired_) st.armed.erase(p);
+    w.fired_.clear();
+    if (stop.stop_requested()) return CancelledError(what);
+    const Clock::time_point now = clock_->now();
+    const bool connected = phase_ == Phase::kOpen && state_ == SessionState::kConnected;
+    const bool unarmed = st.armed.size() < w.paths.size();
+    if (connected && unarmed && now >= st.retry_at) {
+      for (const auto& p : w.paths) {
+        if (!st.armed.count(p)) to_arm.push_back(p);
+      }
+      return std::nullopt;
+    }
+    // Past the deadline, but never before one try while connected.
+    if (now >= deadline && (st.tried || !connected)) return DeadlineExceededError(what);
+    // Sleep until a watch fires, the session changes, stop, or the
+    // deadline. Through a suspension the watches stay set: the C client
+    // restores them when it reconnects within the session.
+    Clock::time_point until = deadline;
+    if (connected && unarmed) until = std::min(until, st.retry_at);
+    const std::uint64_t gen = state_gen_;
+    clock_->wait_until(w.cv, lk.native(), stop, until, [&] {
+      mu_.assert_held();  // the predicate runs inside wait_until, with the lock taken back
+      return w.gone_ || !w.fired_.empty() || state_gen_ != gen;
+    });
+  }
 }
 
 // ------------------------------------------------------------ ZkSession
@@ -820,13 +1092,13 @@ void OnStringStat(int rc, const char* value, const Stat* stat, const void* data)
     if (value) s->value = value;
     if (stat) s->stat = *stat;
   }
-  s->batch->core->Finish(s, rc);
+  s->batch->core->finish(s, rc);
 }
 
 void OnString(int rc, const char* value, const void* data) {
   Slot* s = AsSlot(data);
   if (rc == ZOK && value) s->value = value;
-  s->batch->core->Finish(s, rc);
+  s->batch->core->finish(s, rc);
 }
 
 void OnStrings(int rc, const String_vector* strings, const void* data) {
@@ -835,7 +1107,7 @@ void OnStrings(int rc, const String_vector* strings, const void* data) {
     s->names.reserve(static_cast<std::size_t>(strings->count));
     for (std::int32_t i = 0; i < strings->count; ++i) s->names.emplace_back(strings->data[i]);
   }
-  s->batch->core->Finish(s, rc);
+  s->batch->core->finish(s, rc);
 }
 
 void OnData(int rc, const char* value, int len, const Stat* stat, const void* data) {
@@ -844,16 +1116,16 @@ void OnData(int rc, const char* value, int len, const Stat* stat, const void* da
     if (value && len > 0) s->value.assign(value, static_cast<std::size_t>(len));
     if (stat) s->stat = *stat;
   }
-  s->batch->core->Finish(s, rc);
+  s->batch->core->finish(s, rc);
 }
 
 void OnStat(int rc, const Stat* stat, const void* data) {
   Slot* s = AsSlot(data);
   if (rc == ZOK && stat) s->stat = *stat;
-  s->batch->core->Finish(s, rc);
+  s->batch->core->finish(s, rc);
 }
 
-void OnVoid(int rc, const void* data) { AsSlot(data)->batch->core->Finish(AsSlot(data), rc); }
+void OnVoid(int rc, const void* data) { AsSlot(data)->batch->core->finish(AsSlot(data), rc); }
 
 // Builders for the requests a session makes.
 void AddCreate(Batch& b, std::string path, std::string data, const ACL_vector* acl, int mode) {
@@ -875,12 +1147,12 @@ void AddChildren(Batch& b, std::string path) {
 // The children of `base` in one round trip; nullopt if the node does not exist.
 Result<std::optional<std::vector<std::string>>> ListChildren(Core& c, const std::string& base,
                                                              Clock::time_point until) {
-  auto b = c.NewBatch();
+  auto b = c.new_batch();
   AddChildren(*b, base);
-  c.Send(b);
-  if (Status s = c.Await(*b, until, "getChildren " + base); !s.ok()) return s;
+  c.send(b);
+  if (Status s = c.await(*b, until, "getChildren " + base); !s.ok()) return s;
   if ((*b)[0].rc == ZNONODE) return std::optional<std::vector<std::string>>();
-  if ((*b)[0].rc != ZOK) return c.Error((*b)[0].rc, "getChildren", base);
+  if ((*b)[0].rc != ZOK) return c.error((*b)[0].rc, "getChildren", base);
   return std::optional<std::vector<std::string>>(std::move((*b)[0].names));
 }
 void AddGet(Batch& b, std::string path, watcher_fn watcher, void* ctx) {
@@ -899,14 +1171,14 @@ void AddExists(Batch& b, std::string path, watcher_fn watcher, void* ctx) {
 Result<std::vector<Entry>> ResolveEntries(Core& c, const std::string& base, ParsedChildren parsed,
                                           Clock::time_point until) {
   if (parsed.unsure.empty()) return std::move(parsed.entries);
-  auto e = c.NewBatch();
+  auto e = c.new_batch();
   for (const auto& u : parsed.unsure) AddExists(*e, base + "/" + u.id, nullptr, nullptr);
-  c.Send(e);
-  if (Status s = c.Await(*e, until, "exists under " + base); !s.ok()) return s;
+  c.send(e);
+  if (Status s = c.await(*e, until, "exists under " + base); !s.ok()) return s;
   for (std::size_t i = 0; i < parsed.unsure.size(); ++i) {
     const Slot& slot = (*e)[i];
     if (slot.rc == ZNONODE) continue;  // gone in between
-    if (slot.rc != ZOK) return c.Error(slot.rc, "exists", base + "/" + parsed.unsure[i].id);
+    if (slot.rc != ZOK) return c.error(slot.rc, "exists", base + "/" + parsed.unsure[i].id);
     if (IsSessionOwner(slot.stat.ephemeralOwner)) parsed.entries.push_back(std::move(parsed.unsure[i]));
   }
   std::sort(parsed.entries.begin(), parsed.entries.end(), QueueOrder);
@@ -934,19 +1206,19 @@ constexpr int kMaxParentRounds = 5;
 
 }  // namespace
 
-std::shared_ptr<ZkSession> ZkSession::Start(std::shared_ptr<const Config> config, std::shared_ptr<Clock> clock) {
+std::shared_ptr<ZkSession> ZkSession::start(std::shared_ptr<const Config> config, std::shared_ptr<Clock> clock) {
   auto core = std::make_shared<Core>(std::move(config), std::move(clock));
-  core->SubscribeClock();
-  core->Init();
+  core->subscribe_clock();
+  core->init();
   std::shared_ptr<ZkSession> session(new ZkSession(core));
-  session->thread_ = std::jthread([core](std::stop_token stop) { core->Run(stop); });
+  session->thread_ = std::jthread([core](std::stop_token stop) { core->run(stop); });
   return session;
 }
 
 ZkSession::ZkSession(std::shared_ptr<Core> core) : core_(std::move(core)) {}
 
 ZkSession::~ZkSession() {
-  core_->Close();
+  core_->close();
   thread_.request_stop();
   if (thread_.joinable()) {
     // A subscriber may drop the last reference from the session thread
@@ -959,192 +1231,230 @@ ZkSession::~ZkSession() {
   }
 }
 
-Status ZkSession::await_open(Clock::time_point deadline) {
-  Core& c = *core_;
-  std::unique_lock<std::mutex> lk(c.mu_);
-  c.clock().wait_until(c.connect_cv_, lk, {}, deadline, [&] { return c.phase_ != Core::Phase::kConnecting; });
-  switch (c.phase_) {
-    case Core::Phase::kOpen: return OkStatus();
-    case Core::Phase::kConnecting:
-      return UnavailableError("not connected to " + c.cfg().redacted_url +
-                              " before the deadline (servers down or unreachable?)");
-    default: {
-      Status s = c.EndedLocked();
-      if (s.code() == ErrorCode::kSessionLost) return UnavailableError(s.message());
-      return s;
-    }
-  }
-}
+Status ZkSession::await_open(Clock::time_point deadline) { return core_->await_open(deadline); }
 
-bool ZkSession::reusable() const noexcept {
-  std::lock_guard<std::mutex> g(core_->mu_);
-  return core_->phase_ == Core::Phase::kConnecting || core_->phase_ == Core::Phase::kOpen;
-}
+bool ZkSession::reusable() const noexcept { return core_->reusable(); }
 
-Clock::duration ZkSession::time_left() const noexcept {
-  std::lock_guard<std::mutex> g(core_->mu_);
-  return core_->LostAtLocked() - core_->clock().now();
-}
+Clock::duration ZkSession::time_left() const noexcept { return core_->time_left(); }
 
-Clock::duration ZkSession::negotiated_timeout() const noexcept {
-  std::lock_guard<std::mutex> g(core_->mu_);
-  return core_->TimeoutLocked();
-}
+Clock::duration ZkSession::negotiated_timeout() const noexcept { return core_->negotiated_timeout(); }
 
 std::string ZkSession::id() const { return Hex(core_->session_id()); }
 
-SessionState ZkSession::state() const noexcept {
-  std::lock_guard<std::mutex> g(core_->mu_);
-  core_->FoldClockLocked();
-  switch (core_->phase_) {
-    case Core::Phase::kConnecting: return SessionState::kSuspended;
-    case Core::Phase::kFailed: return SessionState::kClosed;
-    default: return core_->state_;
-  }
-}
+SessionState ZkSession::state() const noexcept { return core_->state(); }
 
 std::shared_ptr<void> ZkSession::subscribe(std::function<void(SessionState)> fn) {
-  std::uint64_t key;
-  {
-    std::lock_guard<std::mutex> g(core_->mu_);
-    key = core_->next_sub_++;
-    core_->subs_[key] = {std::make_shared<std::function<void(SessionState)>>(std::move(fn)), core_->note_seq_};
-  }
+  const std::uint64_t key = core_->add_subscriber(std::move(fn));
   std::weak_ptr<Core> weak = core_;
   return std::shared_ptr<void>(nullptr, [weak, key](void*) {
-    if (auto core = weak.lock()) {
-      std::lock_guard<std::mutex> g(core->mu_);
-      core->subs_.erase(key);
-    }
+    if (auto core = weak.lock()) core->remove_subscriber(key);
   });
 }
 
-Result<Appended> ZkSession::append(std::string_view queue, const EntrySpec& spec, Clock::time_point deadline) {
+namespace {
+
+// What append creates, fixed before its first round.
+struct AppendPlan {
+  std::string base;  // the queue's znode
+  std::string path;  // the entry's path (a prefix, when the server adds the sequence)
+  std::string data;  // the owner record
+  int mode = ZOO_EPHEMERAL_SEQUENTIAL;
+  Clock::time_point until;
+};
+
+// Checks append's arguments; the entry's name prefix.
+Result<std::string> CheckAppend(std::string_view queue, const EntrySpec& spec) {
   if (Status s = ValidateQueueName(queue); !s.ok()) return s;
   auto prefix = EntryNamePrefix(spec.kind, spec.attempt_id);
   if (!prefix.ok()) return prefix.status();
   if (spec.sequence && (*spec.sequence < INT32_MIN || *spec.sequence > INT32_MAX)) {
     return InvalidArgumentError("sequence " + std::to_string(*spec.sequence) + " is not a ZooKeeper sequence");
   }
-  if (Status s = core_->Usable(); !s.ok()) return s;
-  Core& c = *core_;
-  const std::string base = QueuePath(c.cfg().chroot, queue);
-  std::string path = base + "/" + *prefix;
-  int mode = ZOO_EPHEMERAL_SEQUENTIAL;
-  if (spec.sequence) {
-    // Lock downgrade (Curator's CURATOR-621 fix): the same sequence as the
-    // entry it replaces, so that it sorts exactly where that one is.
-    path += FormatSequence(static_cast<std::int32_t>(*spec.sequence));
-    mode = ZOO_EPHEMERAL;
-  }
-  const std::string data = EncodeOwnerRecord(spec.owner);
-  const Clock::time_point until = c.ReplyDeadline(deadline);
-
-  for (int round = 0; round < kMaxParentRounds; ++round) {
-    auto b = c.NewBatch();
-    // Parents are created only after a create failed for want of them:
-    // creating an existing znode is a (failed) write on every server.
-    std::vector<std::string> parents;
-    if (round > 0) parents = PathPrefixes(base);
-    for (const auto& p : parents) AddCreateContainer(*b, p, c.cfg().acl());
-    AddCreate(*b, path, data, c.cfg().acl(), mode);
-    AddChildren(*b, base);  // same round trip; answered after the create
-    c.Send(b);
-    if (Status s = c.Await(*b, until, "create " + path); !s.ok()) return s;
-    for (std::size_t i = 0; i < parents.size(); ++i) {
-      int rc = (*b)[i].rc;
-      if (rc != ZOK && rc != ZNODEEXISTS && rc != ZNONODE) return c.Error(rc, "create", parents[i]);
-    }
-    Slot& created = (*b)[parents.size()];
-    Slot& listed = (*b)[parents.size() + 1];
-    if (created.rc == ZNONODE) continue;  // a parent is missing, or a container vanished: create them
-    std::int64_t sid = c.session_id();
-    Stat stat = created.stat;
-    std::string name;
-    if (created.rc == ZNODEEXISTS && spec.sequence) {
-      // Our own earlier attempt whose reply was lost? Adopt it if it is ours.
-      auto e = c.NewBatch();
-      AddExists(*e, path, nullptr, nullptr);
-      c.Send(e);
-      if (Status s = c.Await(*e, until, "exists " + path); !s.ok()) return s;
-      if ((*e)[0].rc == ZNONODE) continue;
-      if ((*e)[0].rc != ZOK) return c.Error((*e)[0].rc, "exists", path);
-      if ((*e)[0].stat.ephemeralOwner != sid) {
-        return AlreadyExistsError(path + " exists and belongs to another session");
-      }
-      stat = (*e)[0].stat;
-      name = LastComponent(path);
-    } else if (created.rc != ZOK) {
-      return c.Error(created.rc, "create", path);
-    } else {
-      name = LastComponent(created.value);
-    }
-    if (stat.ephemeralOwner != sid) {
-      return InternalError("ZooKeeper created " + base + "/" + name + " for session " + Hex(stat.ephemeralOwner) +
-                           ", not for this session " + Hex(sid));
-    }
-    auto parsed = ParseChildName(name);
-    if (!parsed) return InternalError("ZooKeeper created " + base + "/" + name + ", which has no sequence suffix");
-    Appended out;
-    out.entry = std::move(*parsed);
-    out.entry.kind = spec.kind;
-    out.entry.token = static_cast<std::uint64_t>(stat.czxid);  // zxids only grow, store-wide
-    out.entry.attempt_id = spec.attempt_id;
-    out.entry.owner = spec.owner;
-    if (listed.rc == ZOK && std::find(listed.names.begin(), listed.names.end(), name) != listed.names.end()) {
-      // Without the snapshot (if children of unknown shape cannot be checked
-      // now) the recipe lists the queue itself: the append stands either way.
-      auto snapshot = ResolveEntries(c, base, ParseChildren(listed.names), until);
-      if (snapshot.ok()) {
-        out.queue = std::move(*snapshot);
-        for (auto& e : *out.queue) {
-          if (e.id == name) e.token = out.entry.token;
-        }
-      }
-    }
-    return out;
-  }
-  return UnavailableError("could not create the parents of " + base + ": they kept disappearing");
+  return prefix;
 }
 
-Result<std::vector<Entry>> ZkSession::list(std::string_view queue, const ListOptions& options,
-                                           Clock::time_point deadline) {
-  if (Status s = ValidateQueueName(queue); !s.ok()) return s;
-  if (Status s = core_->Usable(); !s.ok()) return s;
-  Core& c = *core_;
-  const std::string base = QueuePath(c.cfg().chroot, queue);
-  const Clock::time_point until = c.ReplyDeadline(deadline);
-  auto children = ListChildren(c, base, until);
-  if (!children.ok()) return children.status();
-  if (!*children) return std::vector<Entry>{};  // no queue: empty
-  auto resolved = ResolveEntries(c, base, ParseChildren(**children), until);
-  if (!resolved.ok()) return resolved.status();
-  std::vector<Entry> entries = std::move(*resolved);
-  if (!options.with_owners || entries.empty()) return entries;
+// A create that failed with NODEEXISTS for an entry with a given sequence:
+// our own earlier attempt whose reply was lost? Its stat if this session
+// owns it; nullopt if it has gone meanwhile (try another round).
+Result<std::optional<Stat>> AdoptOwnEntry(Core& c, const AppendPlan& plan, std::int64_t sid) {
+  auto e = c.new_batch();
+  AddExists(*e, plan.path, nullptr, nullptr);
+  c.send(e);
+  if (Status s = c.await(*e, plan.until, "exists " + plan.path); !s.ok()) return s;
+  if ((*e)[0].rc == ZNONODE) return std::optional<Stat>();
+  if ((*e)[0].rc != ZOK) return c.error((*e)[0].rc, "exists", plan.path);
+  if ((*e)[0].stat.ephemeralOwner != sid) {
+    return AlreadyExistsError(plan.path + " exists and belongs to another session");
+  }
+  return std::optional<Stat>((*e)[0].stat);
+}
 
-  auto d = c.NewBatch();  // one getData per entry, all in one round trip
-  for (const auto& e : entries) AddGet(*d, base + "/" + e.id, nullptr, nullptr);
-  c.Send(d);
-  if (Status s = c.Await(*d, until, "getData of the entries of " + base); !s.ok()) return s;
-  std::vector<Entry> out;
-  out.reserve(entries.size());
-  for (std::size_t i = 0; i < entries.size(); ++i) {
-    Slot& s = (*d)[i];
-    Entry& e = entries[i];
-    if (s.rc == ZNONODE) continue;  // went away in between
-    if (s.rc == ZOK) {
-      auto owner = DecodeOwnerRecord(s.value);
-      e.owner = owner.ok() ? *owner : OwnerRecord{};  // other clients' data: no owner
-      e.token = static_cast<std::uint64_t>(s.stat.czxid);
-    } else if (s.rc == ZNOAUTH) {
-      e.owner = OwnerRecord{};  // an ACL hides it from us
-    } else {
-      return c.Error(s.rc, "getData", base + "/" + e.id);
+// The result of a created (or adopted) entry `name`, with the queue as the
+// getChildren behind the create saw it, when that snapshot can be had.
+Appended MakeAppended(Core& c, const AppendPlan& plan, const EntrySpec& spec, const std::string& name, Entry entry,
+                      const Stat& stat, const Slot& listed) {
+  Appended out;
+  out.entry = std::move(entry);
+  out.entry.kind = spec.kind;
+  out.entry.token = static_cast<std::uint64_t>(stat.czxid);  // zxids only grow, store-wide
+  out.entry.attempt_id = spec.attempt_id;
+  out.entry.owner = spec.owner;
+  if (listed.rc == ZOK && std::find(listed.names.begin(), listed.names.end(), name) != listed.names.end()) {
+    // Without the snapshot (if children of unknown shape cannot be checked
+    // now) the recipe lists the queue itself: the append stands either way.
+    auto snapshot = ResolveEntries(c, plan.base, ParseChildren(listed.names), plan.until);
+    if (snapshot.ok()) {
+      out.queue = std::move(*snapshot);
+      for (auto& e : *out.queue) {
+        if (e.id == name) e.token = out.entry.token;
+      }
     }
-    out.push_back(std::move(e));
   }
   return out;
 }
+
+// One round of append: the create (after `parents`, if any) and a
+// getChildren in one round trip. nullopt: a parent is missing, or the entry
+// to adopt went away; try another round.
+Result<std::optional<Appended>> AppendRound(Core& c, const AppendPlan& plan, const EntrySpec& spec,
+                                            const std::vector<std::string>& parents) {
+  auto b = c.new_batch();
+  for (const auto& p : parents) AddCreateContainer(*b, p, c.cfg().acl());
+  AddCreate(*b, plan.path, plan.data, c.cfg().acl(), plan.mode);
+  AddChildren(*b, plan.base);  // same round trip; answered after the create
+  c.send(b);
+  if (Status s = c.await(*b, plan.until, "create " + plan.path); !s.ok()) return s;
+  for (std::size_t i = 0; i < parents.size(); ++i) {
+    int rc = (*b)[i].rc;
+    if (rc != ZOK && rc != ZNODEEXISTS && rc != ZNONODE) return c.error(rc, "create", parents[i]);
+  }
+  const Slot& created = (*b)[parents.size()];
+  const Slot& listed = (*b)[parents.size() + 1];
+  // A parent is missing, or a container vanished: create them.
+  if (created.rc == ZNONODE) return std::optional<Appended>();
+  const std::int64_t sid = c.session_id();
+  Stat stat = created.stat;
+  std::string name;
+  if (created.rc == ZNODEEXISTS && spec.sequence) {
+    auto own = AdoptOwnEntry(c, plan, sid);
+    if (!own.ok()) return own.status();
+    if (!*own) return std::optional<Appended>();
+    stat = **own;
+    name = LastComponent(plan.path);
+  } else if (created.rc != ZOK) {
+    return c.error(created.rc, "create", plan.path);
+  } else {
+    name = LastComponent(created.value);
+  }
+  if (stat.ephemeralOwner != sid) {
+    return InternalError("ZooKeeper created " + plan.base + "/" + name + " for session " + Hex(stat.ephemeralOwner) +
+                         ", not for this session " + Hex(sid));
+  }
+  auto parsed = ParseChildName(name);
+  if (!parsed) return InternalError("ZooKeeper created " + plan.base + "/" + name + ", which has no sequence suffix");
+  return std::optional<Appended>(MakeAppended(c, plan, spec, name, std::move(*parsed), stat, listed));
+}
+
+}  // namespace
+
+Result<Appended> ZkSession::append(std::string_view queue, const EntrySpec& spec, Clock::time_point deadline) {
+  auto prefix = CheckAppend(queue, spec);
+  if (!prefix.ok()) return prefix.status();
+  if (Status s = core_->usable(); !s.ok()) return s;
+  Core& c = *core_;
+  AppendPlan plan;
+  plan.base = QueuePath(c.cfg().chroot, queue);
+  plan.path = plan.base + "/" + *prefix;
+  if (spec.sequence) {
+    // Lock downgrade (Curator's CURATOR-621 fix): the same sequence as the
+    // entry it replaces, so that it sorts exactly where that one is.
+    plan.path += FormatSequence(static_cast<std::int32_t>(*spec.sequence));
+    plan.mode = ZOO_EPHEMERAL;
+  }
+  plan.data = EncodeOwnerRecord(spec.owner);
+  plan.until = c.reply_deadline(deadline);
+
+  for (int round = 0; round < kMaxParentRounds; ++round) {
+    // Parents are created only after a create failed for want of them:
+    // creating an existing znode is a (failed) write on every server.
+    std::vector<std::string> parents;
+    if (round > 0) parents = PathPrefixes(plan.base);
+    auto appended = AppendRound(c, plan, spec, parents);
+    if (!appended.ok()) return appended.status();
+    if (*appended) return std::move(**appended);
+  }
+  return UnavailableError("could not create the parents of " + plan.base + ": they kept disappearing");
+}
+
+namespace {
+
+// What one request per path found while setting watches.
+struct ArmOutcome {
+  bool gone = false;                // a watched entry is already gone
+  bool trouble = false;             // connection trouble: some paths are not armed
+  std::vector<std::string> hidden;  // getData forbidden by an ACL (getData only)
+};
+
+// Sets a watch on each of `paths` (one round trip), with getData or, where
+// an ACL forbids reading, with exists; adds the paths armed to `st.armed`.
+Result<ArmOutcome> ArmWatches(Core& c, const std::vector<std::string>& paths, bool with_exists,
+                              Clock::time_point deadline, const std::string& what, ArmState& st) {
+  const char* op = with_exists ? "exists" : "getData";
+  auto b = c.new_batch();
+  for (const auto& p : paths) {
+    if (with_exists) {
+      AddExists(*b, p, &Core::on_node_event, &c);
+    } else {
+      AddGet(*b, p, &Core::on_node_event, &c);
+    }
+  }
+  c.send(b);
+  if (Status s = c.await(*b, c.reply_deadline(deadline), what); !s.ok()) return DeadlineExceededError(what);
+  ArmOutcome out;
+  for (std::size_t i = 0; i < paths.size(); ++i) {
+    int rc = (*b)[i].rc;
+    if (rc == ZNONODE) {
+      out.gone = true;
+      return out;
+    }
+    if (rc == ZOK) {
+      st.armed.insert(paths[i]);
+    } else if (rc == ZNOAUTH && !with_exists) {
+      out.hidden.push_back(paths[i]);
+    } else if (ConnectionTrouble(rc)) {
+      out.trouble = true;
+    } else {
+      return c.error(rc, op, paths[i]);
+    }
+  }
+  return out;
+}
+
+// Arms the watches on `to_arm`. True if a watched entry is already gone.
+Result<bool> ArmRound(Core& c, const std::vector<std::string>& to_arm, Clock::time_point deadline,
+                      const std::string& what, ArmState& st) {
+  st.tried = true;
+  // getData with a watch is the check and the watch in one atomic step,
+  // and leaves no watch behind when the entry is already gone.
+  auto got = ArmWatches(c, to_arm, /*with_exists=*/false, deadline, what, st);
+  if (!got.ok()) return got.status();
+  if (got->gone) return true;
+  bool trouble = got->trouble;
+  if (!got->hidden.empty()) {
+    // exists() needs no permission, but on a missing node it leaves a watch
+    // for its creation until the session ends; only this rare path uses it.
+    auto seen = ArmWatches(c, got->hidden, /*with_exists=*/true, deadline, what, st);
+    if (!seen.ok()) return seen.status();
+    if (seen->gone) return true;
+    trouble = trouble || seen->trouble;
+  }
+  // A failed arm is retried once the connection is back; the short pause
+  // only matters if the C client has not noticed the trouble yet.
+  if (trouble) st.retry_at = DeadlineAfter(c.clock().now(), milliseconds(20));
+  return false;
+}
+
+}  // namespace
 
 Status ZkSession::wait_any_gone(std::string_view queue, std::span<const std::string> ids, Clock::time_point deadline,
                                 std::stop_token stop) {
@@ -1159,123 +1469,77 @@ Status ZkSession::wait_any_gone(std::string_view queue, std::span<const std::str
   }
   std::sort(w.paths.begin(), w.paths.end());
   w.paths.erase(std::unique(w.paths.begin(), w.paths.end()), w.paths.end());
-  {
-    std::lock_guard<std::mutex> g(c.mu_);
-    if (Status s = c.EndedLocked(); !s.ok()) return s;
-    c.waiters_.insert(&w);
-    for (const auto& p : w.paths) c.watch_map_[p].push_back(&w);
-  }
+  if (Status s = c.add_waiter(w); !s.ok()) return s;
   struct Unregister {
     Core& c;
     Waiter& w;
-    ~Unregister() {
-      std::lock_guard<std::mutex> g(c.mu_);
-      c.waiters_.erase(&w);
-      for (const auto& p : w.paths) {
-        auto it = c.watch_map_.find(p);
-        if (it == c.watch_map_.end()) continue;
-        std::erase(it->second, &w);
-        // The C client keeps one watcher per (path, function, context); it
-        // fires, unobserved, when the entry goes, and costs nothing until then.
-        if (it->second.empty()) c.watch_map_.erase(it);
-      }
-    }
+    ~Unregister() { c.remove_waiter(w); }
   } unregister{c, w};
 
   const std::string what = "waiting for " + std::string(queue) + "/" + ids.front() +
                            (ids.size() > 1 ? " (and " + std::to_string(ids.size() - 1) + " more)" : "");
-  std::set<std::string> armed;  // paths with a watch set in this session
-  bool tried = false;
-  Clock::time_point retry_at{};
+  ArmState st;
   while (true) {
     std::vector<std::string> to_arm;
-    {
-      std::unique_lock<std::mutex> lk(c.mu_);
-      while (true) {
-        if (w.gone) return OkStatus();
-        if (Status s = c.EndedLocked(); !s.ok()) return s;
-        for (const auto& p : w.fired) armed.erase(p);
-        w.fired.clear();
-        if (stop.stop_requested()) return CancelledError(what);
-        Clock::time_point now = c.clock().now();
-        bool connected = c.phase_ == Core::Phase::kOpen && c.state_ == SessionState::kConnected;
-        if (connected && armed.size() < w.paths.size() && now >= retry_at) {
-          for (const auto& p : w.paths) {
-            if (!armed.count(p)) to_arm.push_back(p);
-          }
-          break;
-        }
-        if (now >= deadline && (tried || !connected)) return DeadlineExceededError(what);
-        // Sleep until a watch fires, the session changes, stop, or the
-        // deadline. Through a suspension the watches stay set: the C client
-        // restores them when it reconnects within the session.
-        Clock::time_point until = deadline;
-        if (connected && armed.size() < w.paths.size()) until = std::min(until, retry_at);
-        std::uint64_t gen = c.state_gen_;
-        c.clock().wait_until(w.cv, lk, stop, until, [&] { return w.gone || !w.fired.empty() || c.state_gen_ != gen; });
-      }
-    }
-
-    // Arm: getData with a watch is the check and the watch in one atomic step,
-    // and leaves no watch behind when the entry is already gone.
-    tried = true;
-    auto b = c.NewBatch();
-    for (const auto& p : to_arm) AddGet(*b, p, &Core::OnNodeEvent, &c);
-    c.Send(b);
-    if (Status s = c.Await(*b, c.ReplyDeadline(deadline), what); !s.ok()) return DeadlineExceededError(what);
-    std::vector<std::string> hidden;  // ACL forbids reading: watch with exists instead
-    bool trouble = false;
-    for (std::size_t i = 0; i < to_arm.size(); ++i) {
-      int rc = (*b)[i].rc;
-      if (rc == ZNONODE) return OkStatus();
-      if (rc == ZOK) {
-        armed.insert(to_arm[i]);
-      } else if (rc == ZNOAUTH) {
-        hidden.push_back(to_arm[i]);
-      } else if (ConnectionTrouble(rc)) {
-        trouble = true;
-      } else {
-        return c.Error(rc, "getData", to_arm[i]);
-      }
-    }
-    if (!hidden.empty()) {
-      // exists() needs no permission, but on a missing node it leaves a watch
-      // for its creation until the session ends; only this rare path uses it.
-      auto e = c.NewBatch();
-      for (const auto& p : hidden) AddExists(*e, p, &Core::OnNodeEvent, &c);
-      c.Send(e);
-      if (Status s = c.Await(*e, c.ReplyDeadline(deadline), what); !s.ok()) return DeadlineExceededError(what);
-      for (std::size_t i = 0; i < hidden.size(); ++i) {
-        int rc = (*e)[i].rc;
-        if (rc == ZNONODE) return OkStatus();
-        if (rc == ZOK) {
-          armed.insert(hidden[i]);
-        } else if (ConnectionTrouble(rc)) {
-          trouble = true;
-        } else {
-          return c.Error(rc, "exists", hidden[i]);
-        }
-      }
-    }
-    // A failed arm is retried once the connection is back; the short pause
-    // only matters if the C client has not noticed the trouble yet.
-    if (trouble) retry_at = DeadlineAfter(c.clock().now(), milliseconds(20));
+    if (std::optional<Status> outcome = c.wait_to_arm(w, st, deadline, stop, what, to_arm)) return *outcome;
+    auto gone = ArmRound(c, to_arm, deadline, what, st);
+    if (!gone.ok()) return gone.status();
+    if (*gone) return OkStatus();
   }
+}
+
+Result<std::vector<Entry>> ZkSession::list(std::string_view queue, const ListOptions& options,
+                                           Clock::time_point deadline) {
+  if (Status s = ValidateQueueName(queue); !s.ok()) return s;
+  if (Status s = core_->usable(); !s.ok()) return s;
+  Core& c = *core_;
+  const std::string base = QueuePath(c.cfg().chroot, queue);
+  const Clock::time_point until = c.reply_deadline(deadline);
+  auto children = ListChildren(c, base, until);
+  if (!children.ok()) return children.status();
+  if (!*children) return std::vector<Entry>{};  // no queue: empty
+  auto resolved = ResolveEntries(c, base, ParseChildren(**children), until);
+  if (!resolved.ok()) return resolved.status();
+  std::vector<Entry> entries = std::move(*resolved);
+  if (!options.with_owners || entries.empty()) return entries;
+
+  auto d = c.new_batch();  // one getData per entry, all in one round trip
+  for (const auto& e : entries) AddGet(*d, base + "/" + e.id, nullptr, nullptr);
+  c.send(d);
+  if (Status s = c.await(*d, until, "getData of the entries of " + base); !s.ok()) return s;
+  std::vector<Entry> out;
+  out.reserve(entries.size());
+  for (std::size_t i = 0; i < entries.size(); ++i) {
+    Slot& s = (*d)[i];
+    Entry& e = entries[i];
+    if (s.rc == ZNONODE) continue;  // went away in between
+    if (s.rc == ZOK) {
+      auto owner = DecodeOwnerRecord(s.value);
+      e.owner = owner.ok() ? *owner : OwnerRecord{};  // other clients' data: no owner
+      e.token = static_cast<std::uint64_t>(s.stat.czxid);
+    } else if (s.rc == ZNOAUTH) {
+      e.owner = OwnerRecord{};  // an ACL hides it from us
+    } else {
+      return c.error(s.rc, "getData", base + "/" + e.id);
+    }
+    out.push_back(std::move(e));
+  }
+  return out;
 }
 
 Status ZkSession::remove(std::string_view queue, std::string_view id, Clock::time_point deadline) {
   if (Status s = ValidateQueueName(queue); !s.ok()) return s;
   if (Status s = ValidateEntryId(id); !s.ok()) return s;
-  if (Status s = core_->Usable(); !s.ok()) return s;
+  if (Status s = core_->usable(); !s.ok()) return s;
   Core& c = *core_;
   const std::string path = QueuePath(c.cfg().chroot, queue) + "/" + std::string(id);
-  auto b = c.NewBatch();
+  auto b = c.new_batch();
   AddDelete(*b, path);
-  c.Send(b);
-  if (Status s = c.Await(*b, c.ReplyDeadline(deadline), "delete " + path); !s.ok()) return s;
+  c.send(b);
+  if (Status s = c.await(*b, c.reply_deadline(deadline), "delete " + path); !s.ok()) return s;
   int rc = (*b)[0].rc;
   if (rc == ZOK || rc == ZNONODE) return OkStatus();
-  return c.Error(rc, "delete", path);
+  return c.error(rc, "delete", path);
 }
 
 Result<std::optional<Entry>> ZkSession::find_own(std::string_view queue, std::string_view attempt_id,
@@ -1283,10 +1547,10 @@ Result<std::optional<Entry>> ZkSession::find_own(std::string_view queue, std::st
   if (Status s = ValidateQueueName(queue); !s.ok()) return s;
   auto prefix = ProtectedPrefix(attempt_id);
   if (!prefix.ok()) return prefix.status();
-  if (Status s = core_->Usable(); !s.ok()) return s;
+  if (Status s = core_->usable(); !s.ok()) return s;
   Core& c = *core_;
   const std::string base = QueuePath(c.cfg().chroot, queue);
-  const Clock::time_point until = c.ReplyDeadline(deadline);
+  const Clock::time_point until = c.reply_deadline(deadline);
   // The fence (store.hpp: once find_own says nullopt, no append still in
   // flight may make the entry). An append whose connection broke may still
   // be on its way through the old server, and this call may run on another
@@ -1299,14 +1563,14 @@ Result<std::optional<Entry>> ZkSession::find_own(std::string_view queue, std::st
   // requests are answered in order) sees it. On the same connection, order
   // alone does it. No test here: it needs a commit delayed between two
   // followers, which the test proxies cannot aim at.
-  auto b = c.NewBatch();
+  auto b = c.new_batch();
   AddSync(*b, base);
   AddChildren(*b, base);
-  c.Send(b);
-  if (Status s = c.Await(*b, until, "sync and getChildren " + base); !s.ok()) return s;
-  if ((*b)[0].rc != ZOK) return c.Error((*b)[0].rc, "sync", base);
+  c.send(b);
+  if (Status s = c.await(*b, until, "sync and getChildren " + base); !s.ok()) return s;
+  if ((*b)[0].rc != ZOK) return c.error((*b)[0].rc, "sync", base);
   if ((*b)[1].rc == ZNONODE) return std::optional<Entry>();
-  if ((*b)[1].rc != ZOK) return c.Error((*b)[1].rc, "getChildren", base);
+  if ((*b)[1].rc != ZOK) return c.error((*b)[1].rc, "getChildren", base);
   std::vector<std::string> candidates;
   for (const auto& name : (*b)[1].names) {
     if (name.compare(0, prefix->size(), *prefix) == 0) candidates.push_back(name);
@@ -1314,15 +1578,15 @@ Result<std::optional<Entry>> ZkSession::find_own(std::string_view queue, std::st
   if (candidates.empty()) return std::optional<Entry>();
   // Ours only if this very session owns it: a node of an expired session may
   // still be listed for a moment, and must not be adopted (CURATOR-604).
-  auto e = c.NewBatch();
+  auto e = c.new_batch();
   for (const auto& name : candidates) AddExists(*e, base + "/" + name, nullptr, nullptr);
-  c.Send(e);
-  if (Status s = c.Await(*e, until, "exists under " + base); !s.ok()) return s;
+  c.send(e);
+  if (Status s = c.await(*e, until, "exists under " + base); !s.ok()) return s;
   std::int64_t sid = c.session_id();
   for (std::size_t i = 0; i < candidates.size(); ++i) {
     Slot& s = (*e)[i];
     if (s.rc == ZNONODE) continue;
-    if (s.rc != ZOK) return c.Error(s.rc, "exists", base + "/" + candidates[i]);
+    if (s.rc != ZOK) return c.error(s.rc, "exists", base + "/" + candidates[i]);
     if (s.stat.ephemeralOwner != sid) continue;
     auto parsed = ParseChildName(candidates[i]);
     if (!parsed) continue;
@@ -1333,6 +1597,6 @@ Result<std::optional<Entry>> ZkSession::find_own(std::string_view queue, std::st
   return std::optional<Entry>();
 }
 
-void ZkSession::close() noexcept { core_->Close(); }
+void ZkSession::close() noexcept { core_->close(); }
 
 }  // namespace dlock::internal::zk

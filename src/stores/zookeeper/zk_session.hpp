@@ -53,7 +53,7 @@ class Core;
 class ZkSession final : public Session {
  public:
   // Starts connecting and returns at once; await_open() waits for the outcome.
-  static std::shared_ptr<ZkSession> Start(std::shared_ptr<const Config> config, std::shared_ptr<Clock> clock);
+  static std::shared_ptr<ZkSession> start(std::shared_ptr<const Config> config, std::shared_ptr<Clock> clock);
   ~ZkSession() override;
   ZkSession(const ZkSession&) = delete;
   ZkSession& operator=(const ZkSession&) = delete;
@@ -85,7 +85,7 @@ class ZkSession final : public Session {
  private:
   explicit ZkSession(std::shared_ptr<Core> core);
   const std::shared_ptr<Core> core_;
-  std::jthread thread_;  // runs Core::Run; holds its own reference to the core
+  std::jthread thread_;  // runs Core::run; holds its own reference to the core
 };
 
 }  // namespace dlock::internal::zk

@@ -22,7 +22,7 @@ class ZkStore final : public Store {
     // timeout to open (a silent server tried first) would count itself lost
     // soon after: drop it and open another, within the caller's deadline.
     while (true) {
-      std::shared_ptr<zk::ZkSession> session = zk::ZkSession::Start(config_, clock_);
+      std::shared_ptr<zk::ZkSession> session = zk::ZkSession::start(config_, clock_);
       // The attempt itself ends at the connect timeout; the caller's deadline
       // may end the wait for it sooner (the session is then closed).
       Status opened = session->await_open(deadline);
