@@ -17,7 +17,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   }
   DLOCK_FUZZ_CHECK(!url->scheme.empty());
   DLOCK_FUZZ_CHECK(url->path.empty() || url->path[0] == '/');
-  const std::string redacted = url->Redacted();
+  const std::string redacted = url->redacted();
   // Read back, the redacted form has no password but the mask (the password
   // itself may still occur elsewhere, e.g. in a query value).
   if (auto again = dlock::internal::ParseUrl(redacted); again.ok() && url->password)

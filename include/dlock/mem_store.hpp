@@ -80,7 +80,7 @@ class DLOCK_EXPORT MemStore final : public Store, public std::enable_shared_from
   class MemSession;
   // Moves a session to `next` and calls its listeners in order, without the
   // store's mutex; then runs `then` under the mutex.
-  static void Transition(const std::shared_ptr<State>& state, std::string_view id, SessionState next,
+  static void transition(const std::shared_ptr<State>& state, std::string_view id, SessionState next,
                          const std::function<void(State&)>& then = {});
   std::shared_ptr<State> state_;
   std::shared_ptr<void> clock_subscription_;

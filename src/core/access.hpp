@@ -17,15 +17,15 @@ class ClientCore;
 class HoldCore;
 
 struct Access {
-  static const std::shared_ptr<ClientCore>& Core(const Client& client) noexcept { return client.core_; }
-  static const std::shared_ptr<HoldCore>& Core(const Hold& hold) noexcept { return hold.core_; }
-  static Hold Wrap(std::shared_ptr<HoldCore> core) noexcept { return Hold(std::move(core)); }
+  static const std::shared_ptr<ClientCore>& core_of(const Client& client) noexcept { return client.core_; }
+  static const std::shared_ptr<HoldCore>& core_of(const Hold& hold) noexcept { return hold.core_; }
+  static Hold wrap(std::shared_ptr<HoldCore> core) noexcept { return Hold(std::move(core)); }
 };
 
-inline const std::shared_ptr<ClientCore>& CoreOf(const Client& client) noexcept { return Access::Core(client); }
-inline const std::shared_ptr<HoldCore>& CoreOf(const Hold& hold) noexcept { return Access::Core(hold); }
+inline const std::shared_ptr<ClientCore>& CoreOf(const Client& client) noexcept { return Access::core_of(client); }
+inline const std::shared_ptr<HoldCore>& CoreOf(const Hold& hold) noexcept { return Access::core_of(hold); }
 // A Hold over a HoldCore the recipes made.
-inline Hold WrapHold(std::shared_ptr<HoldCore> core) noexcept { return Access::Wrap(std::move(core)); }
+inline Hold WrapHold(std::shared_ptr<HoldCore> core) noexcept { return Access::wrap(std::move(core)); }
 
 }  // namespace dlock::internal
 

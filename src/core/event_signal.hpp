@@ -20,7 +20,7 @@ class EventSignal {
  public:
   // A non-blocking, close-on-exec eventfd; kUnavailable if the process is out
   // of descriptors.
-  static Result<EventSignal> Create() {
+  static Result<EventSignal> create() {
     UniqueFd fd(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
     if (!fd.valid()) return UnavailableError(std::string("eventfd: ") + std::strerror(errno));
     return EventSignal(std::move(fd));

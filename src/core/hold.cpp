@@ -3,7 +3,7 @@
 namespace dlock {
 namespace internal {
 
-std::shared_ptr<HoldCore> HoldCore::Make(std::shared_ptr<ClientCore> client, std::shared_ptr<Session> session,
+std::shared_ptr<HoldCore> HoldCore::make(std::shared_ptr<ClientCore> client, std::shared_ptr<Session> session,
                                          std::string name, std::vector<HeldEntry> entries, std::uint64_t token,
                                          std::uint32_t permits) {
   std::shared_ptr<HoldCore> core(

@@ -29,7 +29,7 @@ class HoldCore : public std::enable_shared_from_this<HoldCore> {
  public:
   // Makes a hold and starts following its session's state. `entries` are
   // removed on release.
-  static std::shared_ptr<HoldCore> Make(std::shared_ptr<ClientCore> client, std::shared_ptr<Session> session,
+  static std::shared_ptr<HoldCore> make(std::shared_ptr<ClientCore> client, std::shared_ptr<Session> session,
                                         std::string name, std::vector<HeldEntry> entries, std::uint64_t token,
                                         std::uint32_t permits);
   ~HoldCore();

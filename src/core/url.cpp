@@ -112,7 +112,7 @@ std::string PercentEncode(std::string_view in, std::string_view special) {
 
 }  // namespace
 
-std::string ParsedUrl::Redacted() const {
+std::string ParsedUrl::redacted() const {
   std::string out = scheme + "://";
   if (user) {
     // Escaped, so that a ':' or '@' in a user name cannot make part of it

@@ -34,7 +34,7 @@ struct ParsedUrl {
   std::map<std::string, std::string> query;
 
   // The URL with the password replaced by "***", for logs and errors.
-  std::string Redacted() const;
+  std::string redacted() const;
 };
 
 Result<ParsedUrl> ParseUrl(std::string_view url);

@@ -10,7 +10,7 @@ namespace internal {
 Hold MakeHold(const Client& client, const std::string& name, const std::string& queue, const Acquired& acquired,
               std::optional<std::uint64_t> token) {
   std::vector<HeldEntry> entries{{queue, acquired.entry.id, acquired.entry.sequence}};
-  return WrapHold(HoldCore::Make(CoreOf(client), acquired.session, name, std::move(entries),
+  return WrapHold(HoldCore::make(CoreOf(client), acquired.session, name, std::move(entries),
                                  token.value_or(acquired.entry.token.value_or(0)), 1));
 }
 

@@ -34,12 +34,12 @@ class ReadWriteCore {
       std::lock_guard<std::mutex> g(mu_);
       auto it = threads_.find(me);
       if (it != threads_.end() && it->second.reads > 0) {
-        ThrowIfLost(it->second.read);
+        throw_if_lost(it->second.read);
         ++it->second.reads;
         return true;
       }
       if (it != threads_.end() && it->second.writes > 0) {
-        ThrowIfLost(it->second.write);
+        throw_if_lost(it->second.write);
         const auto& held = CoreOf(it->second.write)->entries().front();
         downgrade_from = held.sequence;
         write_token = it->second.write.fencing_token();
@@ -72,7 +72,7 @@ class ReadWriteCore {
       std::lock_guard<std::mutex> g(mu_);
       auto it = threads_.find(me);
       if (it != threads_.end() && it->second.writes > 0) {
-        ThrowIfLost(it->second.write);
+        throw_if_lost(it->second.write);
         ++it->second.writes;
         return true;
       }
@@ -130,7 +130,7 @@ class ReadWriteCore {
     int writes = 0;
   };
 
-  void ThrowIfLost(const Hold& h) const {
+  void throw_if_lost(const Hold& h) const {
     if (h.state() == HoldState::kLost) {
       throw Error(SessionLostError("this thread's hold on " + name_ + " was lost; unlock it before locking again"));
     }

@@ -196,7 +196,7 @@ std::optional<Lease> Semaphore::acquire_impl(std::uint32_t count, Clock::duratio
     Round outcome = leases.take_leases();
     if (outcome == Round::kGranted) outcome = leases.wait_until_they_fit();
     if (outcome == Round::kGranted) {
-      return internal::WrapHold(internal::HoldCore::Make(internal::CoreOf(client_), session, name_, leases.hand_over(),
+      return internal::WrapHold(internal::HoldCore::make(internal::CoreOf(client_), session, name_, leases.hand_over(),
                                                          leases.token(), count));
     }
     if (outcome == Round::kGaveUp || leases.expired()) return std::nullopt;

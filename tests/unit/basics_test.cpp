@@ -45,7 +45,7 @@ TEST(Url, ParsesEveryPart) {
   EXPECT_FALSE(u->hosts[2].port);
   EXPECT_EQ(u->path, "/app/locks");
   EXPECT_EQ(u->query.at("session_timeout"), "5s");
-  EXPECT_EQ(u->Redacted().find("cret"), std::string::npos);
+  EXPECT_EQ(u->redacted().find("cret"), std::string::npos);
 }
 
 TEST(Url, RejectsMalformedUrlsClearly) {

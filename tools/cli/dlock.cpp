@@ -273,12 +273,12 @@ class LockedCommand {
   //    nullopt with the lock held, or the exit status of a stop signal
   //    (exits if the lock could not be had).
   std::optional<int> wait_for_lock(dlock::Client& client) {
-    auto acquired = EventOrDie();
+    auto acquired = event_or_die();
     std::stop_source cancel;
     std::optional<dlock::Status> failure;
     std::jthread acquirer([&] {
       try {
-        hold_ = Acquire(client, cancel.get_token());
+        hold_ = acquire(client, cancel.get_token());
       } catch (const dlock::Error& e) {
         failure = e.status();
       }
@@ -298,11 +298,11 @@ class LockedCommand {
     if (failure) Die(ExitFor(*failure), failure->to_string());
     if (hold_ && !cancelled_by_) return std::nullopt;
     if (hold_) hold_->release();  // told to stop: never start the command
-    if (cancelled_by_) return Stopped("while waiting for " + name_);
-    DieWithoutLock(client);
+    if (cancelled_by_) return stopped("while waiting for " + name_);
+    die_without_lock(client);
   }
 
-  std::optional<dlock::Hold> Acquire(dlock::Client& client, std::stop_token stop) const {
+  std::optional<dlock::Hold> acquire(dlock::Client& client, std::stop_token stop) const {
     const RunOptions& o = plan_.options;
     const auto timeout = plan_.timeout ? dlock::ToTimeout(*plan_.timeout) : dlock::kForever;
     if (o.permits) return dlock::Semaphore(client, o.name, o.permits).acquire(1, timeout, std::move(stop));
@@ -324,7 +324,7 @@ class LockedCommand {
   }
 
   // The exit status after a stop signal, as a shell reports a signal.
-  int Stopped(const std::string& when) const {
+  int stopped(const std::string& when) const {
     std::fprintf(stderr, "dlock: stopped by signal %d %s\n", cancelled_by_, when.c_str());
     return 128 + cancelled_by_;
   }
@@ -332,7 +332,7 @@ class LockedCommand {
   // No lock by the deadline: a store that never answered is not a lock held
   // by someone else (no session could be opened before the deadline; Redis
   // fails this way at connect already).
-  [[noreturn]] void DieWithoutLock(const dlock::Client& client) const {
+  [[noreturn]] void die_without_lock(const dlock::Client& client) const {
     if (client.session_state() == dlock::SessionState::kClosed) {
       const std::string within = plan_.timeout ? " within " + FormatDuration(*plan_.timeout) : "";
       Die(kStoreFailed, "store unreachable: " + client.url() + " did not answer" + within + " (nothing was acquired)");
@@ -349,7 +349,7 @@ class LockedCommand {
     read_stop_signals();
     if (cancelled_by_) {
       hold_->release();
-      return Stopped("before starting the command");
+      return stopped("before starting the command");
     }
     if (hold_->state() != dlock::HoldState::kHeld) {
       hold_->release();
@@ -361,13 +361,13 @@ class LockedCommand {
   // 2. Runs the command with the lock's environment until it exits; stops it
   //    if the lock is lost.
   int run_command(const dlock::Client& client) {
-    auto lost = std::make_shared<dlock::internal::EventSignal>(EventOrDie());
+    auto lost = std::make_shared<dlock::internal::EventSignal>(event_or_die());
     auto subscription = hold_->on_state_change([lost](dlock::HoldState s) {
       if (s == dlock::HoldState::kLost) Signal(*lost);
     });
     if (hold_->state() == dlock::HoldState::kLost) Signal(*lost);  // lost before we listened
     if (auto stopped = refuse_to_start_unless_held()) return *stopped;
-    const pid_t child = SpawnOrDie(client);
+    const pid_t child = spawn_or_die(client);
     const bool was_lost = supervise(child, *lost);
     subscription.reset();
     hold_->release();
@@ -379,7 +379,7 @@ class LockedCommand {
 
   // The environment with DLOCK_NAME, DLOCK_URL and DLOCK_FENCING_TOKEN of
   // this hold (replacing inherited ones).
-  std::vector<std::string> Environment(const dlock::Client& client) const {
+  std::vector<std::string> environment(const dlock::Client& client) const {
     std::vector<std::string> env;
     for (char** e = environ; *e; ++e) {
       std::string var(*e);
@@ -393,8 +393,8 @@ class LockedCommand {
     return env;
   }
 
-  pid_t SpawnOrDie(const dlock::Client& client) {
-    std::vector<std::string> env = Environment(client);
+  pid_t spawn_or_die(const dlock::Client& client) {
+    std::vector<std::string> env = environment(client);
     std::vector<std::string> args = plan_.options.command;
     auto pointers = [](std::vector<std::string>& strings) {
       std::vector<char*> out;
@@ -434,7 +434,7 @@ class LockedCommand {
         std::fprintf(stderr, "dlock: the lock %s was lost (its store session ended); stopping the command\n",
                      name_.c_str());
         ::kill(child, SIGTERM);
-        ArmTimer(kill_timer.get(), plan_.kill_after);
+        arm_timer(kill_timer.get(), plan_.kill_after);
       }
       if (fds[2].revents) {
         std::uint64_t expirations;
@@ -459,15 +459,15 @@ class LockedCommand {
     return exited;
   }
 
-  static void ArmTimer(int timer, std::chrono::milliseconds after) {
+  static void arm_timer(int timer, std::chrono::milliseconds after) {
     itimerspec when{};
     when.it_value.tv_sec = after.count() / 1000;
     when.it_value.tv_nsec = (after.count() % 1000) * 1'000'000 + 1;  // +1 ns: zero would disarm it
     timerfd_settime(timer, 0, &when, nullptr);
   }
 
-  static dlock::internal::EventSignal EventOrDie() {
-    auto event = dlock::internal::EventSignal::Create();
+  static dlock::internal::EventSignal event_or_die() {
+    auto event = dlock::internal::EventSignal::create();
     if (!event.ok()) Die(kStoreFailed, event.status().to_string());
     return std::move(*event);
   }

@@ -131,7 +131,7 @@ struct StoreDir {
   std::shared_ptr<Clock> clock;
   std::atomic<std::uint64_t> sessions_opened{0};
 
-  std::string PathOf(std::string_view relative) const {
+  std::string path_of(std::string_view relative) const {
     return path + (path.ends_with('/') ? "" : "/") + std::string(relative);
   }
 };
@@ -149,14 +149,14 @@ constexpr auto kCounterWaitLimit = std::chrono::milliseconds(250);
 // to 5 ms, until `deadline` (at least one try) or kCounterWaitLimit.
 Result<UniqueFd> LockCounter(const StoreDir& dir, int operation, Clock::time_point deadline) {
   UniqueFd fd(openat(dir.root.get(), std::string(kCounterFile).c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW));
-  if (!fd.valid()) return ErrnoStatus(errno, "cannot open", dir.PathOf(kCounterFile));
+  if (!fd.valid()) return ErrnoStatus(errno, "cannot open", dir.path_of(kCounterFile));
   const auto give_up = std::chrono::steady_clock::now() + kCounterWaitLimit;
   auto pause = std::chrono::microseconds(50);
   while (true) {
     if (RetryOnEintr([&] { return flock(fd.get(), operation | LOCK_NB); }) == 0) return fd;
-    if (errno != EWOULDBLOCK) return ErrnoStatus(errno, "cannot lock", dir.PathOf(kCounterFile));
+    if (errno != EWOULDBLOCK) return ErrnoStatus(errno, "cannot lock", dir.path_of(kCounterFile));
     if (dir.clock->now() >= deadline || std::chrono::steady_clock::now() >= give_up) {
-      return UnavailableError("the counter " + dir.PathOf(kCounterFile) +
+      return UnavailableError("the counter " + dir.path_of(kCounterFile) +
                               " is locked by a process that does not let go (stopped?); try again");
     }
     std::this_thread::sleep_for(pause);
@@ -177,10 +177,10 @@ std::uint64_t WallClockMicros() {
 Result<std::uint64_t> NextToken(const StoreDir& dir, int counter_fd) {
   unsigned char bytes[8] = {};
   ssize_t n = RetryOnEintr([&] { return pread(counter_fd, bytes, sizeof bytes, 0); });
-  if (n < 0) return ErrnoStatus(errno, "cannot read", dir.PathOf(kCounterFile));
+  if (n < 0) return ErrnoStatus(errno, "cannot read", dir.path_of(kCounterFile));
   if (n != 0 && n != static_cast<ssize_t>(sizeof bytes)) {
     // Never written short by us; restarting low would let tokens go back.
-    return InternalError("counter file " + dir.PathOf(kCounterFile) + " is " + std::to_string(n) +
+    return InternalError("counter file " + dir.path_of(kCounterFile) + " is " + std::to_string(n) +
                          " bytes long, not 8; it was damaged");
   }
   std::uint64_t last = 0;
@@ -192,7 +192,7 @@ Result<std::uint64_t> NextToken(const StoreDir& dir, int counter_fd) {
   for (std::size_t i = 0; i < sizeof bytes; ++i) bytes[i] = static_cast<unsigned char>(next >> (8 * i));
   n = RetryOnEintr([&] { return pwrite(counter_fd, bytes, sizeof bytes, 0); });
   if (n != static_cast<ssize_t>(sizeof bytes)) {
-    return ErrnoStatus(n < 0 ? errno : EIO, "cannot write", dir.PathOf(kCounterFile));
+    return ErrnoStatus(n < 0 ? errno : EIO, "cannot write", dir.path_of(kCounterFile));
   }
   return next;
 }
@@ -264,7 +264,7 @@ std::optional<OwnerRecord> ReadOwner(int fd) {
 
 Result<UniqueFd> OpenQueueDir(const StoreDir& dir, const std::string& qdir) {
   UniqueFd fd(openat(dir.root.get(), qdir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW));
-  if (!fd.valid() && errno != ENOENT) return ErrnoStatus(errno, "cannot open", dir.PathOf(qdir));
+  if (!fd.valid() && errno != ENOENT) return ErrnoStatus(errno, "cannot open", dir.path_of(qdir));
   return fd;  // invalid: the queue is empty
 }
 
@@ -277,15 +277,15 @@ Result<std::vector<Entry>> ReadQueue(const StoreDir& dir, const std::string& qdi
   if (!qdir_fd.ok()) return qdir_fd.status();
   if (!qdir_fd->valid()) return out;
   std::unique_ptr<DIR, int (*)(DIR*)> stream(fdopendir(qdir_fd->get()), &closedir);
-  if (!stream) return ErrnoStatus(errno, "cannot read", dir.PathOf(qdir));
+  if (!stream) return ErrnoStatus(errno, "cannot read", dir.path_of(qdir));
   static_cast<void>(qdir_fd->release());  // closedir() closes it now; dirfd() lends it back
   const int qfd = dirfd(stream.get());
   std::vector<std::string> names;
   errno = 0;
   while (dirent* d = readdir(stream.get())) names.emplace_back(d->d_name);
-  if (errno != 0) return ErrnoStatus(errno, "cannot read", dir.PathOf(qdir));
+  if (errno != 0) return ErrnoStatus(errno, "cannot read", dir.path_of(qdir));
   for (const std::string& name : names) {
-    std::string shown = dir.PathOf(qdir + "/" + name);
+    std::string shown = dir.path_of(qdir + "/" + name);
     if (std::string_view(name).starts_with(kTempPrefix)) {
       std::string_view nonce = std::string_view(name).substr(kTempPrefix.size());
       if (!IsNonce(nonce)) continue;
@@ -349,18 +349,18 @@ Result<TempEntry> CreateLockedTemp(const StoreDir& dir, const std::string& qdir)
   for (int attempt = 0; attempt < kMaxAppendAttempts; ++attempt) {
     const std::string nonce = RandomHex(file_store::kNonceLength / 2);
     if (mkdirat(dir.root.get(), qdir.c_str(), 0700) != 0 && errno != EEXIST) {
-      return ErrnoStatus(errno, "cannot create queue directory", dir.PathOf(qdir));
+      return ErrnoStatus(errno, "cannot create queue directory", dir.path_of(qdir));
     }
     std::string temp = qdir + "/" + std::string(kTempPrefix) + nonce;
     UniqueFd fd(openat(dir.root.get(), temp.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600));
     if (!fd.valid()) {
       if (errno == ENOENT || errno == EEXIST) continue;  // directory just removed as empty
-      return ErrnoStatus(errno, "cannot create", dir.PathOf(temp));
+      return ErrnoStatus(errno, "cannot create", dir.path_of(temp));
     }
     if (RetryOnEintr([&] { return flock(fd.get(), LOCK_EX); }) != 0) {
       int err = errno;
       unlinkat(dir.root.get(), temp.c_str(), 0);
-      return ErrnoStatus(err, "cannot lock", dir.PathOf(temp));
+      return ErrnoStatus(err, "cannot lock", dir.path_of(temp));
     }
     // A lister that opened the file before we locked it took it for a dead
     // append and deleted it: start over.
@@ -368,7 +368,7 @@ Result<TempEntry> CreateLockedTemp(const StoreDir& dir, const std::string& qdir)
     if (fstat(fd.get(), &st) != 0 || st.st_nlink == 0) continue;
     return TempEntry{nonce, std::move(fd)};
   }
-  return UnavailableError("cannot create an entry in " + dir.PathOf(qdir) + ": the directory keeps vanishing");
+  return UnavailableError("cannot create an entry in " + dir.path_of(qdir) + ": the directory keeps vanishing");
 }
 
 Status WriteAll(int fd, std::string_view data, const std::string& shown_path) {
@@ -415,7 +415,7 @@ class FileSession final : public Session {
       return InvalidArgumentError("attempt id '" + spec.attempt_id + "' must be 0-64 of [A-Za-z0-9_-]");
     }
     if (spec.sequence && *spec.sequence < 0) return InvalidArgumentError("entry sequence must not be negative");
-    if (closed()) return ClosedError();
+    if (closed()) return closed_error();
 
     const StoreDir& dir = *dir_;
     std::string qdir = QueueDirName(queue);
@@ -433,19 +433,19 @@ class FileSession final : public Session {
     };
 
     OwnerRecord owner = spec.owner;
-    if (auto s = WriteAll(temp->file.get(), EncodeOwnerRecord(owner), dir.PathOf(temp_path)); !s.ok()) {
+    if (auto s = WriteAll(temp->file.get(), EncodeOwnerRecord(owner), dir.path_of(temp_path)); !s.ok()) {
       return abandon(s);
     }
     if (mkfifoat(dir.root.get(), wake_path.c_str(), 0600) != 0) {
-      return abandon(ErrnoStatus(errno, "cannot create", dir.PathOf(wake_path)));
+      return abandon(ErrnoStatus(errno, "cannot create", dir.path_of(wake_path)));
     }
     // Read-write: opening never blocks, and the FIFO always has a writer (for
     // POLLHUP when it goes) and a reader (so that a remover can write).
     UniqueFd wake(openat(dir.root.get(), wake_path.c_str(), O_RDWR | O_NONBLOCK | O_CLOEXEC | O_NOFOLLOW));
-    if (!wake.valid()) return abandon(ErrnoStatus(errno, "cannot open", dir.PathOf(wake_path)));
+    if (!wake.valid()) return abandon(ErrnoStatus(errno, "cannot open", dir.path_of(wake_path)));
     // The FIFO is locked too, for waiters: see "Waking" at the top.
     if (RetryOnEintr([&] { return flock(wake.get(), LOCK_EX); }) != 0) {
-      return abandon(ErrnoStatus(errno, "cannot lock", dir.PathOf(wake_path)));
+      return abandon(ErrnoStatus(errno, "cannot lock", dir.path_of(wake_path)));
     }
 
     auto counter = LockCounter(dir, LOCK_EX, deadline);
@@ -467,7 +467,7 @@ class FileSession final : public Session {
     owned->wake = std::move(wake);
     std::string entry_path = qdir + "/" + owned->entry.id;
     if (renameat(dir.root.get(), temp_path.c_str(), dir.root.get(), entry_path.c_str()) != 0) {
-      return abandon(ErrnoStatus(errno, "cannot create", dir.PathOf(entry_path)));
+      return abandon(ErrnoStatus(errno, "cannot create", dir.path_of(entry_path)));
     }
 
     Appended out;
@@ -477,7 +477,7 @@ class FileSession final : public Session {
       if (closed_) {
         lock.unlock();
         ReleaseEntry(dir, *owned);
-        return ClosedError();
+        return closed_error();
       }
       std::string id = owned->entry.id;
       entries_.emplace(std::move(id), std::move(owned));
@@ -493,7 +493,7 @@ class FileSession final : public Session {
   Result<std::vector<Entry>> list(std::string_view queue, const ListOptions& options,
                                   Clock::time_point deadline) override {
     if (auto s = CheckQueueName(queue); !s.ok()) return s;
-    if (closed()) return ClosedError();
+    if (closed()) return closed_error();
     auto counter = LockCounter(*dir_, LOCK_SH, deadline);
     if (!counter.ok()) return counter.status();
     return ReadQueue(*dir_, QueueDirName(queue), options.with_owners);
@@ -509,7 +509,7 @@ class FileSession final : public Session {
       if (!parsed.ok()) return parsed.status();
       names.push_back(std::move(*parsed));
     }
-    if (closed()) return ClosedError();
+    if (closed()) return closed_error();
     const StoreDir& dir = *dir_;
     std::string qdir = QueueDirName(queue);
 
@@ -520,7 +520,7 @@ class FileSession final : public Session {
       UniqueFd fd(openat(dir.root.get(), wake_path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOFOLLOW));
       if (!fd.valid()) {
         if (errno == ENOENT) return OkStatus();
-        return ErrnoStatus(errno, "cannot open", dir.PathOf(wake_path));
+        return ErrnoStatus(errno, "cannot open", dir.path_of(wake_path));
       }
       fifos.push_back(std::move(fd));
     }
@@ -529,18 +529,18 @@ class FileSession final : public Session {
     if (!qdir_fd.ok()) return qdir_fd.status();
     if (!qdir_fd->valid()) return OkStatus();
     for (std::size_t i = 0; i < ids.size(); ++i) {
-      auto probe = ProbeFile(dir, qdir_fd->get(), ids[i], names[i].nonce, dir.PathOf(qdir + "/" + ids[i]));
+      auto probe = ProbeFile(dir, qdir_fd->get(), ids[i], names[i].nonce, dir.path_of(qdir + "/" + ids[i]));
       if (!probe.ok()) return probe.status();
       if (probe->liveness == Liveness::kGone) return OkStatus();
       // The FIFO's own lock: free means its owner is gone (see "Waking").
       if (flock(fifos[i].get(), LOCK_SH | LOCK_NB) == 0) return OkStatus();
       if (errno != EWOULDBLOCK)
-        return ErrnoStatus(errno, "cannot test the lock of", dir.PathOf(WakePath(names[i].nonce)));
+        return ErrnoStatus(errno, "cannot test the lock of", dir.path_of(WakePath(names[i].nonce)));
     }
 
     // Shared, so that a late signal never writes to a closed, maybe reused,
     // descriptor.
-    auto signal = EventSignal::Create();
+    auto signal = EventSignal::create();
     if (!signal.ok()) return signal.status();
     auto wake_me = std::make_shared<const EventSignal>(std::move(*signal));
     std::stop_callback on_stop(stop, [wake_me] { wake_me->signal(); });
@@ -553,7 +553,7 @@ class FileSession final : public Session {
     pollfds.push_back({closed_event_.fd(), POLLIN, 0});
     for (;;) {
       if (stop.stop_requested()) return CancelledError("waiting in queue " + std::string(queue) + " was cancelled");
-      if (closed()) return ClosedError();
+      if (closed()) return closed_error();
       Clock::time_point now = dir.clock->now();
       if (now >= deadline) {
         return DeadlineExceededError("deadline passed waiting for an entry of queue " + std::string(queue) + " to go");
@@ -590,7 +590,7 @@ class FileSession final : public Session {
     std::unique_ptr<OwnedEntry> mine;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (closed_) return ClosedError();
+      if (closed_) return closed_error();
       auto it = entries_.find(std::string(id));
       if (it != entries_.end() && it->second->queue == queue) {
         mine = std::move(it->second);
@@ -608,7 +608,7 @@ class FileSession final : public Session {
     if (!qdir_fd.ok()) return qdir_fd.status();
     if (!qdir_fd->valid()) return OkStatus();
     std::string entry(id);
-    std::string shown = dir.PathOf(qdir + "/" + entry);
+    std::string shown = dir.path_of(qdir + "/" + entry);
     UniqueFd fd(openat(qdir_fd->get(), entry.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK));
     if (!fd.valid()) {
       if (errno == ENOENT) return OkStatus();
@@ -629,7 +629,7 @@ class FileSession final : public Session {
                                         Clock::time_point) override {
     if (auto s = CheckQueueName(queue); !s.ok()) return s;
     std::lock_guard<std::mutex> lock(mu_);
-    if (closed_) return ClosedError();
+    if (closed_) return closed_error();
     for (const auto& [id, owned] : entries_) {
       if (owned->queue != queue || owned->entry.attempt_id != attempt_id) continue;
       // An operator may have deleted it: then it is not ours any more.
@@ -661,7 +661,7 @@ class FileSession final : public Session {
     std::lock_guard<std::mutex> lock(mu_);
     return closed_;
   }
-  Status ClosedError() const { return SessionLostError("session " + id_ + " of " + dir_->path + " is closed"); }
+  Status closed_error() const { return SessionLostError("session " + id_ + " of " + dir_->path + " is closed"); }
 
   const std::shared_ptr<StoreDir> dir_;
   const std::string id_;
@@ -680,7 +680,7 @@ class FileStore final : public Store {
   std::string url() const override { return "file://" + EscapeUrlPath(dir_->path); }
 
   Result<std::shared_ptr<Session>> open_session(Clock::time_point) override {
-    auto closed_event = EventSignal::Create();
+    auto closed_event = EventSignal::create();
     if (!closed_event.ok()) return closed_event.status();
     std::string id = "pid " + std::to_string(getpid()) + " #" + std::to_string(++dir_->sessions_opened);
     return std::shared_ptr<Session>(std::make_shared<FileSession>(dir_, std::move(id), std::move(*closed_event)));
@@ -782,19 +782,19 @@ Status InitializeDirectory(const StoreDir& dir) {
     if (errno == EACCES || errno == EROFS || errno == EPERM) {
       return PermissionDeniedError("store directory " + dir.path + " is not writable: " + ErrnoText(errno));
     }
-    return ErrnoStatus(errno, "cannot open", dir.PathOf(kCounterFile));
+    return ErrnoStatus(errno, "cannot open", dir.path_of(kCounterFile));
   }
   struct stat st {};
   if (fstat(counter.get(), &st) != 0 || !S_ISREG(st.st_mode)) {
-    return InvalidArgumentError(dir.PathOf(kCounterFile) + " is not a regular file; is " + dir.path +
+    return InvalidArgumentError(dir.path_of(kCounterFile) + " is not a regular file; is " + dir.path +
                                 " a dlock store directory?");
   }
   std::string wake_dir(kWakeDir);
   if (mkdirat(dir.root.get(), wake_dir.c_str(), 0700) != 0 && errno != EEXIST) {
-    return ErrnoStatus(errno, "cannot create", dir.PathOf(kWakeDir));
+    return ErrnoStatus(errno, "cannot create", dir.path_of(kWakeDir));
   }
   UniqueFd wake(openat(dir.root.get(), wake_dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
-  if (!wake.valid()) return ErrnoStatus(errno, "cannot open", dir.PathOf(kWakeDir));
+  if (!wake.valid()) return ErrnoStatus(errno, "cannot open", dir.path_of(kWakeDir));
   return OkStatus();
 }
 

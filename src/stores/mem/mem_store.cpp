@@ -44,7 +44,7 @@ struct MemStore::State {
   std::map<std::string, std::uint64_t, std::less<>> ops;
 
   // Counts `op` and returns an injected failure for it, if any. Requires mu.
-  Status Inject(std::string_view op) {
+  Status inject(std::string_view op) {
     ++ops[std::string(op)];
     for (std::string_view key : {op, std::string_view("*")}) {
       auto it = failures.find(key);
@@ -57,7 +57,7 @@ struct MemStore::State {
     return OkStatus();
   }
   // Waits out an injected delay for `op`, releasing mu meanwhile.
-  void Delay(std::unique_lock<std::mutex>& lock, std::string_view op) {
+  void delay(std::unique_lock<std::mutex>& lock, std::string_view op) {
     Clock::duration by{};
     for (std::string_view key : {op, std::string_view("*")}) {
       auto it = delays.find(key);
@@ -73,7 +73,7 @@ struct MemStore::State {
     clock->wait_until(changed, lock, {}, until, [&] { return clock->now() >= until; });
   }
   // True if the reply of this `op` is to be lost. Requires mu.
-  bool LoseReply(std::string_view op) {
+  bool lose_reply(std::string_view op) {
     for (std::string_view key : {op, std::string_view("*")}) {
       auto it = lost_replies.find(key);
       if (it != lost_replies.end() && it->second > 0) {
@@ -84,7 +84,7 @@ struct MemStore::State {
     return false;
   }
   // The session's usability for a request. Requires mu.
-  Status Usable(const std::string& session) const {
+  Status usable(const std::string& session) const {
     auto it = sessions.find(session);
     if (it == sessions.end()) return SessionLostError("session " + session + " is gone");
     switch (it->second.state) {
@@ -95,7 +95,7 @@ struct MemStore::State {
     }
     return InternalError("bad session state");
   }
-  std::vector<Entry> Snapshot(std::string_view queue, bool with_owners) const {
+  std::vector<Entry> snapshot(std::string_view queue, bool with_owners) const {
     std::vector<Entry> out;
     auto it = queues.find(queue);
     if (it == queues.end()) return out;
@@ -109,13 +109,13 @@ struct MemStore::State {
     std::sort(out.begin(), out.end(), QueueOrder);
     return out;
   }
-  bool Present(std::string_view queue, std::string_view id) const {
+  bool present(std::string_view queue, std::string_view id) const {
     auto it = queues.find(queue);
     if (it == queues.end()) return false;
     return std::any_of(it->second.begin(), it->second.end(), [&](const StoredEntry& e) { return e.entry.id == id; });
   }
   // Removes every entry of `session`. Requires mu.
-  void DropEntriesOf(const std::string& session) {
+  void drop_entries_of(const std::string& session) {
     for (auto it = queues.begin(); it != queues.end();) {
       std::erase_if(it->second, [&](const StoredEntry& e) { return e.session == session; });
       it = it->second.empty() ? queues.erase(it) : std::next(it);
@@ -127,7 +127,7 @@ struct MemStore::State {
 // `then` runs under mu after the listeners returned. From inside a listener
 // of the same session, the listeners hear it (and `then` runs) after that
 // listener returns.
-void MemStore::Transition(const std::shared_ptr<State>& state, std::string_view id, SessionState next,
+void MemStore::transition(const std::shared_ptr<State>& state, std::string_view id, SessionState next,
                           const std::function<void(State&)>& then) {
   std::shared_ptr<internal::SerialDelivery> delivery;
   internal::ListenerList<SessionState> listeners;
@@ -187,9 +187,9 @@ class MemStore::MemSession final : public Session {
   Result<Appended> append(std::string_view queue, const EntrySpec& spec, Clock::time_point) override {
     if (Status s = CheckQueue(queue); !s.ok()) return s;
     std::unique_lock<std::mutex> lock(state_->mu);
-    state_->Delay(lock, "append");
-    if (Status s = state_->Inject("append"); !s.ok()) return s;
-    if (Status s = state_->Usable(id_); !s.ok()) return s;
+    state_->delay(lock, "append");
+    if (Status s = state_->inject("append"); !s.ok()) return s;
+    if (Status s = state_->usable(id_); !s.ok()) return s;
     if (spec.kind.empty() || spec.attempt_id.empty()) {
       return InvalidArgumentError("entry needs a kind and an attempt id");
     }
@@ -207,19 +207,19 @@ class MemStore::MemSession final : public Session {
     Appended out;
     out.entry = stored.entry;
     state_->queues[std::string(queue)].push_back(std::move(stored));
-    out.queue = state_->Snapshot(queue, false);
-    if (state_->LoseReply("append")) return UnavailableError("reply to append lost (injected)");
+    out.queue = state_->snapshot(queue, false);
+    if (state_->lose_reply("append")) return UnavailableError("reply to append lost (injected)");
     return out;
   }
 
   Result<std::vector<Entry>> list(std::string_view queue, const ListOptions& options, Clock::time_point) override {
     if (Status s = CheckQueue(queue); !s.ok()) return s;
     std::unique_lock<std::mutex> lock(state_->mu);
-    state_->Delay(lock, "list");
-    if (Status s = state_->Inject("list"); !s.ok()) return s;
-    if (Status s = state_->Usable(id_); !s.ok()) return s;
-    auto out = state_->Snapshot(queue, options.with_owners);
-    if (state_->LoseReply("list")) return UnavailableError("reply to list lost (injected)");
+    state_->delay(lock, "list");
+    if (Status s = state_->inject("list"); !s.ok()) return s;
+    if (Status s = state_->usable(id_); !s.ok()) return s;
+    auto out = state_->snapshot(queue, options.with_owners);
+    if (state_->lose_reply("list")) return UnavailableError("reply to list lost (injected)");
     return out;
   }
 
@@ -228,17 +228,17 @@ class MemStore::MemSession final : public Session {
     if (Status s = CheckQueue(queue); !s.ok()) return s;
     if (ids.empty()) return InvalidArgumentError("wait_any_gone needs at least one entry id");
     std::unique_lock<std::mutex> lock(state_->mu);
-    state_->Delay(lock, "wait");
-    if (Status s = state_->Inject("wait"); !s.ok()) return s;
+    state_->delay(lock, "wait");
+    if (Status s = state_->inject("wait"); !s.ok()) return s;
     auto gone = [&] {
-      return std::any_of(ids.begin(), ids.end(), [&](const std::string& id) { return !state_->Present(queue, id); });
+      return std::any_of(ids.begin(), ids.end(), [&](const std::string& id) { return !state_->present(queue, id); });
     };
     auto ended = [&] {
       auto it = state_->sessions.find(id_);
       return it == state_->sessions.end() || it->second.state == SessionState::kLost ||
              it->second.state == SessionState::kClosed;
     };
-    if (ended()) return state_->Usable(id_);
+    if (ended()) return state_->usable(id_);
     // A suspended session keeps waiting: a real store's watch survives a
     // reconnect within the session.
     state_->clock->wait_until(state_->changed, lock, stop, deadline, [&] { return gone() || ended(); });
@@ -254,16 +254,16 @@ class MemStore::MemSession final : public Session {
   Status remove(std::string_view queue, std::string_view id, Clock::time_point) override {
     if (Status s = CheckQueue(queue); !s.ok()) return s;
     std::unique_lock<std::mutex> lock(state_->mu);
-    state_->Delay(lock, "remove");
-    if (Status s = state_->Inject("remove"); !s.ok()) return s;
-    if (Status s = state_->Usable(id_); !s.ok()) return s;
+    state_->delay(lock, "remove");
+    if (Status s = state_->inject("remove"); !s.ok()) return s;
+    if (Status s = state_->usable(id_); !s.ok()) return s;
     auto it = state_->queues.find(queue);
     if (it != state_->queues.end()) {
       std::erase_if(it->second, [&](const State::StoredEntry& e) { return e.entry.id == id; });
       if (it->second.empty()) state_->queues.erase(it);
       state_->changed.notify_all();
     }
-    if (state_->LoseReply("remove")) return UnavailableError("reply to remove lost (injected)");
+    if (state_->lose_reply("remove")) return UnavailableError("reply to remove lost (injected)");
     return OkStatus();
   }
 
@@ -271,9 +271,9 @@ class MemStore::MemSession final : public Session {
                                         Clock::time_point) override {
     if (Status s = CheckQueue(queue); !s.ok()) return s;
     std::unique_lock<std::mutex> lock(state_->mu);
-    state_->Delay(lock, "find_own");
-    if (Status s = state_->Inject("find_own"); !s.ok()) return s;
-    if (Status s = state_->Usable(id_); !s.ok()) return s;
+    state_->delay(lock, "find_own");
+    if (Status s = state_->inject("find_own"); !s.ok()) return s;
+    if (Status s = state_->usable(id_); !s.ok()) return s;
     auto it = state_->queues.find(queue);
     if (it != state_->queues.end()) {
       for (const auto& e : it->second) {
@@ -285,7 +285,7 @@ class MemStore::MemSession final : public Session {
 
   void close() noexcept override {
     try {
-      Transition(state_, id_, SessionState::kClosed, [id = id_](State& s) { s.DropEntriesOf(id); });
+      transition(state_, id_, SessionState::kClosed, [id = id_](State& s) { s.drop_entries_of(id); });
     } catch (...) {  // out of memory: the entries stay until the store goes
     }
   }
@@ -315,24 +315,24 @@ std::string MemStore::url() const { return "mem://"; }
 
 Result<std::shared_ptr<Session>> MemStore::open_session(Clock::time_point deadline) {
   std::unique_lock<std::mutex> lock(state_->mu);
-  state_->Delay(lock, "open_session");
-  if (Status s = state_->Inject("open_session"); !s.ok()) return s;
+  state_->delay(lock, "open_session");
+  if (Status s = state_->inject("open_session"); !s.ok()) return s;
   if (state_->clock->now() >= deadline) return UnavailableError("no session before the deadline (slow store)");
   std::string id = "mem-" + std::to_string(state_->next_session++);
   state_->sessions[id];
   return std::shared_ptr<Session>(std::make_shared<MemSession>(state_, id));
 }
 
-void MemStore::suspend(std::string_view session_id) { Transition(state_, session_id, SessionState::kSuspended); }
+void MemStore::suspend(std::string_view session_id) { transition(state_, session_id, SessionState::kSuspended); }
 
 void MemStore::resume(std::string_view session_id) {
   // Only a suspended session can come back; Transition ignores ended ones.
-  Transition(state_, session_id, SessionState::kConnected);
+  transition(state_, session_id, SessionState::kConnected);
 }
 
 void MemStore::expire(std::string_view session_id) {
-  Transition(state_, session_id, SessionState::kLost,
-             [id = std::string(session_id)](State& s) { s.DropEntriesOf(id); });
+  transition(state_, session_id, SessionState::kLost,
+             [id = std::string(session_id)](State& s) { s.drop_entries_of(id); });
 }
 
 void MemStore::fail_next(std::string_view op, Status status, int count) {

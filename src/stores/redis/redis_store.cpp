@@ -1128,7 +1128,7 @@ class RedisStore final : public Store {
 
 Result<Config> ParseConfig(const ParsedUrl& url, const StoreOptions& options) {
   Config cfg;
-  cfg.url = url.Redacted();
+  cfg.url = url.redacted();
   cfg.clock = options.clock ? options.clock : Clock::system();
   if (url.hosts.empty()) return InvalidArgumentError("redis:// needs a host, e.g. redis://localhost:6379");
   if (url.hosts.size() > 1) {

@@ -33,7 +33,7 @@ Status ValidateChroot(std::string_view path) {
 Result<std::shared_ptr<const Config>> ParseConfig(const ParsedUrl& url, const StoreOptions& options) {
   if (auto s = CheckQueryKeys(url, {"session_timeout", "connect_timeout", "acl"}); !s.ok()) return s;
   auto cfg = std::make_shared<Config>();
-  cfg->redacted_url = url.Redacted();
+  cfg->redacted_url = url.redacted();
   if (url.hosts.empty()) {
     return InvalidArgumentError("zk:// URL needs at least one host, e.g. zk://127.0.0.1:2181");
   }
