@@ -117,6 +117,12 @@ Status ErrorReplyStatus(std::string_view err, std::string_view what) {
   return InternalError(std::move(m));
 }
 
+std::optional<EventSignal> MaybeSignal() {
+  auto s = EventSignal::Create();
+  if (!s.ok()) return std::nullopt;
+  return std::move(*s);
+}
+
 // --- Conn
 
 Result<std::unique_ptr<Conn>> Conn::open(const Endpoint& ep, IoClock::time_point deadline, int interrupt_fd) {

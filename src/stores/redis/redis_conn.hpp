@@ -19,6 +19,7 @@
 #include <string_view>
 #include <vector>
 
+#include "core/event_signal.hpp"
 #include "dlock/status.hpp"
 
 struct redisContext;
@@ -88,6 +89,13 @@ long long ElementInt(const redisReply* r) noexcept;
 Status ErrorReplyStatus(std::string_view error_text, std::string_view what);
 
 using Command = std::vector<std::string>;
+
+// An eventfd for a Conn's `interrupt_fd` (or another wake-up), empty if the
+// process is out of descriptors: that only costs the early wake-up, as with
+// no eventfd at all.
+std::optional<EventSignal> MaybeSignal();
+// Its descriptor, or -1 for none.
+inline int FdOf(const std::optional<EventSignal>& signal) { return signal ? signal->fd() : -1; }
 
 class Conn {
  public:

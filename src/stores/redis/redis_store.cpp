@@ -87,16 +87,6 @@ std::string SessionKey(std::string_view sid) { return "dlock:session:" + std::st
 // The append script's answer when find_own already settled the attempt.
 bool Fenced(const Reply& r) { return r.is_array() && r.size() == 1 && ElementStr(r.element(0)) == "fenced"; }
 
-// An empty optional if the process is out of descriptors: then nothing is
-// interrupted early.
-std::optional<EventSignal> MakeSignal() {
-  auto s = EventSignal::Create();
-  if (!s.ok()) return std::nullopt;
-  return std::move(*s);
-}
-
-int FdOf(const std::optional<EventSignal>& signal) { return signal ? signal->fd() : -1; }
-
 // The server forgot the scripts (a restart, SCRIPT FLUSH).
 bool IsNoScript(const Reply& r) { return r.is_error() && r.str().substr(0, 8) == "NOSCRIPT"; }
 
@@ -374,7 +364,7 @@ class StoreCore {
 class SessionCore : public std::enable_shared_from_this<SessionCore> {
  public:
   SessionCore(std::shared_ptr<StoreCore> store, std::string sid, Clock::time_point basis)
-      : store_(std::move(store)), cfg_(store_->cfg()), sid_(std::move(sid)), interrupt_(MakeSignal()) {
+      : store_(std::move(store)), cfg_(store_->cfg()), sid_(std::move(sid)), interrupt_(MaybeSignal()) {
     MutexLock lk(mu_);  // nobody else can see the session yet: for the analysis
     master_basis_ = basis;
     update_lost_at();

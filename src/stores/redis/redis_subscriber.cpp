@@ -51,14 +51,6 @@ struct Subscriber::Plan {
 
 namespace {
 
-int FdOf(const std::optional<EventSignal>& signal) { return signal ? signal->fd() : -1; }
-
-std::optional<EventSignal> MakeSignal() {
-  auto s = EventSignal::Create();
-  if (!s.ok()) return std::nullopt;
-  return std::move(*s);
-}
-
 void SplitIds(std::string_view payload, std::vector<std::string>& out) {
   while (!payload.empty()) {
     auto sp = payload.find(' ');
@@ -82,7 +74,8 @@ Result<CheckResult> SafeCheck(const Subscriber::CheckFn& check, const std::strin
 
 }  // namespace
 
-Subscriber::Subscriber(SubscriberOptions options) : opt_(std::move(options)), wake_(MakeSignal()), stop_(MakeSignal()) {
+Subscriber::Subscriber(SubscriberOptions options)
+    : opt_(std::move(options)), wake_(MaybeSignal()), stop_(MaybeSignal()) {
   clock_subscription_ = opt_.clock->on_advance([this] { poke(); });
   thread_ = std::jthread([this](std::stop_token st) { run(st); });
 }
@@ -481,14 +474,14 @@ void Subscriber::run(std::stop_token st) {
     IoClock::time_point wake_at = p.wake_at;
     if (!link.conn && p.want_connection) {
       Step s = connect(link, now, wake_at);
-      if (s == Step::kStop) break;
-      if (s == Step::kRestart) continue;
+      if (s == Step::kStop) break;        // stopped while connecting
+      if (s == Step::kRestart) continue;  // connected: plan again, to subscribe to everything wanted
     }
     if (link.conn && !p.to_send.empty() && !link.conn->write(p.to_send, IoClock::now() + opt_.io_timeout).ok()) {
-      drop(link);
+      drop(link);  // the next turns reconnect and subscribe again
       continue;
     }
-    if (link.conn && ping(link, wake_at) == Step::kRestart) continue;
+    if (link.conn && ping(link, wake_at) == Step::kRestart) continue;  // the connection was dropped
     if (await_input(link, wake_at) == Step::kStop) break;
   }
   MutexLock lk(mu_);
