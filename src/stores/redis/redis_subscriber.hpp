@@ -79,7 +79,8 @@ class Subscriber {
 
   // Blocks until an id of `ids` is gone from `queue` (OK), or `deadline`
   // passes, `stop` is requested, or `session()` reports an error. Keeps waiting
-  // while the store is unreachable. `session` and `check` run without mu_.
+  // while the store is unreachable. `check` runs without mu_; `session` runs
+  // with it held, so it must be quick and must not call back into the Subscriber.
   Status wait(const std::string& queue, const std::string& channel, const std::vector<std::string>& ids,
               Clock::time_point deadline, std::stop_token stop, const SessionFn& session, const CheckFn& check)
       DLOCK_EXCLUDES(mu_);
