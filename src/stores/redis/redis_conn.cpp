@@ -117,9 +117,15 @@ Status ErrorReplyStatus(std::string_view err, std::string_view what) {
   return InternalError(std::move(m));
 }
 
+std::optional<EventSignal> MaybeSignal() {
+  auto s = EventSignal::Create();
+  if (!s.ok()) return std::nullopt;
+  return std::move(*s);
+}
+
 // --- Conn
 
-Result<std::unique_ptr<Conn>> Conn::Open(const Endpoint& ep, IoClock::time_point deadline, int interrupt_fd) {
+Result<std::unique_ptr<Conn>> Conn::open(const Endpoint& ep, IoClock::time_point deadline, int interrupt_fd) {
   std::string where =
       (ep.host.find(':') != std::string::npos ? "[" + ep.host + "]" : ep.host) + ":" + std::to_string(ep.port);
   if (IoClock::now() >= deadline) return UnavailableError("connecting to redis at " + where + ": deadline passed");
@@ -134,7 +140,7 @@ Result<std::unique_ptr<Conn>> Conn::Open(const Endpoint& ep, IoClock::time_point
   }
   BoundArrayReplies(c->reader);
   std::unique_ptr<Conn> conn(new Conn(c, where, interrupt_fd));
-  auto ready = conn->Await(POLLOUT, deadline);
+  auto ready = conn->await(POLLOUT, deadline);
   if (!ready.ok()) return ready.status();
   if (*ready == 0) return UnavailableError("cannot connect to redis at " + where + ": connect timed out");
   int so_error = 0;
@@ -153,7 +159,7 @@ Result<std::unique_ptr<Conn>> Conn::Open(const Endpoint& ep, IoClock::time_point
   }
   if (ep.db != 0) setup.push_back({"SELECT", std::to_string(ep.db)});
   if (!setup.empty()) {
-    auto replies = conn->Pipeline(setup, deadline);
+    auto replies = conn->pipeline(setup, deadline);
     if (!replies.ok()) {
       if (replies.status().code() == ErrorCode::kCancelled) return replies.status();
       return UnavailableError("redis at " + where + " did not answer: " + replies.status().message());
@@ -178,19 +184,19 @@ Conn::~Conn() {
 
 int Conn::fd() const noexcept { return c_ ? c_->fd : -1; }
 
-Status Conn::Fail(std::string what) {
+Status Conn::fail(std::string what) {
   broken_ = true;
   return UnavailableError("redis at " + where_ + ": " + what);
 }
 
-Result<int> Conn::Await(short events, IoClock::time_point deadline) {
+Result<int> Conn::await(short events, IoClock::time_point deadline) {
   for (;;) {
     pollfd p[2] = {{c_->fd, events, 0}, {interrupt_fd_, POLLIN, 0}};
     int ms = PollMs(deadline);
     int pr = ::poll(p, interrupt_fd_ >= 0 ? 2 : 1, ms);
     if (pr < 0) {
       if (errno == EINTR) continue;
-      return Fail(std::string("poll: ") + std::strerror(errno));
+      return fail(std::string("poll: ") + std::strerror(errno));
     }
     if (interrupt_fd_ >= 0 && (p[1].revents & POLLIN)) {
       broken_ = true;
@@ -204,7 +210,7 @@ Result<int> Conn::Await(short events, IoClock::time_point deadline) {
   }
 }
 
-Status Conn::Write(const std::vector<Command>& cmds, IoClock::time_point deadline) {
+Status Conn::write(const std::vector<Command>& cmds, IoClock::time_point deadline) {
   if (broken_) return UnavailableError("redis at " + where_ + ": connection is broken");
   std::string out;
   std::vector<const char*> argv;
@@ -218,7 +224,7 @@ Status Conn::Write(const std::vector<Command>& cmds, IoClock::time_point deadlin
     }
     char* buf = nullptr;
     int n = redisFormatCommandArgv(&buf, static_cast<int>(argv.size()), argv.data(), lens.data());
-    if (n < 0 || buf == nullptr) return Fail("out of memory formatting a command");
+    if (n < 0 || buf == nullptr) return fail("out of memory formatting a command");
     out.append(buf, static_cast<std::size_t>(n));
     redisFreeCommand(buf);
   }
@@ -231,68 +237,68 @@ Status Conn::Write(const std::vector<Command>& cmds, IoClock::time_point deadlin
     }
     if (n < 0 && errno == EINTR) continue;
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-      auto ready = Await(POLLOUT, deadline);
+      auto ready = await(POLLOUT, deadline);
       if (!ready.ok()) return ready.status();
       if (*ready == 0) {
         timed_out_ = true;
-        return Fail("timed out writing");
+        return fail("timed out writing");
       }
       continue;
     }
-    return Fail(std::string("write failed: ") + (n < 0 ? std::strerror(errno) : "closed"));
+    return fail(std::string("write failed: ") + (n < 0 ? std::strerror(errno) : "closed"));
   }
   return OkStatus();
 }
 
-Result<std::optional<Reply>> Conn::Buffered() {
+Result<std::optional<Reply>> Conn::buffered() {
   if (broken_) return UnavailableError("redis at " + where_ + ": connection is broken");
   void* reply = nullptr;
   if (redisReaderGetReply(c_->reader, &reply) != REDIS_OK) {
-    return Fail("protocol error in a reply: " + ReaderError(c_->reader));
+    return fail("protocol error in a reply: " + ReaderError(c_->reader));
   }
   if (reply == nullptr) return std::optional<Reply>();
   return std::optional<Reply>(Reply(static_cast<redisReply*>(reply)));
 }
 
-Result<std::optional<Reply>> Conn::ReadOne(IoClock::time_point deadline) {
+Result<std::optional<Reply>> Conn::read_one(IoClock::time_point deadline) {
   for (;;) {
-    auto buffered = Buffered();
-    if (!buffered.ok() || buffered->has_value()) return buffered;
+    auto have = buffered();
+    if (!have.ok() || have->has_value()) return have;
     char buf[16 * 1024];
     ssize_t n = ::read(c_->fd, buf, sizeof buf);
-    if (n == 0) return Fail("server closed the connection");
+    if (n == 0) return fail("server closed the connection");
     if (n < 0) {
       if (errno == EINTR) continue;
-      if (errno != EAGAIN && errno != EWOULDBLOCK) return Fail(std::string("read failed: ") + std::strerror(errno));
-      auto ready = Await(POLLIN, deadline);
+      if (errno != EAGAIN && errno != EWOULDBLOCK) return fail(std::string("read failed: ") + std::strerror(errno));
+      auto ready = await(POLLIN, deadline);
       if (!ready.ok()) return ready.status();
       if (*ready == 0) return std::optional<Reply>();
       continue;
     }
     if (redisReaderFeed(c_->reader, buf, static_cast<std::size_t>(n)) != REDIS_OK) {
-      return Fail("protocol error: " + ReaderError(c_->reader));
+      return fail("protocol error: " + ReaderError(c_->reader));
     }
   }
 }
 
-Result<std::vector<Reply>> Conn::Pipeline(const std::vector<Command>& cmds, IoClock::time_point deadline) {
-  if (auto s = Write(cmds, deadline); !s.ok()) return s;
+Result<std::vector<Reply>> Conn::pipeline(const std::vector<Command>& cmds, IoClock::time_point deadline) {
+  if (auto s = write(cmds, deadline); !s.ok()) return s;
   std::vector<Reply> out;
   out.reserve(cmds.size());
   while (out.size() < cmds.size()) {
-    auto r = ReadOne(deadline);
+    auto r = read_one(deadline);
     if (!r.ok()) return r.status();
     if (!r->has_value()) {
       timed_out_ = true;
-      return Fail("timed out waiting for a reply");
+      return fail("timed out waiting for a reply");
     }
     out.push_back(std::move(**r));
   }
   return out;
 }
 
-Result<Reply> Conn::Run(const Command& cmd, IoClock::time_point deadline) {
-  auto r = Pipeline({cmd}, deadline);
+Result<Reply> Conn::run(const Command& cmd, IoClock::time_point deadline) {
+  auto r = pipeline({cmd}, deadline);
   if (!r.ok()) return r.status();
   return std::move((*r)[0]);
 }

@@ -19,6 +19,7 @@
 #include <string_view>
 #include <vector>
 
+#include "core/event_signal.hpp"
 #include "dlock/status.hpp"
 
 struct redisContext;
@@ -89,6 +90,13 @@ Status ErrorReplyStatus(std::string_view error_text, std::string_view what);
 
 using Command = std::vector<std::string>;
 
+// An eventfd for a Conn's `interrupt_fd` (or another wake-up), empty if the
+// process is out of descriptors: that only costs the early wake-up, as with
+// no eventfd at all.
+std::optional<EventSignal> MaybeSignal();
+// Its descriptor, or -1 for none.
+inline int FdOf(const std::optional<EventSignal>& signal) { return signal ? signal->fd() : -1; }
+
 class Conn {
  public:
   // Connects, authenticates and selects the database, all before `deadline`.
@@ -100,7 +108,7 @@ class Conn {
   // operation of the connection: when it is readable, the operation stops with
   // kCancelled and the connection is broken. The owner never drains it; it
   // is the owner's "shut down now".
-  static Result<std::unique_ptr<Conn>> Open(const Endpoint& ep, IoClock::time_point deadline, int interrupt_fd = -1);
+  static Result<std::unique_ptr<Conn>> open(const Endpoint& ep, IoClock::time_point deadline, int interrupt_fd = -1);
 
   ~Conn();
   Conn(const Conn&) = delete;
@@ -109,16 +117,16 @@ class Conn {
   // Writes every command, then reads one reply per command. A socket error or
   // a timeout returns kUnavailable and breaks the connection (broken() is then
   // true; throw the connection away). Error *replies* are returned as replies.
-  Result<std::vector<Reply>> Pipeline(const std::vector<Command>& cmds, IoClock::time_point deadline);
-  Result<Reply> Run(const Command& cmd, IoClock::time_point deadline);
+  Result<std::vector<Reply>> pipeline(const std::vector<Command>& cmds, IoClock::time_point deadline);
+  Result<Reply> run(const Command& cmd, IoClock::time_point deadline);
 
   // Lower level, for the subscriber: write without reading, and read one
   // reply if one is complete before `deadline` (nullopt on timeout, which
   // does not break the connection).
-  Status Write(const std::vector<Command>& cmds, IoClock::time_point deadline);
-  Result<std::optional<Reply>> ReadOne(IoClock::time_point deadline);
+  Status write(const std::vector<Command>& cmds, IoClock::time_point deadline);
+  Result<std::optional<Reply>> read_one(IoClock::time_point deadline);
   // A reply already buffered, without touching the socket.
-  Result<std::optional<Reply>> Buffered();
+  Result<std::optional<Reply>> buffered();
 
   int fd() const noexcept;
   bool broken() const noexcept { return broken_; }
@@ -130,10 +138,10 @@ class Conn {
  private:
   Conn(redisContext* c, std::string where, int interrupt_fd) noexcept
       : c_(c), where_(std::move(where)), interrupt_fd_(interrupt_fd) {}
-  Status Fail(std::string what);
+  Status fail(std::string what);
   // Polls the socket for `events` and the interrupt fd until `deadline`:
   // 1 ready, 0 timed out, or an error (kCancelled, kUnavailable).
-  Result<int> Await(short events, IoClock::time_point deadline);
+  Result<int> await(short events, IoClock::time_point deadline);
 
   redisContext* c_;
   std::string where_;  // "127.0.0.1:6379" for messages

@@ -262,7 +262,7 @@ std::string_view ScriptName(ScriptId id) {
     case ScriptId::kCloseQueue: return "close_queue";
     case ScriptId::kRenewMirror: return "renew_mirror";
     case ScriptId::kProbe: return "probe";
-    case ScriptId::kCount_: break;
+    case ScriptId::kCount: break;
   }
   return "?";
 }

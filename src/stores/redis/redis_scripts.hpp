@@ -45,10 +45,10 @@ enum class ScriptId {
   kCloseQueue,   // KEYS zset, mirror
   kRenewMirror,  // KEYS mirror (checks the session's entries too)
   kProbe,        // no keys; checks that scripting works
-  kCount_,
+  kCount,
 };
 
-inline constexpr int kScriptCount = static_cast<int>(ScriptId::kCount_);
+inline constexpr int kScriptCount = static_cast<int>(ScriptId::kCount);
 
 // The Lua source of a script.
 const std::string& ScriptSource(ScriptId id);

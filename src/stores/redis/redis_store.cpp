@@ -27,11 +27,6 @@
 // ran out.
 #include "stores/redis/redis_store.hpp"
 
-#include "core/listeners.hpp"
-#include "core/random_id.hpp"
-
-#include <sys/eventfd.h>
-#include <sys/random.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -41,7 +36,6 @@
 #include <condition_variable>
 #include <deque>
 #include <map>
-#include <mutex>
 #include <optional>
 #include <random>
 #include <system_error>
@@ -49,6 +43,10 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/event_signal.hpp"
+#include "core/listeners.hpp"
+#include "core/random_id.hpp"
+#include "core/thread_annotations.hpp"
 #include "stores/redis/redis_conn.hpp"
 #include "stores/redis/redis_entries.hpp"
 #include "stores/redis/redis_scripts.hpp"
@@ -89,11 +87,8 @@ std::string SessionKey(std::string_view sid) { return "dlock:session:" + std::st
 // The append script's answer when find_own already settled the attempt.
 bool Fenced(const Reply& r) { return r.is_array() && r.size() == 1 && ElementStr(r.element(0)) == "fenced"; }
 
-void SignalFd(int fd) noexcept {
-  std::uint64_t one = 1;
-  ssize_t n = ::write(fd, &one, sizeof one);
-  (void)n;
-}
+// The server forgot the scripts (a restart, SCRIPT FLUSH).
+bool IsNoScript(const Reply& r) { return r.is_error() && r.str().substr(0, 8) == "NOSCRIPT"; }
 
 // --- Configuration
 
@@ -120,8 +115,8 @@ class Pool {
   Pool(Endpoint ep, std::size_t max) : ep_(std::move(ep)), max_(max) {}
 
   // A connection, and whether it was opened just now.
-  Result<std::pair<std::unique_ptr<Conn>, bool>> Acquire(IoClock::time_point deadline) {
-    std::unique_lock<std::mutex> lk(mu_);
+  Result<std::pair<std::unique_ptr<Conn>, bool>> acquire(IoClock::time_point deadline) DLOCK_EXCLUDES(mu_) {
+    MutexLock lk(mu_);
     for (;;) {
       if (!idle_.empty()) {
         auto c = std::move(idle_.back());
@@ -131,7 +126,7 @@ class Pool {
       if (open_ < max_) {
         ++open_;
         lk.unlock();
-        auto c = Conn::Open(ep_, deadline);
+        auto c = Conn::open(ep_, deadline);  // without the lock: others may use the idle ones meanwhile
         if (!c.ok()) {
           lk.lock();
           --open_;
@@ -140,14 +135,14 @@ class Pool {
         }
         return std::make_pair(std::move(*c), true);
       }
-      if (cv_.wait_until(lk, deadline) == std::cv_status::timeout && idle_.empty() && open_ >= max_) {
+      if (cv_.wait_until(lk.native(), deadline) == std::cv_status::timeout && idle_.empty() && open_ >= max_) {
         return UnavailableError("redis store: all " + std::to_string(max_) + " connections stayed busy");
       }
     }
   }
 
-  void Release(std::unique_ptr<Conn> c) {
-    std::lock_guard<std::mutex> g(mu_);
+  void release(std::unique_ptr<Conn> c) DLOCK_EXCLUDES(mu_) {
+    MutexLock lk(mu_);
     if (c && !c->broken()) {
       idle_.push_back(std::move(c));
     } else {
@@ -156,8 +151,8 @@ class Pool {
     cv_.notify_one();
   }
 
-  void Adopt(std::unique_ptr<Conn> c) {
-    std::lock_guard<std::mutex> g(mu_);
+  void adopt(std::unique_ptr<Conn> c) DLOCK_EXCLUDES(mu_) {
+    MutexLock lk(mu_);
     ++open_;
     idle_.push_back(std::move(c));
     cv_.notify_one();
@@ -166,10 +161,10 @@ class Pool {
  private:
   const Endpoint ep_;
   const std::size_t max_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::vector<std::unique_ptr<Conn>> idle_;
-  std::size_t open_ = 0;
+  Mutex mu_;
+  std::condition_variable cv_;  // a connection came back, or a slot freed up
+  std::vector<std::unique_ptr<Conn>> idle_ DLOCK_GUARDED_BY(mu_);
+  std::size_t open_ DLOCK_GUARDED_BY(mu_) = 0;  // idle or lent out
 };
 
 // --- The shared part of a store
@@ -186,7 +181,7 @@ class StoreCore {
   // The socket deadline for a request made with the caller's `deadline`:
   // "at most about the deadline plus one round trip", and never more than
   // the request timeout.
-  IoClock::time_point IoDeadline(Clock::time_point deadline) const {
+  IoClock::time_point io_deadline(Clock::time_point deadline) const {
     auto floor = std::min<Clock::duration>(cfg_.op_timeout, milliseconds(1'000));
     Clock::duration left = cfg_.op_timeout;
     if (deadline != kNoDeadline) left = deadline - cfg_.clock->now();
@@ -196,7 +191,7 @@ class StoreCore {
 
   // The socket deadline for a request that must follow one whose deadline
   // may have been used up (taking back an entry a WAIT found undurable).
-  IoClock::time_point OneMoreRoundTrip() const {
+  IoClock::time_point one_more_round_trip() const {
     return IoClock::now() + std::min<Clock::duration>(cfg_.op_timeout, milliseconds(1'000));
   }
 
@@ -208,8 +203,8 @@ class StoreCore {
   };
 
   // Fewer replicas acknowledged than wait_replicas asks for.
-  bool ShortOfReplicas(int acked) const { return acked >= 0 && acked < cfg_.wait_replicas; }
-  std::string ShortOfReplicasMessage(int acked, std::string_view what) const {
+  bool short_of_replicas(int acked) const { return acked >= 0 && acked < cfg_.wait_replicas; }
+  std::string short_of_replicas_message(int acked, std::string_view what) const {
     return "redis store: only " + std::to_string(acked) + " of " + std::to_string(cfg_.wait_replicas) +
            " replicas acknowledged the " + std::string(what) + " within " + std::to_string(cfg_.wait_timeout.count()) +
            "ms";
@@ -219,8 +214,8 @@ class StoreCore {
   // (NOSCRIPT, after a restart or SCRIPT FLUSH); then, with `wait` and
   // wait_replicas set, WAIT in the same round trip. A WAIT that falls short
   // is not an error here: the caller decides (see Scripted).
-  Result<Scripted> ScriptOn(Conn& c, ScriptId id, const std::vector<std::string>& keys,
-                            const std::vector<std::string>& args, IoClock::time_point deadline, bool wait) {
+  Result<Scripted> script_on(Conn& c, ScriptId id, const std::vector<std::string>& keys,
+                             const std::vector<std::string>& args, IoClock::time_point deadline, bool wait) {
     Command cmd;
     cmd.reserve(3 + keys.size() + args.size());
     cmd.push_back("EVALSHA");
@@ -231,17 +226,12 @@ class StoreCore {
     std::vector<Command> cmds{cmd};
     wait = wait && cfg_.wait_replicas > 0;
     if (wait) {
-      cmds.push_back(WaitCommand());
+      cmds.push_back(wait_command());
       deadline += cfg_.wait_timeout;
     }
-    auto r = c.Pipeline(cmds, deadline);
+    // The WAIT must follow the script's writes: sent again with it.
+    auto r = pipeline_scripts(c, cmds, /*resend_last=*/wait, deadline);
     if (!r.ok()) return r.status();
-    if ((*r)[0].is_error() && (*r)[0].str().substr(0, 8) == "NOSCRIPT") {
-      cmds[0][0] = "EVAL";
-      cmds[0][1] = ScriptSource(id);
-      r = c.Pipeline(cmds, deadline);
-      if (!r.ok()) return r.status();
-    }
     Reply& first = (*r)[0];
     if (first.is_error()) {
       return ErrorReplyStatus(first.str(), "redis store: script " + std::string(ScriptName(id)));
@@ -255,9 +245,41 @@ class StoreCore {
     return out;
   }
 
+  // Sends `cmds` (EVALSHAs of dlock's scripts, and other commands) on `c`
+  // in one round trip. An EVALSHA the server answers NOSCRIPT (it forgot the
+  // scripts: a restart, SCRIPT FLUSH) is sent again as EVAL with the script's
+  // source, in a second round trip, followed once more by the last command
+  // of `cmds` when `resend_last` (a WAIT, which must follow the writes it
+  // waits for). Running a script twice is harmless: every one is idempotent.
+  // The second round trip's replies replace the first's.
+  Result<std::vector<Reply>> pipeline_scripts(Conn& c, const std::vector<Command>& cmds, bool resend_last,
+                                              IoClock::time_point deadline) {
+    auto r = c.pipeline(cmds, deadline);
+    if (!r.ok()) return r.status();
+    std::vector<std::size_t> again;
+    for (std::size_t i = 0; i < r->size(); ++i) {
+      if (cmds[i].size() >= 2 && cmds[i][0] == "EVALSHA" && IsNoScript((*r)[i])) again.push_back(i);
+    }
+    if (again.empty()) return r;
+    if (resend_last && again.back() != cmds.size() - 1) again.push_back(cmds.size() - 1);
+    std::vector<Command> retry;
+    for (std::size_t i : again) {
+      Command cmd = cmds[i];
+      if (IsNoScript((*r)[i])) {
+        cmd[0] = "EVAL";
+        cmd[1] = source_of(cmd[1]);
+      }
+      retry.push_back(std::move(cmd));
+    }
+    auto r2 = c.pipeline(retry, deadline);
+    if (!r2.ok()) return r2.status();
+    for (std::size_t j = 0; j < again.size(); ++j) (*r)[again[j]] = std::move((*r2)[j]);
+    return r;
+  }
+
   // WAIT for the writes made so far on `c`; how many replicas acknowledged.
-  Result<int> WaitOn(Conn& c, IoClock::time_point deadline) {
-    auto w = c.Run(WaitCommand(), deadline + cfg_.wait_timeout);
+  Result<int> wait_on(Conn& c, IoClock::time_point deadline) {
+    auto w = c.run(wait_command(), deadline + cfg_.wait_timeout);
     if (!w.ok()) return w.status();
     if (w->is_error()) return ErrorReplyStatus(w->str(), "redis store: WAIT");
     return static_cast<int>(w->integer());
@@ -268,35 +290,36 @@ class StoreCore {
   // CLIENT KILL) is sent once more on a new one, since every request dlock
   // makes is idempotent (see the scripts); a timeout is not retried.
   template <typename Fn>
-  Result<Reply> Pooled(IoClock::time_point deadline, Fn fn) {
+  Result<Reply> pooled(IoClock::time_point deadline, Fn fn) {
     for (int attempt = 0;; ++attempt) {
-      auto c = pool_.Acquire(deadline);
+      auto c = pool_.acquire(deadline);
       if (!c.ok()) return c.status();
       auto& [conn, fresh] = *c;
       Result<Reply> r = fn(*conn);
       bool retry =
           !r.ok() && conn->broken() && !conn->timed_out() && !fresh && attempt == 0 && IoClock::now() < deadline;
-      pool_.Release(std::move(conn));
+      pool_.release(std::move(conn));
       if (!retry) return r;
     }
   }
 
   // A script, without WAIT.
-  Result<Reply> Script(ScriptId id, const std::vector<std::string>& keys, const std::vector<std::string>& args,
+  Result<Reply> script(ScriptId id, const std::vector<std::string>& keys, const std::vector<std::string>& args,
                        IoClock::time_point deadline) {
-    return Pooled(deadline, [&](Conn& c) -> Result<Reply> {
-      auto r = ScriptOn(c, id, keys, args, deadline, /*wait=*/false);
+    return pooled(deadline, [&](Conn& c) -> Result<Reply> {
+      auto r = script_on(c, id, keys, args, deadline, /*wait=*/false);
       if (!r.ok()) return r.status();
       return std::move(r->reply);
     });
   }
 
-  Result<Reply> Command1(const Command& cmd, IoClock::time_point deadline) {
-    return Pooled(deadline, [&](Conn& c) { return c.Run(cmd, deadline); });
+  Result<Reply> command(const Command& cmd, IoClock::time_point deadline) {
+    return pooled(deadline, [&](Conn& c) { return c.run(cmd, deadline); });
   }
 
-  Subscriber& subscriber() {
-    std::lock_guard<std::mutex> g(sub_mu_);
+  // Made on first use; lives as long as the store.
+  Subscriber& subscriber() DLOCK_EXCLUDES(sub_mu_) {
+    MutexLock lk(sub_mu_);
     if (!sub_) {
       SubscriberOptions o;
       o.endpoint = cfg_.endpoint;
@@ -311,21 +334,29 @@ class StoreCore {
     return *sub_;
   }
 
-  void PokeWaiters() {
-    std::lock_guard<std::mutex> g(sub_mu_);
-    if (sub_) sub_->Poke();
+  void poke_waiters() DLOCK_EXCLUDES(sub_mu_) {
+    MutexLock lk(sub_mu_);
+    if (sub_) sub_->poke();
   }
 
  private:
-  Command WaitCommand() const {
+  // The source of the script whose SHA1 is `sha`.
+  const std::string& source_of(const std::string& sha) const {
+    for (int i = 0; i < kScriptCount; ++i) {
+      if (shas_[i] == sha) return ScriptSource(static_cast<ScriptId>(i));
+    }
+    return sha;  // not one of dlock's: the server says so
+  }
+
+  Command wait_command() const {
     return {"WAIT", std::to_string(cfg_.wait_replicas), std::to_string(cfg_.wait_timeout.count())};
   }
 
   const Config cfg_;
   const std::array<std::string, kScriptCount> shas_;
   Pool pool_;
-  std::mutex sub_mu_;
-  std::unique_ptr<Subscriber> sub_;
+  Mutex sub_mu_;
+  std::unique_ptr<Subscriber> sub_ DLOCK_GUARDED_BY(sub_mu_);
 };
 
 // --- Sessions
@@ -333,24 +364,21 @@ class StoreCore {
 class SessionCore : public std::enable_shared_from_this<SessionCore> {
  public:
   SessionCore(std::shared_ptr<StoreCore> store, std::string sid, Clock::time_point basis)
-      : store_(std::move(store)), cfg_(store_->cfg()), sid_(std::move(sid)), master_basis_(basis) {
-    stop_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-    UpdateLostAtLocked();
+      : store_(std::move(store)), cfg_(store_->cfg()), sid_(std::move(sid)), interrupt_(MaybeSignal()) {
+    MutexLock lk(mu_);  // nobody else can see the session yet: for the analysis
+    master_basis_ = basis;
+    update_lost_at();
   }
 
-  ~SessionCore() {
-    if (stop_fd_ >= 0) ::close(stop_fd_);
-  }
-
-  void Start() {
+  void start() {
     auto self = shared_from_this();
     clock_subscription_ = cfg_.clock->on_advance([weak = weak_from_this()] {
       if (auto s = weak.lock()) {
-        std::lock_guard<std::mutex> g(s->mu_);
+        MutexLock lk(s->mu_);
         s->cv_.notify_all();
       }
     });
-    thread_ = std::thread([self] { self->KeepAlive(); });
+    thread_ = std::thread([self] { self->keep_alive(); });
   }
 
   const std::string& id() const { return sid_; }
@@ -368,9 +396,9 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
 
   // kSessionLost once lost or closed; kUnavailable while suspended (when
   // `fail_if_suspended`).
-  Status Usable(bool fail_if_suspended) const {
+  Status usable(bool fail_if_suspended) const {
     switch (state()) {
-      case SessionState::kLost: return SessionLostError("redis session " + sid_ + " is lost" + LostReason());
+      case SessionState::kLost: return SessionLostError("redis session " + sid_ + " is lost" + lost_reason());
       case SessionState::kClosed: return SessionLostError("redis session " + sid_ + " is closed");
       case SessionState::kSuspended:
         if (fail_if_suspended) {
@@ -382,17 +410,17 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
     return OkStatus();
   }
 
-  Result<Appended> Append(std::string_view queue, const EntrySpec& spec, Clock::time_point deadline) {
+  Result<Appended> append(std::string_view queue, const EntrySpec& spec, Clock::time_point deadline) {
     if (auto s = ValidateLockName(queue); !s.ok()) return s;
     if (spec.kind.empty()) return InvalidArgumentError("entry kind is empty");
     if (spec.sequence && (*spec.sequence <= 0 || *spec.sequence >= kMaxSequence)) {
       return InvalidArgumentError("entry sequence " + std::to_string(*spec.sequence) + " is out of range");
     }
-    if (auto s = Usable(true); !s.ok()) return s;
+    if (auto s = usable(true); !s.ok()) return s;
     const std::string q(queue);
     const QueueKeys k = KeysFor(q, cfg_.endpoint.db);
     const std::string id = RandomHex(16);
-    auto mirror = Track(q, id, spec.attempt_id);
+    auto mirror = track(q, id, spec.attempt_id);
     if (!mirror.ok()) return mirror.status();
     std::vector<std::string> args = {k.base,
                                      k.channel,
@@ -403,36 +431,36 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
                                      EncodeOwnerRecord(spec.owner),
                                      std::to_string(mirror->ms),
                                      spec.sequence ? std::to_string(*spec.sequence) : std::string()};
-    const auto io = store_->IoDeadline(deadline);
+    const auto io = store_->io_deadline(deadline);
     int acked = -1;
     bool undone = false;
-    auto r = store_->Pooled(io, [&](Conn& c) -> Result<Reply> {
-      auto s = store_->ScriptOn(c, ScriptId::kAppend, {k.zset, k.counter, k.entry(id), k.mirror(sid_)}, args, io,
-                                /*wait=*/true);
+    auto r = store_->pooled(io, [&](Conn& c) -> Result<Reply> {
+      auto s = store_->script_on(c, ScriptId::kAppend, {k.zset, k.counter, k.entry(id), k.mirror(sid_)}, args, io,
+                                 /*wait=*/true);
       if (!s.ok()) return s.status();
       acked = s->acked;
-      if (store_->ShortOfReplicas(acked) && !Fenced(s->reply)) {
+      if (store_->short_of_replicas(acked) && !Fenced(s->reply)) {
         // Not as durable as asked for: take the entry back before anyone
         // counts on it (a waiter behind it could otherwise be granted on a
         // replica that never saw it).
-        MarkRemoving(q, id);
-        auto undo = store_->ScriptOn(c, ScriptId::kRemove, {k.zset}, {k.base, k.channel, id, sid_},
-                                     store_->OneMoreRoundTrip(), /*wait=*/false);
+        mark_removing(q, id);
+        auto undo = store_->script_on(c, ScriptId::kRemove, {k.zset}, {k.base, k.channel, id, sid_},
+                                      store_->one_more_round_trip(), /*wait=*/false);
         if (!undo.ok()) return undo.status();  // the entry may exist: find_own settles it
         undone = true;
       }
       return std::move(s->reply);
     });
     if (!r.ok()) {
-      OnRequestFailed(r.status());
+      on_request_failed(r.status());
       return r.status();  // the entry may exist: it stays tracked until find_own says
     }
     if (undone) {
-      Untrack(q, [&](const std::string& tracked_id, const Tracked&) { return tracked_id == id; });
-      return AbortedError(store_->ShortOfReplicasMessage(acked, "append to " + q) + "; the entry was removed again");
+      untrack(q, [&](const std::string& tracked_id, const Tracked&) { return tracked_id == id; });
+      return AbortedError(store_->short_of_replicas_message(acked, "append to " + q) + "; the entry was removed again");
     }
     if (Fenced(*r)) {
-      Untrack(q, [&](const std::string& tracked_id, const Tracked&) { return tracked_id == id; });
+      untrack(q, [&](const std::string& tracked_id, const Tracked&) { return tracked_id == id; });
       return AbortedError("redis store: append of attempt " + spec.attempt_id + " to " + q +
                           " refused: find_own already settled that attempt");
     }
@@ -445,7 +473,7 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
     }
     auto queue_now = ParseEntries(*r, 2, false);
     if (!queue_now.ok()) return queue_now.status();
-    Confirm(q, id, spec.attempt_id, mirror->basis);
+    confirm(q, id, spec.attempt_id, mirror->basis);
     out.entry.id = id;
     out.entry.kind = KnownKind(spec.kind);
     out.entry.sequence = seq;
@@ -456,155 +484,155 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
     return out;
   }
 
-  Result<std::vector<Entry>> List(std::string_view queue, const ListOptions& options, Clock::time_point deadline) {
+  Result<std::vector<Entry>> list(std::string_view queue, const ListOptions& options, Clock::time_point deadline) {
     if (auto s = ValidateLockName(queue); !s.ok()) return s;
-    if (auto s = Usable(true); !s.ok()) return s;
+    if (auto s = usable(true); !s.ok()) return s;
     const QueueKeys k = KeysFor(queue, cfg_.endpoint.db);
-    auto r = store_->Script(ScriptId::kList, {k.zset}, {k.base, k.channel, options.with_owners ? "1" : "0"},
-                            store_->IoDeadline(deadline));
+    auto r = store_->script(ScriptId::kList, {k.zset}, {k.base, k.channel, options.with_owners ? "1" : "0"},
+                            store_->io_deadline(deadline));
     if (!r.ok()) {
-      OnRequestFailed(r.status());
+      on_request_failed(r.status());
       return r.status();
     }
     return ParseEntries(*r, 0, options.with_owners);
   }
 
-  Status Remove(std::string_view queue, std::string_view id, Clock::time_point deadline) {
+  Status remove(std::string_view queue, std::string_view id, Clock::time_point deadline) {
     if (auto s = ValidateLockName(queue); !s.ok()) return s;
     if (id.empty()) return InvalidArgumentError("entry id is empty");
-    if (auto s = Usable(true); !s.ok()) return s;
+    if (auto s = usable(true); !s.ok()) return s;
     const std::string q(queue);
     const QueueKeys k = KeysFor(q, cfg_.endpoint.db);
     // Before it is sent: a renewal that finds the entry gone meanwhile must
     // not take that for lost data.
-    MarkRemoving(q, std::string(id));
-    const auto io = store_->IoDeadline(deadline);
+    mark_removing(q, std::string(id));
+    const auto io = store_->io_deadline(deadline);
     // With wait_replicas, WAIT, so that a release normally survives a
     // failover too. If too few replicas acknowledge in time, the removal has
     // still happened on the primary: done (a failover to a replica that
     // missed it brings the entry back until the session's lease there ends).
-    auto r = store_->Pooled(io, [&](Conn& c) -> Result<Reply> {
-      auto s = store_->ScriptOn(c, ScriptId::kRemove, {k.zset}, {k.base, k.channel, std::string(id), sid_}, io,
-                                /*wait=*/true);
+    auto r = store_->pooled(io, [&](Conn& c) -> Result<Reply> {
+      auto s = store_->script_on(c, ScriptId::kRemove, {k.zset}, {k.base, k.channel, std::string(id), sid_}, io,
+                                 /*wait=*/true);
       if (!s.ok()) return s.status();
       return std::move(s->reply);
     });
     if (!r.ok()) {
-      OnRequestFailed(r.status());
+      on_request_failed(r.status());
       return r.status();
     }
-    Untrack(q, [&](const std::string& tracked_id, const Tracked&) { return tracked_id == id; });
+    untrack(q, [&](const std::string& tracked_id, const Tracked&) { return tracked_id == id; });
     return OkStatus();
   }
 
-  Result<std::optional<Entry>> FindOwn(std::string_view queue, std::string_view attempt_id,
-                                       Clock::time_point deadline) {
+  Result<std::optional<Entry>> find_own(std::string_view queue, std::string_view attempt_id,
+                                        Clock::time_point deadline) {
     if (auto s = ValidateLockName(queue); !s.ok()) return s;
     if (attempt_id.empty()) return InvalidArgumentError("attempt id is empty");
-    if (auto s = Usable(true); !s.ok()) return s;
+    if (auto s = usable(true); !s.ok()) return s;
     const std::string q(queue);
     const QueueKeys k = KeysFor(q, cfg_.endpoint.db);
-    auto mirror = Track(q, std::string(), std::string());  // no id yet
+    auto mirror = track(q, std::string(), std::string());  // no id yet
     if (!mirror.ok()) return mirror.status();
-    const auto io = store_->IoDeadline(deadline);
+    const auto io = store_->io_deadline(deadline);
     int acked = -1;
     bool undone = false;
-    auto r = store_->Pooled(io, [&](Conn& c) -> Result<Reply> {
-      auto s = store_->ScriptOn(c, ScriptId::kFindOwn, {k.zset, k.mirror(sid_)},
-                                {k.base, k.channel, std::string(attempt_id), sid_, std::to_string(mirror->ms),
-                                 std::to_string(cfg_.ttl.count())},
-                                io, /*wait=*/false);
+    auto r = store_->pooled(io, [&](Conn& c) -> Result<Reply> {
+      auto s = store_->script_on(c, ScriptId::kFindOwn, {k.zset, k.mirror(sid_)},
+                                 {k.base, k.channel, std::string(attempt_id), sid_, std::to_string(mirror->ms),
+                                  std::to_string(cfg_.ttl.count())},
+                                 io, /*wait=*/false);
       if (!s.ok()) return s.status();
       if (cfg_.wait_replicas == 0 || !s->reply.is_array() || s->reply.size() == 0) return std::move(s->reply);
       // Found: hand it out only as durable as a fresh append would be. The
       // script wrote after the append did, so this WAIT covers the entry.
-      auto w = store_->WaitOn(c, io);
+      auto w = store_->wait_on(c, io);
       if (!w.ok()) return w.status();
       acked = *w;
-      if (store_->ShortOfReplicas(acked)) {
+      if (store_->short_of_replicas(acked)) {
         const std::string found(ElementStr(s->reply.element(0)));
-        MarkRemoving(q, found);
-        auto undo = store_->ScriptOn(c, ScriptId::kRemove, {k.zset}, {k.base, k.channel, found, sid_},
-                                     store_->OneMoreRoundTrip(), /*wait=*/false);
+        mark_removing(q, found);
+        auto undo = store_->script_on(c, ScriptId::kRemove, {k.zset}, {k.base, k.channel, found, sid_},
+                                      store_->one_more_round_trip(), /*wait=*/false);
         if (!undo.ok()) return undo.status();
         undone = true;
       }
       return std::move(s->reply);
     });
     if (!r.ok()) {
-      Untrack(q, [](const std::string&, const Tracked&) { return false; });  // drop an empty track
-      OnRequestFailed(r.status());
+      untrack(q, [](const std::string&, const Tracked&) { return false; });  // drop an empty track
+      on_request_failed(r.status());
       return r.status();
     }
     if (undone) {
-      Untrack(q, [&](const std::string&, const Tracked& t) { return t.attempt == attempt_id; });
-      return AbortedError(store_->ShortOfReplicasMessage(acked, "entry found in " + q) + "; it was removed");
+      untrack(q, [&](const std::string&, const Tracked& t) { return t.attempt == attempt_id; });
+      return AbortedError(store_->short_of_replicas_message(acked, "entry found in " + q) + "; it was removed");
     }
     auto entries = ParseEntries(*r, 0, false);
     if (!entries.ok()) return entries.status();
     if (entries->empty()) {
       // Not there: an earlier append with this attempt whose reply was lost
       // did not happen (or its entry already went). Stop renewing for it.
-      Untrack(q, [&](const std::string&, const Tracked& t) { return !t.confirmed && t.attempt == attempt_id; });
+      untrack(q, [&](const std::string&, const Tracked& t) { return !t.confirmed && t.attempt == attempt_id; });
       return std::optional<Entry>();
     }
     Entry e = std::move(entries->front());
-    Confirm(q, e.id, std::string(attempt_id), mirror->basis);
+    confirm(q, e.id, std::string(attempt_id), mirror->basis);
     return std::optional<Entry>(std::move(e));
   }
 
-  Status WaitAnyGone(std::string_view queue, std::span<const std::string> ids, Clock::time_point deadline,
-                     std::stop_token stop) {
+  Status wait_any_gone(std::string_view queue, std::span<const std::string> ids, Clock::time_point deadline,
+                       std::stop_token stop) {
     if (auto s = ValidateLockName(queue); !s.ok()) return s;
     if (ids.empty()) return InvalidArgumentError("wait_any_gone needs at least one entry id");
-    if (auto s = Usable(false); !s.ok()) return s;
+    if (auto s = usable(false); !s.ok()) return s;
     const std::string q(queue);
     const QueueKeys k = KeysFor(q, cfg_.endpoint.db);
     std::vector<std::string> watch(ids.begin(), ids.end());
-    auto session = [this] { return Usable(false); };
+    auto session = [this] { return usable(false); };
     auto check = [this, q, k, deadline](const std::string&,
                                         const std::vector<std::string>& which) -> Result<CheckResult> {
       // If this session has confirmed entries in the queue, its lease there
       // must exist: ask on the way.
-      const std::vector<std::string> relied = Relied(q);
+      const std::vector<std::string> relied = relied_entries(q);
       const bool relies = !relied.empty();
       std::vector<std::string> args = {k.base, k.channel, relies ? sid_ : std::string()};
       args.insert(args.end(), which.begin(), which.end());
-      auto r = store_->Script(ScriptId::kCheckGone, {k.zset}, args, store_->IoDeadline(deadline));
+      auto r = store_->script(ScriptId::kCheckGone, {k.zset}, args, store_->io_deadline(deadline));
       if (!r.ok()) {
-        OnRequestFailed(r.status());
+        on_request_failed(r.status());
         return r.status();
       }
       if (!r->is_array() || r->size() < 2) return InternalError("redis store: malformed reply to check");
-      if (relies && ElementInt(r->element(1)) == 0 && StillRelied(q, relied)) {
-        Lose("the session's lease in queue " + q + " is gone from the server");
+      if (relies && ElementInt(r->element(1)) == 0 && still_relied(q, relied)) {
+        lose("the session's lease in queue " + q + " is gone from the server");
       }
       CheckResult out;
       out.soonest_ttl_ms = ElementInt(r->element(0));
       for (std::size_t i = 2; i < r->size(); ++i) out.gone.emplace_back(ElementStr(r->element(i)));
       return out;
     };
-    return store_->subscriber().Wait(q, k.channel, watch, deadline, std::move(stop), session, check);
+    return store_->subscriber().wait(q, k.channel, watch, deadline, std::move(stop), session, check);
   }
 
   // Every subscriber hears kClosed, and has returned, before the entries
-  // are removed (Deliver runs Cleanup after the notice). From inside a
+  // are removed (deliver() runs cleanup() after the notice). From inside a
   // subscriber it returns at once; the close completes once that subscriber
   // has returned.
-  void Close() noexcept {
+  void close() noexcept DLOCK_EXCLUDES(notice_mu_, mu_) {
     std::uint64_t seq = 0;
     try {
-      seq = Enqueue(SessionState::kClosed, /*cleanup=*/true);
+      seq = enqueue(SessionState::kClosed, /*cleanup=*/true);
     } catch (...) {
       // Out of memory: closed all the same, untold; the leases run out.
       state_.store(SessionState::kClosed);
-      StopKeepAlive();
+      stop_keep_alive();
       return;
     }
     if (seq == 0) return;  // already closed
-    StopKeepAlive();
-    store_->PokeWaiters();
-    Deliver(seq, /*wait=*/true);
+    stop_keep_alive();
+    store_->poke_waiters();
+    deliver(seq, /*wait=*/true);
   }
 
  private:
@@ -628,19 +656,20 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
       return std::any_of(ids.begin(), ids.end(), [](const auto& p) { return p.second.relied_on(); });
     }
   };
-  std::string LostReason() const {
-    std::lock_guard<std::mutex> g(mu_);
+  std::string lost_reason() const DLOCK_EXCLUDES(mu_) {
+    MutexLock lk(mu_);
     return lost_reason_.empty() ? std::string() : " (" + lost_reason_ + ")";
   }
 
-  Clock::time_point LostAtLocked() const {
+  // When the client declares the session lost (see the file comment).
+  Clock::time_point compute_lost_at() const DLOCK_REQUIRES(mu_) {
     Clock::time_point basis = master_basis_;
     for (const auto& [name, t] : queues_) {
       if (t.relied_on()) basis = std::min(basis, t.basis);
     }
     return basis + cfg_.ttl - cfg_.margin();
   }
-  void UpdateLostAtLocked() { lost_at_.store(LostAtLocked().time_since_epoch().count()); }
+  void update_lost_at() DLOCK_REQUIRES(mu_) { lost_at_.store(compute_lost_at().time_since_epoch().count()); }
 
   // The TTL a request gives the queue's mirror, and the basis it counts
   // from: what is left of the session key's lease.
@@ -651,10 +680,11 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
 
   // Registers `id` (if not empty) as maybe existing in `queue`, and returns
   // the TTL for the queue's mirror.
-  Result<MirrorTtl> Track(const std::string& queue, const std::string& id, const std::string& attempt) {
-    std::lock_guard<std::mutex> g(mu_);
+  Result<MirrorTtl> track(const std::string& queue, const std::string& id, const std::string& attempt)
+      DLOCK_EXCLUDES(mu_) {
+    MutexLock lk(mu_);
     Clock::time_point now = cfg_.clock->now();
-    if (now >= LostAtLocked()) return SessionLostError("redis session " + sid_ + " is lost (lease ran out)");
+    if (now >= compute_lost_at()) return SessionLostError("redis session " + sid_ + " is lost (lease ran out)");
     auto [it, inserted] = queues_.try_emplace(queue);
     if (inserted) it->second.epoch = ++epochs_;
     if (!id.empty()) it->second.ids[id] = Tracked{attempt, false};
@@ -663,15 +693,16 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
   }
 
   // A reply proved the queue's mirror lasts until at least `basis` + ttl.
-  static void Prove(QueueTrack& track, Clock::time_point basis) {
+  // (`track` is in queues_: mu_ held.)
+  static void prove(QueueTrack& track, Clock::time_point basis) {
     track.basis = track.proven ? std::max(track.basis, basis) : basis;
     track.proven = true;
   }
 
   // The entries in `queue` the session holds on to (confirmed, not being
   // removed).
-  std::vector<std::string> Relied(const std::string& queue) const {
-    std::lock_guard<std::mutex> g(mu_);
+  std::vector<std::string> relied_entries(const std::string& queue) const DLOCK_EXCLUDES(mu_) {
+    MutexLock lk(mu_);
     std::vector<std::string> out;
     auto it = queues_.find(queue);
     if (it == queues_.end()) return out;
@@ -683,8 +714,8 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
 
   // Whether the session still holds on to any of `ids` (a request that
   // found them gone may have crossed this session's own remove).
-  bool StillRelied(const std::string& queue, const std::vector<std::string>& ids) const {
-    std::lock_guard<std::mutex> g(mu_);
+  bool still_relied(const std::string& queue, const std::vector<std::string>& ids) const DLOCK_EXCLUDES(mu_) {
+    MutexLock lk(mu_);
     auto it = queues_.find(queue);
     if (it == queues_.end()) return false;
     return std::any_of(ids.begin(), ids.end(), [&](const std::string& id) {
@@ -695,42 +726,43 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
 
   // The append (or find_own) of `id` succeeded, with a mirror TTL counted
   // from `basis`.
-  void Confirm(const std::string& queue, const std::string& id, const std::string& attempt, Clock::time_point basis) {
-    std::lock_guard<std::mutex> g(mu_);
+  void confirm(const std::string& queue, const std::string& id, const std::string& attempt, Clock::time_point basis)
+      DLOCK_EXCLUDES(mu_) {
+    MutexLock lk(mu_);
     auto [it, inserted] = queues_.try_emplace(queue);
     if (inserted) it->second.epoch = ++epochs_;
     it->second.ids[id] = Tracked{attempt, true};
-    Prove(it->second, basis);
-    UpdateLostAtLocked();
+    prove(it->second, basis);
+    update_lost_at();
   }
 
   // Before a remove of `id` is sent (see Tracked::removing and
   // QueueTrack::epoch).
-  void MarkRemoving(const std::string& queue, const std::string& id) {
-    std::lock_guard<std::mutex> g(mu_);
+  void mark_removing(const std::string& queue, const std::string& id) DLOCK_EXCLUDES(mu_) {
+    MutexLock lk(mu_);
     auto it = queues_.find(queue);
     if (it == queues_.end()) return;
     it->second.epoch = ++epochs_;
     auto e = it->second.ids.find(id);
     if (e == it->second.ids.end()) return;
     e->second.removing = true;
-    UpdateLostAtLocked();
+    update_lost_at();
   }
 
   template <typename Pred>
-  void Untrack(const std::string& queue, Pred pred) {
-    std::lock_guard<std::mutex> g(mu_);
+  void untrack(const std::string& queue, Pred pred) DLOCK_EXCLUDES(mu_) {
+    MutexLock lk(mu_);
     auto it = queues_.find(queue);
     if (it == queues_.end()) return;
     std::erase_if(it->second.ids, [&](const auto& p) { return pred(p.first, p.second); });
     if (it->second.ids.empty()) queues_.erase(it);
-    UpdateLostAtLocked();
+    update_lost_at();
   }
 
   // A request failed for lack of contact: renew now, so the state says so.
-  void OnRequestFailed(const Status& s) {
+  void on_request_failed(const Status& s) DLOCK_EXCLUDES(mu_) {
     if (s.code() != ErrorCode::kUnavailable) return;
-    std::lock_guard<std::mutex> g(mu_);
+    MutexLock lk(mu_);
     poke_ = true;
     cv_.notify_all();
   }
@@ -745,8 +777,8 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
 
   // Moves to `to` unless the session already ended (or is there), and queues
   // the notice. Returns its number, or 0 if nothing changed.
-  std::uint64_t Enqueue(SessionState to, bool cleanup) {
-    std::lock_guard<std::mutex> g(notice_mu_);
+  std::uint64_t enqueue(SessionState to, bool cleanup) DLOCK_EXCLUDES(notice_mu_) {
+    MutexLock lk(notice_mu_);
     SessionState prev = state_.load();
     if (prev == to || prev == SessionState::kClosed) return 0;
     if (prev == SessionState::kLost && to != SessionState::kClosed) return 0;
@@ -758,11 +790,11 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
   // Delivers queued notices until none is left, unless another thread is
   // delivering: then that thread will deliver `seq` too, and with `wait` this
   // one waits for that (unless it is that thread, inside a subscriber).
-  void Deliver(std::uint64_t seq, bool wait) noexcept {
-    std::unique_lock<std::mutex> lk(notice_mu_);
+  void deliver(std::uint64_t seq, bool wait) noexcept DLOCK_EXCLUDES(notice_mu_, mu_) {
+    MutexLock lk(notice_mu_);
     if (deliverer_) {
       if (!wait || *deliverer_ == std::this_thread::get_id()) return;
-      notice_cv_.wait(lk, [&] { return notices_delivered_ >= seq; });
+      while (notices_delivered_ < seq) notice_cv_.wait(lk.native());
       return;
     }
     deliverer_ = std::this_thread::get_id();
@@ -773,7 +805,7 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
       listeners_.notify(n.state);
       if (n.cleanup) {
         try {
-          Cleanup();
+          cleanup();
         } catch (...) {
           // Out of memory, at worst. Best effort: the leases run out anyway.
         }
@@ -786,26 +818,26 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
   }
 
   // kConnected <-> kSuspended, or -> kLost. Never leaves kLost or kClosed.
-  void Transition(SessionState to) {
-    std::uint64_t seq = Enqueue(to, /*cleanup=*/false);
+  void transition(SessionState to) DLOCK_EXCLUDES(notice_mu_, mu_) {
+    std::uint64_t seq = enqueue(to, /*cleanup=*/false);
     if (seq == 0) return;
-    store_->PokeWaiters();
-    Deliver(seq, /*wait=*/false);
+    store_->poke_waiters();
+    deliver(seq, /*wait=*/false);
   }
 
-  void Lose(std::string reason) {
+  void lose(std::string reason) DLOCK_EXCLUDES(notice_mu_, mu_) {
     {
-      std::lock_guard<std::mutex> g(mu_);
+      MutexLock lk(mu_);
       if (lost_reason_.empty()) lost_reason_ = std::move(reason);
     }
-    Transition(SessionState::kLost);
+    transition(SessionState::kLost);
   }
 
-  void StopKeepAlive() noexcept {
+  void stop_keep_alive() noexcept DLOCK_EXCLUDES(mu_) {
     stop_.request_stop();
-    if (stop_fd_ >= 0) SignalFd(stop_fd_);
+    if (interrupt_) interrupt_->signal();
     {
-      std::lock_guard<std::mutex> g(mu_);
+      MutexLock lk(mu_);
       cv_.notify_all();
     }
     if (thread_.joinable()) {
@@ -824,28 +856,28 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
 
   // Removes the session's entries, mirrors and key, in one round trip, with a
   // short timeout. The leases run out by themselves if this fails.
-  void Cleanup() {
+  void cleanup() DLOCK_EXCLUDES(mu_) {
     std::vector<std::string> queues;
     {
-      std::lock_guard<std::mutex> g(mu_);
+      MutexLock lk(mu_);
       for (const auto& [name, t] : queues_) queues.push_back(name);
       queues_.clear();
     }
     auto deadline = IoClock::now() + std::min(cfg_.op_timeout, milliseconds(2'000));
-    auto c = store_->pool().Acquire(deadline);
+    auto c = store_->pool().acquire(deadline);
     if (!c.ok()) return;
     Conn& conn = *c->first;
     for (const auto& q : queues) {
       const QueueKeys k = KeysFor(q, cfg_.endpoint.db);
-      auto r = store_->ScriptOn(conn, ScriptId::kCloseQueue, {k.zset, k.mirror(sid_)}, {k.base, k.channel}, deadline,
-                                /*wait=*/false);
+      auto r = store_->script_on(conn, ScriptId::kCloseQueue, {k.zset, k.mirror(sid_)}, {k.base, k.channel}, deadline,
+                                 /*wait=*/false);
       if (!r.ok() && conn.broken()) break;
     }
     if (!conn.broken()) {
-      auto r = conn.Run({"DEL", SessionKey(sid_)}, deadline);
+      auto r = conn.run({"DEL", SessionKey(sid_)}, deadline);
       (void)r;
     }
-    store_->pool().Release(std::move(c->first));
+    store_->pool().release(std::move(c->first));
   }
 
   // One renewal round trip: PEXPIRE of the session key, and the renewal of
@@ -855,7 +887,7 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
     std::uint64_t epoch;              // the queue's, as of the renewal's start
     std::vector<std::string> relied;  // entries the session holds on to, as of the renewal's start
   };
-  Result<std::vector<Reply>> Renew(Conn& conn, const std::vector<RenewItem>& items, IoClock::time_point deadline) {
+  Result<std::vector<Reply>> renew(Conn& conn, const std::vector<RenewItem>& items, IoClock::time_point deadline) {
     std::vector<Command> cmds;
     cmds.push_back({"PEXPIRE", SessionKey(sid_), std::to_string(cfg_.ttl.count())});
     for (const auto& item : items) {
@@ -866,27 +898,8 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
       c.insert(c.end(), item.relied.begin(), item.relied.end());
       cmds.push_back(std::move(c));
     }
-    auto r = conn.Pipeline(cmds, deadline);
-    if (!r.ok()) return r.status();
-    // The server forgot the scripts (restart, SCRIPT FLUSH): send the source.
     // Renewing a mirror twice is harmless.
-    std::vector<std::size_t> again;
-    for (std::size_t i = 1; i < r->size(); ++i) {
-      if ((*r)[i].is_error() && (*r)[i].str().substr(0, 8) == "NOSCRIPT") again.push_back(i);
-    }
-    if (!again.empty()) {
-      std::vector<Command> retry;
-      for (std::size_t i : again) {
-        Command c = cmds[i];
-        c[0] = "EVAL";
-        c[1] = ScriptSource(ScriptId::kRenewMirror);
-        retry.push_back(std::move(c));
-      }
-      auto r2 = conn.Pipeline(retry, deadline);
-      if (!r2.ok()) return r2.status();
-      for (std::size_t j = 0; j < again.size(); ++j) (*r)[again[j]] = std::move((*r2)[j]);
-    }
-    return r;
+    return store_->pipeline_scripts(conn, cmds, /*resend_last=*/false, deadline);
   }
 
   // Reads one mirror's renewal reply (kRenewMirror). Returns why the session
@@ -894,7 +907,7 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
   // (the server lost data; or an operator removed it), or the mirror those
   // entries live by is. Entries it started to remove since the renewal was
   // sent are expected to go.
-  std::string CheckRenewalLocked(const RenewItem& item, const Reply& reply, Clock::time_point sent) {
+  std::string check_renewal(const RenewItem& item, const Reply& reply, Clock::time_point sent) DLOCK_REQUIRES(mu_) {
     auto it = queues_.find(item.queue);
     if (it == queues_.end()) return "";  // untracked meanwhile
     QueueTrack& track = it->second;
@@ -902,7 +915,7 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
     const bool exists = ElementInt(reply.element(0)) == 1;
     std::vector<std::string> gone;
     if (exists) {
-      if (track.epoch == item.epoch) Prove(track, sent);
+      if (track.epoch == item.epoch) prove(track, sent);
       for (std::size_t j = 1; j < reply.size(); ++j) gone.emplace_back(ElementStr(reply.element(j)));
     } else {
       track.proven = false;
@@ -919,107 +932,149 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
     return "";
   }
 
-  void KeepAlive() {
-    std::unique_ptr<Conn> conn;
+  // --- The keep-alive thread
+  //
+  // Sleeps until the next renewal is due (every ttl/3, or at once when a
+  // request failed for lack of contact), the session would be lost, or
+  // close() stops it. A renewal is one round trip on the thread's own
+  // connection; while renewals fail the session is kSuspended, once one
+  // succeeds kConnected again, and it is kLost when the lease may have run out
+  // (by the client's clock) or a renewal shows that the server lost what the
+  // session holds on to.
+
+  // What one renewal round trip brought back.
+  struct Renewal {
+    Status error;                // the request failed (or the server answered an error)
+    std::vector<Reply> replies;  // otherwise: the session key's, then one per RenewItem
+    Clock::time_point sent;      // when it was sent: the lease counts from here, not from the reply
+  };
+
+  void keep_alive() DLOCK_EXCLUDES(mu_, notice_mu_) {
+    std::unique_ptr<Conn> conn;  // the thread's own: a slow request never delays a renewal
     std::stop_token st = stop_.get_token();
     const Clock& clock = *cfg_.clock;
-    std::unique_lock<std::mutex> lk(mu_);
+    MutexLock lk(mu_);
     Clock::time_point next = master_basis_ + cfg_.renew_every();
     while (!st.stop_requested()) {
-      Clock::time_point lost_at = LostAtLocked();
-      clock.wait_until(cv_, lk, st, std::min(next, lost_at), [&] { return poke_; });
+      Clock::time_point lost_at = compute_lost_at();
+      clock.wait_until(cv_, lk.native(), st, std::min(next, lost_at), [&] {
+        mu_.assert_held();  // wait_until runs the predicate with the lock held
+        return poke_;
+      });
       if (st.stop_requested()) break;
       Clock::time_point now = clock.now();
-      if (now >= LostAtLocked()) {
+      if (now >= compute_lost_at()) {
+        // No renewal got through in time: the server may end the lease soon.
         lk.unlock();
-        Lose("no successful lease renewal for " +
+        lose("no successful lease renewal for " +
              std::to_string(std::chrono::duration_cast<milliseconds>(cfg_.ttl - cfg_.margin()).count()) +
              "ms; the server can end the lease " + std::to_string(cfg_.margin().count()) + "ms later");
         return;
       }
-      if (!poke_ && now < next) continue;
+      if (!poke_ && now < next) continue;  // woken early (a clock advance): not due yet
       poke_ = false;
 
-      std::vector<RenewItem> items;
-      for (const auto& [name, t] : queues_) {
-        RenewItem item{name, t.epoch, {}};
-        for (const auto& [id, e] : t.ids) {
-          if (e.relied_on()) item.relied.push_back(id);
-        }
-        items.push_back(std::move(item));
-      }
-      Clock::duration budget = std::min<Clock::duration>(cfg_.op_timeout, LostAtLocked() - now);
+      std::vector<RenewItem> items = renew_items();
+      Clock::duration budget = std::min<Clock::duration>(cfg_.op_timeout, compute_lost_at() - now);
       lk.unlock();
-
-      Clock::time_point sent = clock.now();
-      auto io_deadline = IoClock::now() + budget;
-      Status err;
-      std::vector<Reply> replies;
-      for (int attempt = 0; attempt < 2; ++attempt) {
-        bool fresh = !conn;
-        if (!conn) {
-          auto c = Conn::Open(cfg_.endpoint, io_deadline, stop_fd_);
-          if (!c.ok()) {
-            err = c.status();
-            break;
-          }
-          conn = std::move(*c);
-        }
-        sent = clock.now();  // the lease counts from here, not from the reply
-        auto r = Renew(*conn, items, io_deadline);
-        if (r.ok()) {
-          err = OkStatus();
-          replies = std::move(*r);
-          break;
-        }
-        err = r.status();
-        // A connection the server closed since the last renewal (a restart,
-        // CLIENT KILL) gets one retry on a new one; a timeout does not.
-        bool retry = !fresh && !conn->timed_out() && err.code() == ErrorCode::kUnavailable;
-        conn.reset();
-        if (!retry) break;
-      }
-      if (err.ok()) {
-        for (const auto& reply : replies) {
-          if (reply.is_error()) {
-            err = ErrorReplyStatus(reply.str(), "renewing the session lease");
-            conn.reset();
-            break;
-          }
-        }
-      }
-
+      Renewal renewal = send_renewal(conn, items, budget);
       lk.lock();
       if (st.stop_requested()) break;
-      if (!err.ok()) {
-        if (err.code() == ErrorCode::kCancelled) break;
+      if (!renewal.error.ok()) {
+        if (renewal.error.code() == ErrorCode::kCancelled) break;  // close() interrupted the request
+        // Out of contact: retry soon; the session lives until compute_lost_at().
         next = clock.now() + cfg_.retry_interval();
         lk.unlock();
-        Transition(SessionState::kSuspended);
+        transition(SessionState::kSuspended);
         lk.lock();
         continue;
       }
-      if (replies[0].integer() != 1) {
-        lk.unlock();
-        Lose("the session key is gone from the server (it expired, or the server restarted without its data)");
-        return;
-      }
-      std::string lost;
-      for (std::size_t i = 0; i < items.size() && lost.empty(); ++i) {
-        lost = CheckRenewalLocked(items[i], replies[i + 1], sent);
-      }
+      std::string lost = apply_renewal(items, renewal);
       if (!lost.empty()) {
         lk.unlock();
-        Lose(std::move(lost));
+        lose(std::move(lost));
         return;
       }
-      master_basis_ = sent;
-      UpdateLostAtLocked();
-      next = sent + cfg_.renew_every();
+      next = renewal.sent + cfg_.renew_every();
       lk.unlock();
-      Transition(SessionState::kConnected);
+      transition(SessionState::kConnected);
       lk.lock();
     }
+  }
+
+  // What a renewal covers: every tracked queue, with the entries the session
+  // holds on to there and the queue's epoch, as of now.
+  std::vector<RenewItem> renew_items() const DLOCK_REQUIRES(mu_) {
+    std::vector<RenewItem> items;
+    for (const auto& [name, t] : queues_) {
+      RenewItem item{name, t.epoch, {}};
+      for (const auto& [id, e] : t.ids) {
+        if (e.relied_on()) item.relied.push_back(id);
+      }
+      items.push_back(std::move(item));
+    }
+    return items;
+  }
+
+  // Sends one renewal on `conn` (opened first if there is none), within
+  // `budget`. A connection the server closed since the last renewal (a
+  // restart, CLIENT KILL) gets one retry on a new one; a timeout does not.
+  // `conn` is reset when it cannot be used again.
+  Renewal send_renewal(std::unique_ptr<Conn>& conn, const std::vector<RenewItem>& items, Clock::duration budget)
+      DLOCK_EXCLUDES(mu_) {
+    const Clock& clock = *cfg_.clock;
+    Renewal out;
+    out.sent = clock.now();
+    auto io_deadline = IoClock::now() + budget;
+    for (int attempt = 0; attempt < 2; ++attempt) {
+      bool fresh = !conn;
+      if (!conn) {
+        auto c = Conn::open(cfg_.endpoint, io_deadline, FdOf(interrupt_));
+        if (!c.ok()) {
+          out.error = c.status();
+          break;
+        }
+        conn = std::move(*c);
+      }
+      out.sent = clock.now();  // the lease counts from here, not from the reply
+      auto r = renew(*conn, items, io_deadline);
+      if (r.ok()) {
+        out.error = OkStatus();
+        out.replies = std::move(*r);
+        break;
+      }
+      out.error = r.status();
+      bool retry = !fresh && !conn->timed_out() && out.error.code() == ErrorCode::kUnavailable;
+      conn.reset();
+      if (!retry) break;
+    }
+    if (out.error.ok()) {
+      // An error reply (an ACL change, a server still loading) counts as no
+      // contact.
+      for (const auto& reply : out.replies) {
+        if (reply.is_error()) {
+          out.error = ErrorReplyStatus(reply.str(), "renewing the session lease");
+          conn.reset();
+          break;
+        }
+      }
+    }
+    return out;
+  }
+
+  // Reads a renewal that got through. Returns why the session is lost, or ""
+  // if it lives on: then the session key's lease counts from the renewal.
+  std::string apply_renewal(const std::vector<RenewItem>& items, const Renewal& renewal) DLOCK_REQUIRES(mu_) {
+    if (renewal.replies[0].integer() != 1) {
+      return "the session key is gone from the server (it expired, or the server restarted without its data)";
+    }
+    for (std::size_t i = 0; i < items.size(); ++i) {
+      std::string lost = check_renewal(items[i], renewal.replies[i + 1], renewal.sent);
+      if (!lost.empty()) return lost;
+    }
+    master_basis_ = renewal.sent;
+    update_lost_at();
+    return "";
   }
 
   const std::shared_ptr<StoreCore> store_;
@@ -1027,15 +1082,15 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
   const std::string sid_;
 
   std::atomic<SessionState> state_{SessionState::kConnected};
-  std::atomic<Clock::duration::rep> lost_at_{0};  // LostAtLocked(), readable without mu_
+  std::atomic<Clock::duration::rep> lost_at_{0};  // compute_lost_at(), readable without mu_
 
-  mutable std::mutex mu_;
-  std::condition_variable_any cv_;  // keep-alive wake-ups
-  bool poke_ = false;               // renew now
-  Clock::time_point master_basis_;  // of the session key
-  std::map<std::string, QueueTrack> queues_;
-  std::uint64_t epochs_ = 0;  // QueueTrack::epoch values, never reused
-  std::string lost_reason_;
+  mutable Mutex mu_;
+  std::condition_variable_any cv_;                        // keep-alive wake-ups
+  bool poke_ DLOCK_GUARDED_BY(mu_) = false;               // renew now
+  Clock::time_point master_basis_ DLOCK_GUARDED_BY(mu_);  // of the session key
+  std::map<std::string, QueueTrack> queues_ DLOCK_GUARDED_BY(mu_);
+  std::uint64_t epochs_ DLOCK_GUARDED_BY(mu_) = 0;  // QueueTrack::epoch values, never reused
+  std::string lost_reason_ DLOCK_GUARDED_BY(mu_);
 
   ListenerList<SessionState> listeners_;
   struct Notice {
@@ -1043,22 +1098,27 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
     bool cleanup;  // remove the session's entries once it is delivered (close)
     std::uint64_t seq;
   };
-  std::mutex notice_mu_;  // guards the notice queue; state_ changes under it
+  Mutex notice_mu_;  // guards the notice queue; state_ changes under it
   std::condition_variable notice_cv_;
-  std::deque<Notice> notices_;
-  std::uint64_t notices_queued_ = 0;
-  std::uint64_t notices_delivered_ = 0;
-  std::optional<std::thread::id> deliverer_;
+  std::deque<Notice> notices_ DLOCK_GUARDED_BY(notice_mu_);
+  std::uint64_t notices_queued_ DLOCK_GUARDED_BY(notice_mu_) = 0;
+  std::uint64_t notices_delivered_ DLOCK_GUARDED_BY(notice_mu_) = 0;
+  std::optional<std::thread::id> deliverer_ DLOCK_GUARDED_BY(notice_mu_);
+  // Set by start() and reset by stop_keep_alive(), which close() runs once:
+  // not shared between threads.
   std::shared_ptr<void> clock_subscription_;
-  int stop_fd_ = -1;  // interrupts the keep-alive's I/O on close
-  std::stop_source stop_;
-  std::thread thread_;
+  // Interrupts the keep-alive's I/O on close. Made by the constructor, never
+  // changed (empty if out of descriptors: close() then waits for the I/O's
+  // own timeout).
+  const std::optional<EventSignal> interrupt_;
+  std::stop_source stop_;  // thread-safe
+  std::thread thread_;     // set by start(), joined (or detached) by stop_keep_alive()
 };
 
 class RedisSession final : public Session {
  public:
   explicit RedisSession(std::shared_ptr<SessionCore> core) : core_(std::move(core)) {}
-  ~RedisSession() override { core_->Close(); }
+  ~RedisSession() override { core_->close(); }
 
   std::string id() const override { return core_->id(); }
   SessionState state() const noexcept override { return core_->state(); }
@@ -1066,24 +1126,24 @@ class RedisSession final : public Session {
     return core_->subscribe(std::move(fn));
   }
   Result<Appended> append(std::string_view queue, const EntrySpec& spec, Clock::time_point deadline) override {
-    return core_->Append(queue, spec, deadline);
+    return core_->append(queue, spec, deadline);
   }
   Result<std::vector<Entry>> list(std::string_view queue, const ListOptions& options,
                                   Clock::time_point deadline) override {
-    return core_->List(queue, options, deadline);
+    return core_->list(queue, options, deadline);
   }
   Status wait_any_gone(std::string_view queue, std::span<const std::string> ids, Clock::time_point deadline,
                        std::stop_token stop) override {
-    return core_->WaitAnyGone(queue, ids, deadline, std::move(stop));
+    return core_->wait_any_gone(queue, ids, deadline, std::move(stop));
   }
   Status remove(std::string_view queue, std::string_view id, Clock::time_point deadline) override {
-    return core_->Remove(queue, id, deadline);
+    return core_->remove(queue, id, deadline);
   }
   Result<std::optional<Entry>> find_own(std::string_view queue, std::string_view attempt_id,
                                         Clock::time_point deadline) override {
-    return core_->FindOwn(queue, attempt_id, deadline);
+    return core_->find_own(queue, attempt_id, deadline);
   }
-  void close() noexcept override { core_->Close(); }
+  void close() noexcept override { core_->close(); }
 
  private:
   std::shared_ptr<SessionCore> core_;
@@ -1110,13 +1170,13 @@ class RedisStore final : public Store {
     for (int attempt = 0; attempt < 3; ++attempt) {
       std::string sid = RandomHex(8);
       Clock::time_point sent = cfg.clock->now();
-      auto r = core_->Command1({"SET", SessionKey(sid), note, "NX", "PX", std::to_string(cfg.ttl.count())},
-                               core_->IoDeadline(deadline));
+      auto r = core_->command({"SET", SessionKey(sid), note, "NX", "PX", std::to_string(cfg.ttl.count())},
+                              core_->io_deadline(deadline));
       if (!r.ok()) return r.status();
       if (r->is_error()) return ErrorReplyStatus(r->str(), "redis store: opening a session");
       if (r->is_nil()) continue;  // a 64-bit collision: draw again
       auto core = std::make_shared<SessionCore>(core_, sid, sent);
-      core->Start();
+      core->start();
       return std::shared_ptr<Session>(std::make_shared<RedisSession>(std::move(core)));
     }
     return InternalError("redis store: could not draw a free session id");
@@ -1178,7 +1238,7 @@ Result<std::shared_ptr<Store>> OpenRedisStore(const ParsedUrl& url, const StoreO
   auto cfg = ParseConfig(url, options);
   if (!cfg.ok()) return cfg.status();
   auto deadline = IoClock::now() + cfg->op_timeout;
-  auto conn = Conn::Open(cfg->endpoint, deadline);
+  auto conn = Conn::open(cfg->endpoint, deadline);
   if (!conn.ok()) return conn.status();
   // Load the scripts (their SHA1s come back), and make sure both EVAL and
   // EVALSHA run: a server that refuses scripts fails here, not at the first
@@ -1186,7 +1246,7 @@ Result<std::shared_ptr<Store>> OpenRedisStore(const ParsedUrl& url, const StoreO
   std::vector<Command> load;
   for (int i = 0; i < kScriptCount; ++i) load.push_back({"SCRIPT", "LOAD", ScriptSource(static_cast<ScriptId>(i))});
   load.push_back({"EVAL", ScriptSource(ScriptId::kProbe), "0"});
-  auto replies = (*conn)->Pipeline(load, deadline);
+  auto replies = (*conn)->pipeline(load, deadline);
   const std::string where = (*conn)->where();
   if (!replies.ok()) {
     return UnavailableError("redis at " + where +
@@ -1208,7 +1268,7 @@ Result<std::shared_ptr<Store>> OpenRedisStore(const ParsedUrl& url, const StoreO
     }
     if (!is_eval) shas[i] = std::string(r.str());
   }
-  auto probe = (*conn)->Run({"EVALSHA", shas[static_cast<int>(ScriptId::kProbe)], "0"}, deadline);
+  auto probe = (*conn)->run({"EVALSHA", shas[static_cast<int>(ScriptId::kProbe)], "0"}, deadline);
   if (!probe.ok()) {
     return UnavailableError("redis at " + where +
                             " did not answer within the connect timeout: " + probe.status().message());
@@ -1218,7 +1278,7 @@ Result<std::shared_ptr<Store>> OpenRedisStore(const ParsedUrl& url, const StoreO
                                    std::string(probe->str()) + "); dlock's redis:// store needs EVAL and EVALSHA");
   }
   auto core = std::make_shared<StoreCore>(std::move(*cfg), std::move(shas));
-  core->pool().Adopt(std::move(*conn));
+  core->pool().adopt(std::move(*conn));
   return std::shared_ptr<Store>(std::make_shared<RedisStore>(std::move(core)));
 }
 

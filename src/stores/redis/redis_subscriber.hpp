@@ -27,12 +27,14 @@
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
+#include <optional>
 #include <stop_token>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "core/event_signal.hpp"
+#include "core/thread_annotations.hpp"
 #include "dlock/clock.hpp"
 #include "dlock/status.hpp"
 #include "stores/redis/redis_conn.hpp"
@@ -77,38 +79,68 @@ class Subscriber {
 
   // Blocks until an id of `ids` is gone from `queue` (OK), or `deadline`
   // passes, `stop` is requested, or `session()` reports an error. Keeps waiting
-  // while the store is unreachable.
-  Status Wait(const std::string& queue, const std::string& channel, const std::vector<std::string>& ids,
-              Clock::time_point deadline, std::stop_token stop, const SessionFn& session, const CheckFn& check);
+  // while the store is unreachable. `check` runs without mu_; `session` runs
+  // with it held, so it must be quick and must not call back into the Subscriber.
+  Status wait(const std::string& queue, const std::string& channel, const std::vector<std::string>& ids,
+              Clock::time_point deadline, std::stop_token stop, const SessionFn& session, const CheckFn& check)
+      DLOCK_EXCLUDES(mu_);
 
   // Wakes every wait so it re-reads its session (after a state change) and
   // the clock (after a manual advance).
-  void Poke();
+  void poke() DLOCK_EXCLUDES(mu_);
 
-  SubscriberStats stats() const;
+  SubscriberStats stats() const DLOCK_EXCLUDES(mu_);
 
  private:
+  // Waiter and Channel live in channels_ (or on a waiting thread's stack,
+  // reachable from channels_): every field of theirs is guarded by mu_. The
+  // analysis cannot name an outer class's mutex from a nested struct, so
+  // only channels_ carries the annotation.
   struct Waiter;
   struct Channel;
+  struct Link;
+  struct Plan;
   enum class ChanState { kIdle, kSubscribing, kSubscribed, kUnsubscribing };
+  // What the subscriber thread does after one of its steps.
+  enum class Step { kGoOn, kRestart, kStop };
 
-  void Run(std::stop_token st);
-  void Wake();
-  void Dispatch(const std::string& channel, std::string_view payload);  // mu_ held
-  void MarkGone(Channel& ch, const std::vector<std::string>& gone);     // mu_ held
-  Clock::time_point NextCheck(Clock::time_point now, std::int64_t soonest_ms) const;
-  void DropConnection();  // mu_ held
+  // Waits (see wait()).
+  Channel& join(const std::string& queue, const std::string& channel, Waiter& w) DLOCK_REQUIRES(mu_);
+  void leave(Channel& ch, Waiter& w) DLOCK_REQUIRES(mu_);
+  Status after_first_check(Channel& ch, Waiter& w, const Result<CheckResult>& r) DLOCK_REQUIRES(mu_);
+  static std::vector<std::string> claim_recheck(Channel& ch);  // mu_ held
+  void after_recheck(Channel& ch, const Result<CheckResult>& r) DLOCK_REQUIRES(mu_);
+  void mark_gone(Channel& ch, const std::vector<std::string>& gone) DLOCK_REQUIRES(mu_);
+  static void signal_all(Channel& ch);  // mu_ held
+  Clock::time_point next_check_at(Clock::time_point now, std::int64_t soonest_ms) const;
+
+  // The subscriber thread (see run()).
+  void run(std::stop_token st) DLOCK_EXCLUDES(mu_);
+  Plan plan(bool connected, IoClock::time_point now) DLOCK_EXCLUDES(mu_);
+  Step connect(Link& link, IoClock::time_point now, IoClock::time_point& wake_at) DLOCK_EXCLUDES(mu_);
+  Step ping(Link& link, IoClock::time_point& wake_at) DLOCK_EXCLUDES(mu_);
+  Step await_input(Link& link, IoClock::time_point wake_at) DLOCK_EXCLUDES(mu_);
+  void read_replies(Link& link) DLOCK_EXCLUDES(mu_);
+  void handle_reply(Link& link, const Reply& reply) DLOCK_EXCLUDES(mu_);
+  void fail_waiters(const Status& s, bool only_subscribing) DLOCK_EXCLUDES(mu_);
+  void on_subscribed(const std::string& name) DLOCK_REQUIRES(mu_);
+  void on_unsubscribed(const std::string& name) DLOCK_REQUIRES(mu_);
+  void dispatch(const std::string& channel, std::string_view payload) DLOCK_REQUIRES(mu_);
+  void drop(Link& link) DLOCK_EXCLUDES(mu_);
+  void wake() const;
 
   const SubscriberOptions opt_;
-  int wake_fd_ = -1;  // eventfd: "look at the channel table again"
-  int stop_fd_ = -1;  // eventfd: "shut down", interrupts the connection's I/O
+  // Both made by the constructor and never changed (empty if the process was
+  // out of descriptors: then nobody is woken early, as with no eventfd).
+  const std::optional<EventSignal> wake_;  // "look at the channel table again"
+  const std::optional<EventSignal> stop_;  // "shut down", interrupts the connection's I/O
 
-  mutable std::mutex mu_;
-  std::map<std::string, std::unique_ptr<Channel>> channels_;
-  bool connected_ = false;
-  SubscriberStats stats_;
-  std::shared_ptr<void> clock_subscription_;
-  std::jthread thread_;  // last: stopped and joined first
+  mutable Mutex mu_;
+  std::map<std::string, std::unique_ptr<Channel>> channels_ DLOCK_GUARDED_BY(mu_);
+  bool connected_ DLOCK_GUARDED_BY(mu_) = false;
+  SubscriberStats stats_ DLOCK_GUARDED_BY(mu_);
+  std::shared_ptr<void> clock_subscription_;  // set by the constructor, reset by the destructor
+  std::jthread thread_;                       // last: stopped and joined first
 };
 
 }  // namespace dlock::internal::redis
