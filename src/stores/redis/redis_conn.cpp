@@ -118,7 +118,7 @@ Status ErrorReplyStatus(std::string_view err, std::string_view what) {
 }
 
 std::optional<EventSignal> MaybeSignal() {
-  auto s = EventSignal::Create();
+  auto s = EventSignal::create();
   if (!s.ok()) return std::nullopt;
   return std::move(*s);
 }
