@@ -458,7 +458,8 @@ TEST_P(CliTest, ALockLostBeforeTheCommandStartsNeverStartsIt) {
                        url_,     "--kill-after",
                        "10s",    name_,
                        "--",     "sh",
-                       "-c",     "trap '' TERM; touch " + first_ran});
+                       "-c",     "trap '' TERM; touch " + first_ran},
+                      "", {"ASAN_OPTIONS=detect_leaks=0"});  // LeakSanitizer cannot run under ptrace
   if (!Eventually([&] { return std::filesystem::exists(paused); }, 60s)) {
     GTEST_SKIP() << "gdb could not run dlock here (no ptrace?)";
   }

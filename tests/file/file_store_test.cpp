@@ -28,12 +28,12 @@
 #include <thread>
 #include <vector>
 
+#include "core/unique_fd.hpp"
 #include "core/url.hpp"
 #include "dlock/clock.hpp"
 #include "dlock/dlock.hpp"
 #include "dlock/store.hpp"
 #include "stores/file/layout.hpp"
-#include "core/unique_fd.hpp"
 
 extern char** environ;
 

@@ -72,10 +72,9 @@ bool RedisServerProcess::ping() const {
 }
 
 bool RedisServerProcess::launch() {
-  std::vector<std::string> args = {"redis-server", "--port",          std::to_string(port_), "--bind",
-                                   "127.0.0.1",    "--dir",           dir_,                  "--daemonize",
-                                   "no",           "--protected-mode", "no",                 "--logfile",
-                                   dir_ + "/redis.log"};
+  std::vector<std::string> args = {"redis-server", "--port",    std::to_string(port_), "--bind", "127.0.0.1",
+                                   "--dir",        dir_,        "--daemonize",         "no",     "--protected-mode",
+                                   "no",           "--logfile", dir_ + "/redis.log"};
   if (options_.persist == "rdb") {
     args.insert(args.end(), {"--save", "1 1", "--appendonly", "no"});
   } else if (options_.persist == "aof") {

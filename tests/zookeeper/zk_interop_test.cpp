@@ -86,7 +86,8 @@ class ZkInterop : public ::testing::Test {
       std::vector<std::string> ids{node};
       waited = session_->wait_any_gone(queue, ids, In(30s), {});
     });
-    EXPECT_TRUE(testing::Eventually([&] { return zktest::FourLetters(hosts_, "wchp").find(node) != std::string::npos; }));
+    EXPECT_TRUE(
+        testing::Eventually([&] { return zktest::FourLetters(hosts_, "wchp").find(node) != std::string::npos; }));
     EXPECT_EQ(peer.call("release"), "released");
     t.join();
     EXPECT_THAT(waited, IsOk());

@@ -15,12 +15,12 @@ namespace dlock {
 namespace {
 
 using namespace std::chrono_literals;
+using testing::Eventually;
 using testing::IsOk;
+using testing::StatusIs;
 using zktest::RawZk;
 using zktest::SharedServer;
 using zktest::SteadyClock;
-using testing::Eventually;
-using testing::StatusIs;
 
 Clock::time_point In(Clock::duration d) { return Clock::system()->now() + d; }
 

@@ -1099,8 +1099,7 @@ class Runner {
         std::error_code ec;
         for (const auto& f : replica_->data_files()) fs::remove_all(replica_->dir() + "/" + f, ec);
         replica_->set_replica_of(redis_->port());
-        if (!replica_->start())
-          std::cerr << "dlock-chaos: the old redis primary did not restart as a replica\n";
+        if (!replica_->start()) std::cerr << "dlock-chaos: the old redis primary did not restart as a replica\n";
         for (int i = 0; i < 100 && !replica_synced(); ++i) std::this_thread::sleep_for(100ms);
         server_down_ = false;
       });

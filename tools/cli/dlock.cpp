@@ -110,6 +110,13 @@ std::string Indented(const Doc (&docs)[N], std::size_t width) {
 
 std::string ExitHelp() { return std::string("Exit status: ") + kExitIntro + "\n" + Indented(kExitStatuses, 8); }
 
+// Says why and returns `code`: for the paths that still own a Client, which
+// must be destroyed (its threads joined) before the process exits.
+int Report(int code, const std::string& message) {
+  std::fprintf(stderr, "dlock: %s\n", message.c_str());
+  return code;
+}
+
 [[noreturn]] void Die(int code, const std::string& message) {
   std::fprintf(stderr, "dlock: %s\n", message.c_str());
   std::exit(code);
@@ -270,8 +277,7 @@ class LockedCommand {
 
  private:
   // 1. Waits for the lock on a helper thread while this one watches signals;
-  //    nullopt with the lock held, or the exit status of a stop signal
-  //    (exits if the lock could not be had).
+  //    nullopt with the lock held, or the exit status without it.
   std::optional<int> wait_for_lock(dlock::Client& client) {
     auto acquired = event_or_die();
     std::stop_source cancel;
@@ -295,11 +301,11 @@ class LockedCommand {
     acquirer.join();
     line.clear();
     read_stop_signals();  // any that came while the acquirer finished
-    if (failure) Die(ExitFor(*failure), failure->to_string());
+    if (failure) return Report(ExitFor(*failure), failure->to_string());
     if (hold_ && !cancelled_by_) return std::nullopt;
     if (hold_) hold_->release();  // told to stop: never start the command
     if (cancelled_by_) return stopped("while waiting for " + name_);
-    die_without_lock(client);
+    return without_lock(client);
   }
 
   std::optional<dlock::Hold> acquire(dlock::Client& client, std::stop_token stop) const {
@@ -332,13 +338,14 @@ class LockedCommand {
   // No lock by the deadline: a store that never answered is not a lock held
   // by someone else (no session could be opened before the deadline; Redis
   // fails this way at connect already).
-  [[noreturn]] void die_without_lock(const dlock::Client& client) const {
+  int without_lock(const dlock::Client& client) const {
     if (client.session_state() == dlock::SessionState::kClosed) {
       const std::string within = plan_.timeout ? " within " + FormatDuration(*plan_.timeout) : "";
-      Die(kStoreFailed, "store unreachable: " + client.url() + " did not answer" + within + " (nothing was acquired)");
+      return Report(kStoreFailed,
+                    "store unreachable: " + client.url() + " did not answer" + within + " (nothing was acquired)");
     }
     const std::string after = plan_.timeout ? " after " + FormatDuration(*plan_.timeout) : "";
-    Die(kTimedOut, "timed out" + after + " waiting for " + name_);
+    return Report(kTimedOut, "timed out" + after + " waiting for " + name_);
   }
 
   // The last moment to decide not to start: told to stop, or the lock is no
@@ -353,7 +360,8 @@ class LockedCommand {
     }
     if (hold_->state() != dlock::HoldState::kHeld) {
       hold_->release();
-      Die(kLockLost, "the lock " + name_ + " was lost before the command could start (its store session ended)");
+      return Report(kLockLost,
+                    "the lock " + name_ + " was lost before the command could start (its store session ended)");
     }
     return std::nullopt;
   }
@@ -367,7 +375,12 @@ class LockedCommand {
     });
     if (hold_->state() == dlock::HoldState::kLost) Signal(*lost);  // lost before we listened
     if (auto stopped = refuse_to_start_unless_held()) return *stopped;
-    const pid_t child = spawn_or_die(client);
+    int error = 0;
+    const pid_t child = spawn(client, error);
+    if (child < 0) {
+      hold_->release();
+      return Report(kCannotStart, "cannot run '" + plan_.options.command[0] + "': " + std::strerror(error));
+    }
     const bool was_lost = supervise(child, *lost);
     subscription.reset();
     hold_->release();
@@ -393,7 +406,8 @@ class LockedCommand {
     return env;
   }
 
-  pid_t spawn_or_die(const dlock::Client& client) {
+  // The child's pid, or -1 with posix_spawnp's error number in `error`.
+  pid_t spawn(const dlock::Client& client, int& error) {
     std::vector<std::string> env = environment(client);
     std::vector<std::string> args = plan_.options.command;
     auto pointers = [](std::vector<std::string>& strings) {
@@ -412,11 +426,8 @@ class LockedCommand {
     pid_t child = 0;
     int rc = posix_spawnp(&child, argv[0], nullptr, &attr, argv.data(), envp.data());
     posix_spawnattr_destroy(&attr);
-    if (rc != 0) {
-      hold_->release();
-      Die(kCannotStart, "cannot run '" + args[0] + "': " + std::strerror(rc));
-    }
-    return child;
+    error = rc;
+    return rc == 0 ? child : -1;
   }
 
   // Until the child exits: forwards signals to it; when the lock is lost,

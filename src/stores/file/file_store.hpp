@@ -11,9 +11,9 @@
 
 #include <memory>
 
+#include "core/unique_fd.hpp"
 #include "core/url.hpp"
 #include "dlock/store.hpp"
-#include "core/unique_fd.hpp"
 
 namespace dlock::internal {
 
