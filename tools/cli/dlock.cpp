@@ -543,46 +543,39 @@ std::string QueueLabel(const std::string& queue, const std::string& name) {
   return queue == name ? "main" : queue.substr(name.size() + 1);
 }
 
-int Status(const std::string& url, const std::string& name, bool json, bool wide) {
-  if (auto s = dlock::ValidateLockName(name); !s.ok()) Die(kUsage, s.message());
-  auto client = ConnectOrDie(url);
-  auto entries = dlock::Inspect(client, name);
-  if (!entries.ok()) Die(ExitFor(entries.status()), entries.status().to_string());
-  if (json) {
-    nlohmann::json out = {{"name", name},
-                          {"url", client.url()},
-                          {"holders", nlohmann::json::array()},
-                          {"waiters", nlohmann::json::array()}};
-    for (const auto& e : *entries) out[e.holds ? "holders" : "waiters"].push_back(EntryJson(e));
-    std::printf("%s\n", out.dump(2).c_str());
-    return 0;
-  }
-  if (entries->empty()) {
-    std::printf("%s: free (no holders, no waiters) on %s\n", name.c_str(), client.url().c_str());
-    return 0;
-  }
-  enum { kRole, kKind, kToken, kEntry, kQueue, kHost, kPid, kSince, kColumns };
-  std::vector<std::array<std::string, kColumns>> rows;
-  std::array<std::string, kColumns> header;
-  for (std::size_t c = 0; c < kColumns; ++c) header[c] = kStatusColumns[c].term;
-  rows.push_back(header);
-  for (bool holders : {true, false}) {
-    for (const auto& e : *entries) {
-      if (e.holds != holders) continue;
-      const auto& owner = e.entry.owner;
-      rows.push_back(
-          {e.holds ? "holder" : "waiter", e.entry.kind, e.entry.token ? std::to_string(*e.entry.token) : "-",
-           e.entry.id, QueueLabel(e.queue, name), owner ? owner->host : "-", owner ? std::to_string(owner->pid) : "-",
-           owner && owner->acquired_unix_ms > 0 ? HumanDuration(NowUnixMs() - owner->acquired_unix_ms) + " ago" : "-"});
-    }
-  }
+enum StatusColumn { kRole, kKind, kToken, kEntry, kQueue, kHost, kPid, kSince, kColumns };
+using StatusRow = std::array<std::string, kColumns>;
+
+void PrintStatusJson(const dlock::Client& client, const std::string& name,
+                     const std::vector<dlock::EntryInfo>& entries) {
+  nlohmann::json out = {{"name", name},
+                        {"url", client.url()},
+                        {"holders", nlohmann::json::array()},
+                        {"waiters", nlohmann::json::array()}};
+  for (const auto& e : entries) out[e.holds ? "holders" : "waiters"].push_back(EntryJson(e));
+  std::printf("%s\n", out.dump(2).c_str());
+}
+
+StatusRow StatusRowOf(const dlock::EntryInfo& e, const std::string& name) {
+  const auto& owner = e.entry.owner;
+  const bool since_known = owner && owner->acquired_unix_ms > 0;
+  return {e.holds ? "holder" : "waiter",
+          e.entry.kind,
+          e.entry.token ? std::to_string(*e.entry.token) : "-",
+          e.entry.id,
+          QueueLabel(e.queue, name),
+          owner ? owner->host : "-",
+          owner ? std::to_string(owner->pid) : "-",
+          since_known ? HumanDuration(NowUnixMs() - owner->acquired_unix_ms) + " ago" : "-"};
+}
+
+// Column widths that fit `limit` characters (0: no limit): the entry ids
+// give way first (down to 20 characters), then host names (down to 8).
+std::array<std::size_t, kColumns> FittedWidths(const std::vector<StatusRow>& rows, std::size_t limit) {
   std::array<std::size_t, kColumns> widths{};
   for (const auto& row : rows) {
     for (std::size_t c = 0; c < kColumns; ++c) widths[c] = std::max(widths[c], row[c].size());
   }
-  // Fit the terminal: the entry ids give way first (down to 20 characters),
-  // then host names (down to 8); --wide keeps everything whole.
-  const std::size_t limit = wide ? 0 : OutputWidth();
   std::size_t total = kColumns - 1;
   for (auto w : widths) total += w;
   for (auto [column, floor] : {std::pair<int, std::size_t>{kEntry, 20}, {kHost, 8}}) {
@@ -591,6 +584,20 @@ int Status(const std::string& url, const std::string& name, bool json, bool wide
     widths[column] -= cut;
     total -= cut;
   }
+  return widths;
+}
+
+void PrintStatusTable(const std::string& name, const std::vector<dlock::EntryInfo>& entries, bool wide) {
+  std::vector<StatusRow> rows;
+  StatusRow header;
+  for (std::size_t c = 0; c < kColumns; ++c) header[c] = kStatusColumns[c].term;
+  rows.push_back(header);
+  for (bool holders : {true, false}) {  // holders first, each group in queue order
+    for (const auto& e : entries) {
+      if (e.holds == holders) rows.push_back(StatusRowOf(e, name));
+    }
+  }
+  const auto widths = FittedWidths(rows, wide ? 0 : OutputWidth());
   for (auto& row : rows) {
     std::string line;
     for (std::size_t c = 0; c < kColumns; ++c) {
@@ -599,6 +606,20 @@ int Status(const std::string& url, const std::string& name, bool json, bool wide
       line += (c ? " " : "") + cell;
     }
     std::printf("%s\n", line.c_str());
+  }
+}
+
+int Status(const std::string& url, const std::string& name, bool json, bool wide) {
+  if (auto s = dlock::ValidateLockName(name); !s.ok()) Die(kUsage, s.message());
+  auto client = ConnectOrDie(url);
+  auto entries = dlock::Inspect(client, name);
+  if (!entries.ok()) return Report(ExitFor(entries.status()), entries.status().to_string());
+  if (json) {
+    PrintStatusJson(client, name, *entries);
+  } else if (entries->empty()) {
+    std::printf("%s: free (no holders, no waiters) on %s\n", name.c_str(), client.url().c_str());
+  } else {
+    PrintStatusTable(name, *entries, wide);
   }
   return 0;
 }

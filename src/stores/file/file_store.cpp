@@ -510,77 +510,14 @@ class FileSession final : public Session {
       names.push_back(std::move(*parsed));
     }
     if (closed()) return closed_error();
-    const StoreDir& dir = *dir_;
-    std::string qdir = QueueDirName(queue);
-
-    // Arm first: open every entry's FIFO. A missing FIFO means its entry is gone.
+    // Arm first, then test: an entry that goes after its FIFO is open wakes
+    // the poll, one that went before shows in the test.
     std::vector<UniqueFd> fifos;
-    for (const EntryName& name : names) {
-      std::string wake_path = WakePath(name.nonce);
-      UniqueFd fd(openat(dir.root.get(), wake_path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOFOLLOW));
-      if (!fd.valid()) {
-        if (errno == ENOENT) return OkStatus();
-        return ErrnoStatus(errno, "cannot open", dir.path_of(wake_path));
-      }
-      fifos.push_back(std::move(fd));
-    }
-    // Then test: what went before the FIFOs were open shows here.
-    auto qdir_fd = OpenQueueDir(dir, qdir);
-    if (!qdir_fd.ok()) return qdir_fd.status();
-    if (!qdir_fd->valid()) return OkStatus();
-    for (std::size_t i = 0; i < ids.size(); ++i) {
-      auto probe = ProbeFile(dir, qdir_fd->get(), ids[i], names[i].nonce, dir.path_of(qdir + "/" + ids[i]));
-      if (!probe.ok()) return probe.status();
-      if (probe->liveness == Liveness::kGone) return OkStatus();
-      // The FIFO's own lock: free means its owner is gone (see "Waking").
-      if (flock(fifos[i].get(), LOCK_SH | LOCK_NB) == 0) return OkStatus();
-      if (errno != EWOULDBLOCK)
-        return ErrnoStatus(errno, "cannot test the lock of", dir.path_of(WakePath(names[i].nonce)));
-    }
-
-    // Shared, so that a late signal never writes to a closed, maybe reused,
-    // descriptor.
-    auto signal = EventSignal::create();
-    if (!signal.ok()) return signal.status();
-    auto wake_me = std::make_shared<const EventSignal>(std::move(*signal));
-    std::stop_callback on_stop(stop, [wake_me] { wake_me->signal(); });
-    // A hand-moved clock never passes the deadline during ppoll: re-check on advance.
-    std::shared_ptr<void> on_advance = dir.clock->on_advance([wake_me] { wake_me->signal(); });
-
-    std::vector<pollfd> pollfds;
-    for (const UniqueFd& fd : fifos) pollfds.push_back({fd.get(), POLLIN, 0});
-    pollfds.push_back({wake_me->fd(), POLLIN, 0});
-    pollfds.push_back({closed_event_.fd(), POLLIN, 0});
-    for (;;) {
-      if (stop.stop_requested()) return CancelledError("waiting in queue " + std::string(queue) + " was cancelled");
-      if (closed()) return closed_error();
-      Clock::time_point now = dir.clock->now();
-      if (now >= deadline) {
-        return DeadlineExceededError("deadline passed waiting for an entry of queue " + std::string(queue) + " to go");
-      }
-      timespec timeout{};
-      timespec* timeout_ptr = nullptr;
-      if (deadline != kNoDeadline) {
-        // Capped so the conversion cannot overflow; the loop waits again.
-        auto left = std::min<Clock::duration>(deadline - now, std::chrono::hours(24));
-        auto seconds = std::chrono::duration_cast<std::chrono::seconds>(left);
-        timeout.tv_sec = static_cast<time_t>(seconds.count());
-        timeout.tv_nsec =
-            static_cast<long>(std::chrono::duration_cast<std::chrono::nanoseconds>(left - seconds).count());
-        timeout_ptr = &timeout;
-      }
-      int ready = ppoll(pollfds.data(), pollfds.size(), timeout_ptr, nullptr);
-      if (ready < 0) {
-        if (errno == EINTR) continue;
-        return UnavailableError("poll: " + ErrnoText(errno));
-      }
-      for (std::size_t i = 0; i < fifos.size(); ++i) {
-        // POLLHUP: the owner closed it (released, or its process died);
-        // POLLIN: a remover deleted the entry and wrote a byte.
-        if (pollfds[i].revents != 0) return OkStatus();
-      }
-      wake_me->drain();
-    }
+    auto armed = arm(names, fifos);
+    if (!armed.ok() || !*armed) return armed.status();  // an error, or one is gone already
+    auto gone = any_gone_now(QueueDirName(queue), ids, names, fifos);
+    if (!gone.ok() || *gone) return gone.status();
+    return await_fifos(queue, fifos, deadline, stop);
   }
 
   Status remove(std::string_view queue, std::string_view id, Clock::time_point) override {
@@ -657,6 +594,92 @@ class FileSession final : public Session {
   }
 
  private:
+  // Opens every entry's wake FIFO into `fifos`. false: one is missing, so
+  // its entry is gone.
+  Result<bool> arm(const std::vector<EntryName>& names, std::vector<UniqueFd>& fifos) const {
+    for (const EntryName& name : names) {
+      std::string wake_path = WakePath(name.nonce);
+      UniqueFd fd(openat(dir_->root.get(), wake_path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOFOLLOW));
+      if (!fd.valid()) {
+        if (errno == ENOENT) return false;
+        return ErrnoStatus(errno, "cannot open", dir_->path_of(wake_path));
+      }
+      fifos.push_back(std::move(fd));
+    }
+    return true;
+  }
+
+  // Whether one of the entries is gone already: its file, or its owner.
+  Result<bool> any_gone_now(const std::string& qdir, std::span<const std::string> ids,
+                            const std::vector<EntryName>& names, const std::vector<UniqueFd>& fifos) const {
+    const StoreDir& dir = *dir_;
+    auto qdir_fd = OpenQueueDir(dir, qdir);
+    if (!qdir_fd.ok()) return qdir_fd.status();
+    if (!qdir_fd->valid()) return true;
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+      auto probe = ProbeFile(dir, qdir_fd->get(), ids[i], names[i].nonce, dir.path_of(qdir + "/" + ids[i]));
+      if (!probe.ok()) return probe.status();
+      if (probe->liveness == Liveness::kGone) return true;
+      // The FIFO's own lock: free means its owner is gone (see "Waking").
+      if (flock(fifos[i].get(), LOCK_SH | LOCK_NB) == 0) return true;
+      if (errno != EWOULDBLOCK) {
+        return ErrnoStatus(errno, "cannot test the lock of", dir.path_of(WakePath(names[i].nonce)));
+      }
+    }
+    return false;
+  }
+
+  // Polls the armed FIFOs until one wakes, or the deadline, a stop request
+  // or close() ends the wait.
+  Status await_fifos(std::string_view queue, const std::vector<UniqueFd>& fifos, Clock::time_point deadline,
+                     const std::stop_token& stop) const {
+    // Shared, so that a late signal never writes to a closed, maybe reused,
+    // descriptor.
+    auto signal = EventSignal::create();
+    if (!signal.ok()) return signal.status();
+    auto wake_me = std::make_shared<const EventSignal>(std::move(*signal));
+    std::stop_callback on_stop(stop, [wake_me] { wake_me->signal(); });
+    // A hand-moved clock never passes the deadline during ppoll: re-check on advance.
+    std::shared_ptr<void> on_advance = dir_->clock->on_advance([wake_me] { wake_me->signal(); });
+
+    std::vector<pollfd> pollfds;
+    for (const UniqueFd& fd : fifos) pollfds.push_back({fd.get(), POLLIN, 0});
+    pollfds.push_back({wake_me->fd(), POLLIN, 0});
+    pollfds.push_back({closed_event_.fd(), POLLIN, 0});
+    for (;;) {
+      if (stop.stop_requested()) return CancelledError("waiting in queue " + std::string(queue) + " was cancelled");
+      if (closed()) return closed_error();
+      Clock::time_point now = dir_->clock->now();
+      if (now >= deadline) {
+        return DeadlineExceededError("deadline passed waiting for an entry of queue " + std::string(queue) + " to go");
+      }
+      timespec timeout{};
+      int ready = ppoll(pollfds.data(), pollfds.size(), poll_timeout(deadline, now, timeout), nullptr);
+      if (ready < 0) {
+        if (errno == EINTR) continue;
+        return UnavailableError("poll: " + ErrnoText(errno));
+      }
+      for (std::size_t i = 0; i < fifos.size(); ++i) {
+        // POLLHUP: the owner closed it (released, or its process died);
+        // POLLIN: a remover deleted the entry and wrote a byte.
+        if (pollfds[i].revents != 0) return OkStatus();
+      }
+      wake_me->drain();
+    }
+  }
+
+  // ppoll's timeout until `deadline` in `storage`; nullptr (no timeout) for
+  // kNoDeadline. Capped at a day so the conversion cannot overflow: the
+  // caller's loop waits again.
+  static const timespec* poll_timeout(Clock::time_point deadline, Clock::time_point now, timespec& storage) {
+    if (deadline == kNoDeadline) return nullptr;
+    auto left = std::min<Clock::duration>(deadline - now, std::chrono::hours(24));
+    auto seconds = std::chrono::duration_cast<std::chrono::seconds>(left);
+    storage.tv_sec = static_cast<time_t>(seconds.count());
+    storage.tv_nsec = static_cast<long>(std::chrono::duration_cast<std::chrono::nanoseconds>(left - seconds).count());
+    return &storage;
+  }
+
   bool closed() const {
     std::lock_guard<std::mutex> lock(mu_);
     return closed_;
