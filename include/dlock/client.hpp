@@ -45,8 +45,13 @@ struct ClientOptions {
   std::chrono::milliseconds connect_timeout{10'000};
   // Written into owner records (`dlock status` shows it).
   std::string label;
-  // Called with errors that no caller can receive, e.g. a removal that keeps
-  // failing in the background. Runs on a dlock thread; must not block.
+  // Called with errors that no caller can receive: a removal that keeps
+  // failing in the background (on dlock's removal thread), an unlock() by a
+  // thread that does not hold the lock, or a removal that could not even be
+  // scheduled (on the thread that called unlock() or release()). Never
+  // called with a dlock lock held, so it may call back into dlock; it should
+  // not block, since it delays the removals queued behind it. Exceptions it
+  // throws are swallowed.
   std::function<void(const Status&)> on_background_error;
 };
 

@@ -220,11 +220,12 @@ class DLOCK_EXPORT Store {
 //     - queue names are ValidateLockName's, and nested names are unrelated;
 //     - every wait follows StoreOptions::clock and its on_advance(), unless
 //       the store cannot run on a hand-moved clock (say so, as Redis does).
-//  3. Run tests/store/conformance_test.cpp on it: start its server from a
-//     CTest fixture and pass the URL in DLOCK_TEST_URLS, as tests/redis and
-//     tests/zookeeper do; the recipe, process and CLI suites take the same
-//     URL. A store is accepted when those suites pass on it, under ASan and
-//     TSan too.
+//  3. Run tests/store/conformance_test.cpp on it: a server script
+//     tests/servers/<name>.sh, dlock_add_server_fixture() and one
+//     dlock_add_server_suite() per shared suite (tests/CMakeLists.txt;
+//     CONTRIBUTING.md, "Adding a store"); the recipe, injected-fault,
+//     process and CLI suites take the same URL. A store is accepted when
+//     those suites pass on it, under ASan and TSan too.
 
 struct StoreOptions {
   std::shared_ptr<Clock> clock;  // nullptr: Clock::system()
