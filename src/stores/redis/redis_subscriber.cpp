@@ -313,7 +313,6 @@ Subscriber::Step Subscriber::connect(Link& link, IoClock::time_point now, IoCloc
       link.conn = std::move(*c);
       link.next_ping = IoClock::now() + link.ping_every;
       MutexLock lk(mu_);
-      connected_ = true;
       ++stats_.connects;
       return Step::kRestart;  // subscribe to everything wanted
     }
@@ -452,7 +451,6 @@ void Subscriber::drop(Link& link) {
   link.ping_outstanding = false;
   link.next_ping = IoClock::time_point::max();
   MutexLock lk(mu_);
-  connected_ = false;
   // Every subscription went with the connection; a channel nobody waits on
   // any more is forgotten now.
   for (auto it = channels_.begin(); it != channels_.end();) {
@@ -484,8 +482,6 @@ void Subscriber::run(std::stop_token st) {
     if (link.conn && ping(link, wake_at) == Step::kRestart) continue;  // the connection was dropped
     if (await_input(link, wake_at) == Step::kStop) break;
   }
-  MutexLock lk(mu_);
-  connected_ = false;
 }
 
 }  // namespace dlock::internal::redis

@@ -137,7 +137,6 @@ class Subscriber {
 
   mutable Mutex mu_;
   std::map<std::string, std::unique_ptr<Channel>> channels_ DLOCK_GUARDED_BY(mu_);
-  bool connected_ DLOCK_GUARDED_BY(mu_) = false;
   SubscriberStats stats_ DLOCK_GUARDED_BY(mu_);
   std::shared_ptr<void> clock_subscription_;  // set by the constructor, reset by the destructor
   std::jthread thread_;                       // last: stopped and joined first
