@@ -13,7 +13,7 @@ std::shared_ptr<HoldCore> HoldCore::make(std::shared_ptr<ClientCore> client, std
     if (auto self = weak.lock()) self->on_session_state(s);
   });
   {
-    std::lock_guard<std::mutex> g(core->mu_);
+    MutexLock g(core->mu_);
     core->subscription_ = std::move(sub);
   }
   // The session may have changed before we subscribed. What we read here
@@ -56,7 +56,7 @@ HoldState FromSession(SessionState s) {
 HoldState HoldCore::state() const noexcept {
   HoldState told;
   {
-    std::lock_guard<std::mutex> g(mu_);
+    MutexLock g(mu_);
     told = state_;
   }
   if (told == HoldState::kReleased || told == HoldState::kLost) return told;
@@ -77,7 +77,7 @@ std::stop_token HoldCore::lost_token() const noexcept {
 void HoldCore::on_session_state(SessionState s) {
   const HoldState next = FromSession(s);
   {
-    std::lock_guard<std::mutex> g(mu_);
+    MutexLock g(mu_);
     // Released and lost are final; lost is never un-lost by a reconnect.
     if (state_ == HoldState::kReleased || state_ == HoldState::kLost || state_ == next) return;
     state_ = next;
@@ -93,7 +93,7 @@ std::shared_ptr<void> HoldCore::on_state_change(std::function<void(HoldState)> f
 void HoldCore::release() noexcept {
   std::shared_ptr<void> subscription;
   {
-    std::lock_guard<std::mutex> g(mu_);
+    MutexLock g(mu_);
     if (state_ == HoldState::kReleased) return;
     state_ = HoldState::kReleased;
     subscription = std::move(subscription_);

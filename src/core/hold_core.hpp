@@ -6,7 +6,6 @@
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <stop_token>
 #include <string>
 #include <vector>
@@ -14,6 +13,7 @@
 #include "core/access.hpp"
 #include "core/client_core.hpp"
 #include "core/listeners.hpp"
+#include "core/thread_annotations.hpp"
 #include "dlock/hold.hpp"
 #include "dlock/store.hpp"
 
@@ -34,23 +34,25 @@ class HoldCore : public std::enable_shared_from_this<HoldCore> {
                                         std::uint32_t permits);
   ~HoldCore();
 
-  HoldState state() const noexcept;
+  HoldState state() const noexcept DLOCK_EXCLUDES(mu_);
   std::uint64_t token() const noexcept { return token_; }
   const std::string& name() const noexcept { return name_; }
   std::uint32_t permits() const noexcept { return permits_; }
   // Both fold in the session's state at the moment they are read (see
   // hold.hpp); lost_token() requests the stop itself if need be.
-  std::stop_token lost_token() const noexcept;
+  std::stop_token lost_token() const noexcept DLOCK_EXCLUDES(mu_);
   const std::shared_ptr<Session>& session() const noexcept { return session_; }
   const std::vector<HeldEntry>& entries() const noexcept { return entries_; }
 
   std::shared_ptr<void> on_state_change(std::function<void(HoldState)> fn);
-  void release() noexcept;
+  // Calls the client and store, and clears listeners: never under mu_.
+  void release() noexcept DLOCK_EXCLUDES(mu_);
 
  private:
   HoldCore(std::shared_ptr<ClientCore> client, std::shared_ptr<Session> session, std::string name,
            std::vector<HeldEntry> entries, std::uint64_t token, std::uint32_t permits);
-  void on_session_state(SessionState s);
+  // Tells listeners.
+  void on_session_state(SessionState s) DLOCK_EXCLUDES(mu_);
 
   // Constant after construction.
   const std::shared_ptr<ClientCore> client_;
@@ -62,9 +64,9 @@ class HoldCore : public std::enable_shared_from_this<HoldCore> {
   mutable std::stop_source lost_;  // requested from lost_token() too
   ListenerList<HoldState> listeners_;
 
-  mutable std::mutex mu_;
-  HoldState state_ = HoldState::kHeld;  // guarded by mu_
-  std::shared_ptr<void> subscription_;  // guarded by mu_
+  mutable Mutex mu_;
+  HoldState state_ DLOCK_GUARDED_BY(mu_) = HoldState::kHeld;
+  std::shared_ptr<void> subscription_ DLOCK_GUARDED_BY(mu_);
 };
 
 }  // namespace dlock::internal

@@ -8,8 +8,9 @@
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <vector>
+
+#include "core/thread_annotations.hpp"
 
 namespace dlock::internal {
 
@@ -24,14 +25,14 @@ class ListenerList {
   std::shared_ptr<void> add(Fn fn) {
     std::uint64_t key;
     {
-      std::lock_guard<std::mutex> g(rep_->mu);
+      MutexLock g(rep_->mu);
       key = rep_->next++;
       rep_->fns.emplace(key, std::make_shared<Fn>(std::move(fn)));
     }
     std::weak_ptr<Rep> weak = rep_;
     return std::shared_ptr<void>(nullptr, [weak, key](void*) {
       if (auto rep = weak.lock()) {
-        std::lock_guard<std::mutex> g(rep->mu);
+        MutexLock g(rep->mu);
         rep->fns.erase(key);
       }
     });
@@ -39,10 +40,10 @@ class ListenerList {
 
   // Calls every listener present now, in the order they joined, without the
   // lock held. A listener that throws is skipped; the others still hear.
-  void notify(Args... args) const {
+  void notify(Args... args) const DLOCK_EXCLUDES(rep_->mu) {
     std::vector<std::shared_ptr<Fn>> fns;
     {
-      std::lock_guard<std::mutex> g(rep_->mu);
+      MutexLock g(rep_->mu);
       for (const auto& [key, fn] : rep_->fns) fns.push_back(fn);
     }
     for (const auto& fn : fns) {
@@ -54,15 +55,15 @@ class ListenerList {
   }
 
   void clear() {
-    std::lock_guard<std::mutex> g(rep_->mu);
+    MutexLock g(rep_->mu);
     rep_->fns.clear();
   }
 
  private:
   struct Rep {
-    std::mutex mu;
-    std::uint64_t next = 0;
-    std::map<std::uint64_t, std::shared_ptr<Fn>> fns;  // by joining order
+    Mutex mu;
+    std::uint64_t next DLOCK_GUARDED_BY(mu) = 0;
+    std::map<std::uint64_t, std::shared_ptr<Fn>> fns DLOCK_GUARDED_BY(mu);  // by joining order
   };
   std::shared_ptr<Rep> rep_ = std::make_shared<Rep>();
 };

@@ -8,8 +8,9 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
-#include <mutex>
 #include <thread>
+
+#include "core/thread_annotations.hpp"
 
 namespace dlock::internal {
 
@@ -22,13 +23,16 @@ namespace dlock::internal {
 // throws is skipped. Thread-safe.
 class SerialDelivery {
  public:
-  void run(std::function<void()> task) {
-    std::unique_lock<std::mutex> lock(mu_);
+  void run(std::function<void()> task) DLOCK_EXCLUDES(mu_) {
+    MutexLock lock(mu_);
     queue_.push_back(std::move(task));
     const std::uint64_t ticket = ++posted_;
     if (running_) {
       if (runner_ == std::this_thread::get_id()) return;  // from inside a task: runs next
-      done_cv_.wait(lock, [&] { return done_ >= ticket; });
+      done_cv_.wait(lock.native(), [&] {
+        mu_.assert_held();
+        return done_ >= ticket;
+      });
       return;
     }
     running_ = true;
@@ -51,13 +55,13 @@ class SerialDelivery {
   }
 
  private:
-  std::mutex mu_;
+  Mutex mu_;
   std::condition_variable done_cv_;
-  std::deque<std::function<void()>> queue_;  // guarded by mu_
-  bool running_ = false;                     // guarded by mu_
-  std::thread::id runner_;                   // guarded by mu_
-  std::uint64_t posted_ = 0;                 // guarded by mu_
-  std::uint64_t done_ = 0;                   // guarded by mu_
+  std::deque<std::function<void()>> queue_ DLOCK_GUARDED_BY(mu_);
+  bool running_ DLOCK_GUARDED_BY(mu_) = false;
+  std::thread::id runner_ DLOCK_GUARDED_BY(mu_);
+  std::uint64_t posted_ DLOCK_GUARDED_BY(mu_) = 0;
+  std::uint64_t done_ DLOCK_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace dlock::internal
