@@ -13,15 +13,18 @@ namespace internal {
 // ---------------------------------------------------------------- LocalGate
 
 bool LocalGate::enter(const Clock& clock, Clock::time_point deadline, std::stop_token stop) {
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   if (!busy_ && line_.empty()) {
     busy_ = true;
     return true;
   }
   Waiter me;
   line_.push_back(&me);
-  auto my_turn = [&] { return !busy_ && line_.front() == &me; };
-  bool ok = clock.wait_until(me.cv, lock, stop, deadline, my_turn);
+  auto my_turn = [&] {
+    mu_.assert_held();  // run by wait_until under the lock
+    return !busy_ && line_.front() == &me;
+  };
+  bool ok = clock.wait_until(me.cv, lock.native(), stop, deadline, my_turn);
   line_.remove(&me);
   if (ok) {
     busy_ = true;
@@ -32,25 +35,25 @@ bool LocalGate::enter(const Clock& clock, Clock::time_point deadline, std::stop_
 }
 
 bool LocalGate::try_enter() noexcept {
-  std::lock_guard<std::mutex> g(mu_);
+  MutexLock g(mu_);
   if (busy_ || !line_.empty()) return false;
   busy_ = true;
   return true;
 }
 
 void LocalGate::leave() noexcept {
-  std::lock_guard<std::mutex> g(mu_);
+  MutexLock g(mu_);
   busy_ = false;
   if (!line_.empty()) line_.front()->cv.notify_one();
 }
 
 bool LocalGate::idle() noexcept {
-  std::lock_guard<std::mutex> g(mu_);
+  MutexLock g(mu_);
   return !busy_ && line_.empty();
 }
 
 void LocalGate::poke() noexcept {
-  std::lock_guard<std::mutex> g(mu_);
+  MutexLock g(mu_);
   for (Waiter* w : line_) w->cv.notify_all();
 }
 
@@ -65,7 +68,7 @@ ClientCore::ClientCore(std::shared_ptr<Store> store, ClientOptions options)
   pid_ = getpid();
   // A clock moved by hand must re-check the deadlines of local waiters.
   clock_subscription_ = clock_->on_advance([this] {
-    std::lock_guard<std::mutex> g(mu_);
+    MutexLock g(mu_);
     for (auto& [name, gate] : gates_) gate->poke();
     pending_cv_.notify_all();
   });
@@ -80,7 +83,7 @@ ClientCore::~ClientCore() {
   }
   std::shared_ptr<Session> session;
   {
-    std::lock_guard<std::mutex> g(mu_);
+    MutexLock g(mu_);
     session = std::move(session_);
   }
   if (session) session->close();
@@ -90,7 +93,7 @@ Result<std::shared_ptr<Session>> ClientCore::session(Clock::time_point deadline)
   while (true) {
     std::shared_ptr<Session> ended;
     {
-      std::lock_guard<std::mutex> g(mu_);
+      MutexLock g(mu_);
       if (session_) {
         SessionState s = session_->state();
         if (s == SessionState::kConnected || s == SessionState::kSuspended) return session_;
@@ -105,29 +108,29 @@ Result<std::shared_ptr<Session>> ClientCore::session(Clock::time_point deadline)
     }
     // One opener at a time, but without mu_: opening may block on the store,
     // and mu_ is also taken by clock callbacks that a slow store may wait for.
-    std::lock_guard<std::mutex> opening(open_mu_);
+    MutexLock opening(open_mu_);
     {
-      std::lock_guard<std::mutex> g(mu_);
+      MutexLock g(mu_);
       if (session_) continue;  // another thread opened one meanwhile: look at it
     }
     Clock::time_point connect_deadline = std::min(deadline, DeadlineAfter(now(), options_.connect_timeout));
     auto opened = store_->open_session(connect_deadline);
     if (!opened.ok()) return opened.status();
-    std::lock_guard<std::mutex> g(mu_);
+    MutexLock g(mu_);
     session_ = *opened;
     return session_;
   }
 }
 
 SessionState ClientCore::session_state() const {
-  std::lock_guard<std::mutex> g(mu_);
+  MutexLock g(mu_);
   return session_ ? session_->state() : SessionState::kClosed;
 }
 
 void ClientCore::close_session() noexcept {
   std::shared_ptr<Session> session;
   {
-    std::lock_guard<std::mutex> g(mu_);
+    MutexLock g(mu_);
     session = std::move(session_);
   }
   if (session) session->close();
@@ -136,18 +139,19 @@ void ClientCore::close_session() noexcept {
 SessionState ClientCore::await_not_suspended(Session& session, Clock::time_point deadline, std::stop_token stop) {
   // Shared with the subscription, which may still run after it is dropped.
   struct Waker {
-    std::mutex mu;
+    Mutex mu;  // guards nothing; the waits need one
     std::condition_variable_any cv;
   };
   auto waker = std::make_shared<Waker>();
   auto wake = [waker] {
-    std::lock_guard<std::mutex> g(waker->mu);
+    MutexLock g(waker->mu);
     waker->cv.notify_all();
   };
   auto sub = session.subscribe([wake](SessionState) { wake(); });
   auto advanced = clock_->on_advance(wake);
-  std::unique_lock<std::mutex> lock(waker->mu);
-  clock_->wait_until(waker->cv, lock, stop, deadline, [&] { return session.state() != SessionState::kSuspended; });
+  MutexLock lock(waker->mu);
+  clock_->wait_until(waker->cv, lock.native(), stop, deadline,
+                     [&] { return session.state() != SessionState::kSuspended; });
   lock.unlock();
   sub.reset();
   return session.state();
@@ -155,16 +159,16 @@ SessionState ClientCore::await_not_suspended(Session& session, Clock::time_point
 
 void ClientCore::sleep_until(Clock::time_point until, std::stop_token stop) {
   struct Waker {  // shared with the clock subscription, which may outlive this call
-    std::mutex mu;
+    Mutex mu;     // guards nothing; the waits need one
     std::condition_variable_any cv;
   };
   auto waker = std::make_shared<Waker>();
   auto advanced = clock_->on_advance([waker] {
-    std::lock_guard<std::mutex> g(waker->mu);
+    MutexLock g(waker->mu);
     waker->cv.notify_all();
   });
-  std::unique_lock<std::mutex> lock(waker->mu);
-  clock_->wait_until(waker->cv, lock, stop, until, [] { return false; });
+  MutexLock lock(waker->mu);
+  clock_->wait_until(waker->cv, lock.native(), stop, until, [] { return false; });
 }
 
 bool ClientCore::try_pending(Pending& p) noexcept {
@@ -207,7 +211,7 @@ void ClientCore::forget_attempt(const std::shared_ptr<Session>& session, const s
 }
 
 void ClientCore::enqueue(Pending p) {
-  std::lock_guard<std::mutex> g(mu_);
+  MutexLock g(mu_);
   pending_.push_back(std::move(p));
   if (!retry_thread_.joinable()) {
     retry_thread_ = std::jthread([this](std::stop_token stop) { retry_loop(stop); });
@@ -220,8 +224,11 @@ void ClientCore::retry_loop(std::stop_token stop) {
   while (!stop.stop_requested()) {
     std::deque<Pending> work;
     {
-      std::unique_lock<std::mutex> lock(mu_);
-      clock_->wait_until(pending_cv_, lock, stop, kNoDeadline, [&] { return !pending_.empty(); });
+      MutexLock lock(mu_);
+      clock_->wait_until(pending_cv_, lock.native(), stop, kNoDeadline, [&] {
+        mu_.assert_held();  // run by wait_until under the lock
+        return !pending_.empty();
+      });
       if (stop.stop_requested()) return;
       work.swap(pending_);
     }
@@ -240,7 +247,7 @@ void ClientCore::retry_loop(std::stop_token stop) {
       backoff = std::chrono::milliseconds(50);
       continue;
     }
-    std::unique_lock<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     // The older ones first. If memory runs out here the newer ones are
     // dropped, and their entries stay until their session ends.
     try {
@@ -250,20 +257,20 @@ void ClientCore::retry_loop(std::stop_token stop) {
     pending_.swap(work);
     // Back off before the next round: these are error-recovery retries, not waits.
     auto until = DeadlineAfter(now(), backoff);
-    clock_->wait_until(pending_cv_, lock, stop, until, [] { return false; });
+    clock_->wait_until(pending_cv_, lock.native(), stop, until, [] { return false; });
     backoff = std::min(backoff * 2, std::chrono::milliseconds(2000));
   }
 }
 
 std::shared_ptr<LocalGate> ClientCore::gate(const std::string& queue) {
-  std::lock_guard<std::mutex> g(mu_);
+  MutexLock g(mu_);
   auto& slot = gates_[queue];
   if (!slot) slot = std::make_shared<LocalGate>();
   return slot;
 }
 
 void ClientCore::drop_gate(const std::string& queue, std::shared_ptr<LocalGate> gate) noexcept {
-  std::lock_guard<std::mutex> g(mu_);
+  MutexLock g(mu_);
   auto it = gates_.find(queue);
   // Handed out only under mu_: the map's reference and ours mean nobody else has it.
   if (it != gates_.end() && it->second == gate && gate.use_count() == 2 && gate->idle()) gates_.erase(it);

@@ -8,11 +8,11 @@
 #include <list>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <stop_token>
 #include <string>
 #include <thread>
 
+#include "core/thread_annotations.hpp"
 #include "dlock/client.hpp"
 #include "dlock/store.hpp"
 
@@ -24,23 +24,25 @@ namespace dlock::internal {
 class LocalGate {
  public:
   // Blocks until it is the caller's turn. False on deadline or stop.
-  bool enter(const Clock& clock, Clock::time_point deadline, std::stop_token stop);
+  bool enter(const Clock& clock, Clock::time_point deadline, std::stop_token stop) DLOCK_EXCLUDES(mu_);
   // Enters only if nobody is inside or waiting; never blocks.
-  bool try_enter() noexcept;
+  bool try_enter() noexcept DLOCK_EXCLUDES(mu_);
   // Lets the next thread in. Call once after a successful enter().
-  void leave() noexcept;
+  void leave() noexcept DLOCK_EXCLUDES(mu_);
   // Wakes waiters so they re-read a clock that was moved by hand.
-  void poke() noexcept;
+  void poke() noexcept DLOCK_EXCLUDES(mu_);
   // Nobody inside and nobody waiting.
-  bool idle() noexcept;
+  bool idle() noexcept DLOCK_EXCLUDES(mu_);
 
  private:
   struct Waiter {
     std::condition_variable_any cv;
   };
-  std::mutex mu_;
-  bool busy_ = false;        // guarded by mu_
-  std::list<Waiter*> line_;  // guarded by mu_
+  // Taken after ClientCore::mu_ where both are held (ClientCore pokes and
+  // drops gates under its own mutex).
+  Mutex mu_;
+  bool busy_ DLOCK_GUARDED_BY(mu_) = false;
+  std::list<Waiter*> line_ DLOCK_GUARDED_BY(mu_);
 };
 
 class ClientCore : public std::enable_shared_from_this<ClientCore> {
@@ -55,9 +57,9 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
   Clock::time_point now() const noexcept { return clock_->now(); }
 
   // The live session, or a new one if there is none or it ended.
-  Result<std::shared_ptr<Session>> session(Clock::time_point deadline);
-  SessionState session_state() const;
-  void close_session() noexcept;
+  Result<std::shared_ptr<Session>> session(Clock::time_point deadline) DLOCK_EXCLUDES(open_mu_, mu_);
+  SessionState session_state() const DLOCK_EXCLUDES(mu_);
+  void close_session() noexcept DLOCK_EXCLUDES(mu_);
 
   // Blocks while `session` is kSuspended, until the deadline or stop.
   // Returns the state it ended in.
@@ -73,20 +75,21 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
   // Removes an entry now; if the store cannot be reached, keeps retrying in
   // the background until done or the session ends. Never throws.
   void remove_guaranteed(const std::shared_ptr<Session>& session, const std::string& queue,
-                         const std::string& id) noexcept;
+                         const std::string& id) noexcept DLOCK_EXCLUDES(mu_);
   // Deletes the entry an append with `attempt_id` may have made although its
   // reply was lost (the acquirer has given up on it).
   void forget_attempt(const std::shared_ptr<Session>& session, const std::string& queue,
-                      const std::string& attempt_id) noexcept;
+                      const std::string& attempt_id) noexcept DLOCK_EXCLUDES(mu_);
 
   // The gate of `queue`, shared while anyone uses it; hand it back with
   // drop_gate() so idle gates do not pile up.
-  std::shared_ptr<LocalGate> gate(const std::string& queue);
-  void drop_gate(const std::string& queue, std::shared_ptr<LocalGate> gate) noexcept;
+  std::shared_ptr<LocalGate> gate(const std::string& queue) DLOCK_EXCLUDES(mu_);
+  void drop_gate(const std::string& queue, std::shared_ptr<LocalGate> gate) noexcept DLOCK_EXCLUDES(mu_);
 
   std::string new_attempt_id();
   OwnerRecord owner(std::string thread) const;
-  void report(const Status& status) noexcept;
+  // Calls user code (ClientOptions::on_background_error).
+  void report(const Status& status) noexcept DLOCK_EXCLUDES(mu_);
 
   // How long one store request may take when the caller gave no deadline.
   static constexpr std::chrono::seconds kRequestTimeout{10};
@@ -99,9 +102,10 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
     std::string attempt_id;
     int failures = 0;
   };
-  bool try_pending(Pending& p) noexcept;
-  void enqueue(Pending p);  // may throw std::bad_alloc (callers catch)
-  void retry_loop(std::stop_token stop);
+  // Calls the store.
+  bool try_pending(Pending& p) noexcept DLOCK_EXCLUDES(mu_);
+  void enqueue(Pending p) DLOCK_EXCLUDES(mu_);  // may throw std::bad_alloc (callers catch)
+  void retry_loop(std::stop_token stop) DLOCK_EXCLUDES(mu_);
 
   // Constant after construction.
   const std::shared_ptr<Store> store_;
@@ -110,13 +114,15 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
   std::string host_;
   std::int64_t pid_ = 0;
 
-  std::mutex open_mu_;  // held while opening a session; taken before mu_
-  mutable std::mutex mu_;
-  std::shared_ptr<Session> session_;                         // guarded by mu_
-  std::map<std::string, std::shared_ptr<LocalGate>> gates_;  // guarded by mu_
-  std::deque<Pending> pending_;                              // guarded by mu_
+  Mutex open_mu_ DLOCK_ACQUIRED_BEFORE(mu_);  // held while opening a session
+  mutable Mutex mu_;
+  std::shared_ptr<Session> session_ DLOCK_GUARDED_BY(mu_);
+  std::map<std::string, std::shared_ptr<LocalGate>> gates_ DLOCK_GUARDED_BY(mu_);
+  std::deque<Pending> pending_ DLOCK_GUARDED_BY(mu_);
   std::condition_variable_any pending_cv_;
-  std::jthread retry_thread_;  // started on first use
+  // Started on first use, under mu_; the destructor (which the analysis does
+  // not check) joins it when nobody else can reach this object any more.
+  std::jthread retry_thread_ DLOCK_GUARDED_BY(mu_);
   std::shared_ptr<void> clock_subscription_;
 };
 
