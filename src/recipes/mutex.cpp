@@ -2,6 +2,7 @@
 
 #include "core/access.hpp"
 #include "core/hold_core.hpp"
+#include "core/thread_annotations.hpp"
 #include "recipes/thread_owned_lock.hpp"
 
 namespace dlock {
@@ -46,14 +47,14 @@ ThreadOwnedLock::ThreadOwnedLock(Client client, std::string name) : client_(std:
 }
 
 ThreadOwnedLock::~ThreadOwnedLock() {
-  std::lock_guard<std::mutex> g(mu_);
+  MutexLock g(mu_);
   for (auto& [thread, owned] : owned_) owned.hold.release();
 }
 
 bool ThreadOwnedLock::lock_for(Clock::duration timeout, std::stop_token stop, bool try_only) {
   const auto me = std::this_thread::get_id();
   {
-    std::lock_guard<std::mutex> g(mu_);
+    MutexLock g(mu_);
     auto it = owned_.find(me);
     if (it != owned_.end()) {
       if (it->second.hold.state() == HoldState::kLost) {
@@ -67,7 +68,7 @@ bool ThreadOwnedLock::lock_for(Clock::duration timeout, std::stop_token stop, bo
       AcquireHold(client_, name_,
                   MakeRequest(client_, name_, entry_kind::kLock, ExclusiveRule, timeout, std::move(stop), try_only));
   if (!hold) return false;
-  std::lock_guard<std::mutex> g(mu_);
+  MutexLock g(mu_);
   owned_[me] = Owned{std::move(*hold), 1};
   return true;
 }
@@ -75,7 +76,7 @@ bool ThreadOwnedLock::lock_for(Clock::duration timeout, std::stop_token stop, bo
 void ThreadOwnedLock::unlock() noexcept {
   Hold to_release;
   {
-    std::lock_guard<std::mutex> g(mu_);
+    MutexLock g(mu_);
     auto it = owned_.find(std::this_thread::get_id());
     if (it != owned_.end()) {
       if (--it->second.count > 0) return;
@@ -104,12 +105,12 @@ std::optional<Hold> ThreadOwnedLock::acquire(Clock::duration timeout, std::stop_
 }
 
 bool ThreadOwnedLock::owned_by_current_thread() const {
-  std::lock_guard<std::mutex> g(mu_);
+  MutexLock g(mu_);
   return current() != nullptr;
 }
 
 std::optional<std::uint64_t> ThreadOwnedLock::fencing_token() const {
-  std::lock_guard<std::mutex> g(mu_);
+  MutexLock g(mu_);
   const Hold* h = current();
   if (!h) return std::nullopt;
   return h->fencing_token();
@@ -123,7 +124,7 @@ std::stop_token ThreadOwnedLock::lost_token() const {
 }
 
 std::shared_ptr<HoldCore> ThreadOwnedLock::current_core() const {
-  std::lock_guard<std::mutex> g(mu_);
+  MutexLock g(mu_);
   const Hold* h = current();
   return h ? CoreOf(*h) : nullptr;
 }

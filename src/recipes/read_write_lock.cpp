@@ -1,11 +1,11 @@
 #include "dlock/read_write_lock.hpp"
 
 #include <map>
-#include <mutex>
 #include <thread>
 
 #include "core/access.hpp"
 #include "core/hold_core.hpp"
+#include "core/thread_annotations.hpp"
 #include "recipes/thread_owned_lock.hpp"
 
 namespace dlock {
@@ -18,20 +18,20 @@ class ReadWriteCore {
     ThrowIfError(ValidateLockName(name_));
   }
   ~ReadWriteCore() {
-    std::lock_guard<std::mutex> g(mu_);
+    MutexLock g(mu_);
     for (auto& [thread, t] : threads_) {
       t.read.release();
       t.write.release();
     }
   }
 
-  bool lock_read(Clock::duration timeout, std::stop_token stop, bool try_only) {
+  bool lock_read(Clock::duration timeout, std::stop_token stop, bool try_only) DLOCK_EXCLUDES(mu_) {
     const auto me = std::this_thread::get_id();
     std::optional<std::int64_t> downgrade_from;
     std::uint64_t write_token = 0;
     std::shared_ptr<Session> write_session;
     {
-      std::lock_guard<std::mutex> g(mu_);
+      MutexLock g(mu_);
       auto it = threads_.find(me);
       if (it != threads_.end() && it->second.reads > 0) {
         throw_if_lost(it->second.read);
@@ -59,17 +59,17 @@ class ReadWriteCore {
     // token than a hold granted before it.
     auto hold = AcquireHold(client_, name_, request, downgrade_from ? std::optional(write_token) : std::nullopt);
     if (!hold) return false;
-    std::lock_guard<std::mutex> g(mu_);
+    MutexLock g(mu_);
     auto& t = threads_[me];
     t.read = std::move(*hold);
     t.reads = 1;
     return true;
   }
 
-  bool lock_write(Clock::duration timeout, std::stop_token stop, bool try_only) {
+  bool lock_write(Clock::duration timeout, std::stop_token stop, bool try_only) DLOCK_EXCLUDES(mu_) {
     const auto me = std::this_thread::get_id();
     {
-      std::lock_guard<std::mutex> g(mu_);
+      MutexLock g(mu_);
       auto it = threads_.find(me);
       if (it != threads_.end() && it->second.writes > 0) {
         throw_if_lost(it->second.write);
@@ -85,28 +85,28 @@ class ReadWriteCore {
         AcquireHold(client_, name_,
                     MakeRequest(client_, name_, entry_kind::kWrite, ExclusiveRule, timeout, std::move(stop), try_only));
     if (!hold) return false;
-    std::lock_guard<std::mutex> g(mu_);
+    MutexLock g(mu_);
     auto& t = threads_[me];
     t.write = std::move(*hold);
     t.writes = 1;
     return true;
   }
 
-  void unlock_read() noexcept { unlock(&PerThread::reads, &PerThread::read, "read"); }
-  void unlock_write() noexcept { unlock(&PerThread::writes, &PerThread::write, "write"); }
+  void unlock_read() noexcept DLOCK_EXCLUDES(mu_) { unlock(&PerThread::reads, &PerThread::read, "read"); }
+  void unlock_write() noexcept DLOCK_EXCLUDES(mu_) { unlock(&PerThread::writes, &PerThread::write, "write"); }
 
-  std::optional<std::uint64_t> token(bool write) const {
-    std::lock_guard<std::mutex> g(mu_);
+  std::optional<std::uint64_t> token(bool write) const DLOCK_EXCLUDES(mu_) {
+    MutexLock g(mu_);
     const Hold* h = find(write);
     if (!h) return std::nullopt;
     return h->fencing_token();
   }
-  std::stop_token lost_token(bool write) const {
+  std::stop_token lost_token(bool write) const DLOCK_EXCLUDES(mu_) {
     // Outside mu_: requesting the stop runs the application's callbacks,
     // which may call back into this lock.
     std::shared_ptr<HoldCore> core;
     {
-      std::lock_guard<std::mutex> g(mu_);
+      MutexLock g(mu_);
       if (const Hold* h = find(write)) core = CoreOf(*h);
     }
     return core ? core->lost_token() : std::stop_token();
@@ -136,18 +136,20 @@ class ReadWriteCore {
     }
   }
 
-  const Hold* find(bool write) const {
+  // The calling thread's hold on one side; valid while mu_ is held.
+  const Hold* find(bool write) const DLOCK_REQUIRES(mu_) {
     auto it = threads_.find(std::this_thread::get_id());
     if (it == threads_.end()) return nullptr;
     if (write ? it->second.writes == 0 : it->second.reads == 0) return nullptr;
     return write ? &it->second.write : &it->second.read;
   }
 
-  void unlock(int PerThread::*count, Hold PerThread::*hold, const char* side) noexcept {
+  // Releases and reports outside mu_.
+  void unlock(int PerThread::*count, Hold PerThread::*hold, const char* side) noexcept DLOCK_EXCLUDES(mu_) {
     Hold to_release;
     bool held = false;
     {
-      std::lock_guard<std::mutex> g(mu_);
+      MutexLock g(mu_);
       auto it = threads_.find(std::this_thread::get_id());
       if (it != threads_.end() && it->second.*count > 0) {
         held = true;
@@ -167,8 +169,8 @@ class ReadWriteCore {
 
   const Client client_;
   const std::string name_;
-  mutable std::mutex mu_;
-  std::map<std::thread::id, PerThread> threads_;  // guarded by mu_
+  mutable Mutex mu_;
+  std::map<std::thread::id, PerThread> threads_ DLOCK_GUARDED_BY(mu_);
 };
 
 }  // namespace internal

@@ -9,6 +9,7 @@
 
 #include "core/access.hpp"
 #include "core/hold_core.hpp"
+#include "core/thread_annotations.hpp"
 #include "recipes/thread_owned_lock.hpp"
 
 namespace dlock {
@@ -224,11 +225,11 @@ class SemaphoreMutexCore {
     });
   }
   ~SemaphoreMutexCore() {
-    std::lock_guard<std::mutex> g(mu_);
+    MutexLock g(mu_);
     hold_.release();
   }
 
-  bool lock_for(Clock::duration timeout, std::stop_token stop, bool try_only) {
+  bool lock_for(Clock::duration timeout, std::stop_token stop, bool try_only) DLOCK_EXCLUDES(mu_) {
     try_only = try_only || timeout <= Clock::duration::zero();
     const Clock::time_point deadline = DeadlineAfter(CoreOf(client_)->now(), timeout);
     if (try_only ? !gate_->try_enter() : !gate_->enter(CoreOf(client_)->clock(), deadline, stop)) return false;
@@ -248,17 +249,17 @@ class SemaphoreMutexCore {
       gate_->leave();
       return false;
     }
-    std::lock_guard<std::mutex> g(mu_);
+    MutexLock g(mu_);
     hold_ = std::move(*lease);
     locked_ = true;
     return true;
   }
 
-  void unlock() noexcept {
+  void unlock() noexcept DLOCK_EXCLUDES(mu_) {
     Hold released;
     bool was_locked;
     {
-      std::lock_guard<std::mutex> g(mu_);
+      MutexLock g(mu_);
       was_locked = locked_;
       locked_ = false;
       released = std::move(hold_);
@@ -273,21 +274,21 @@ class SemaphoreMutexCore {
     gate_->leave();      // the next lock() of this object may go to the store now
   }
 
-  std::optional<std::uint64_t> fencing_token() const {
-    std::lock_guard<std::mutex> g(mu_);
+  std::optional<std::uint64_t> fencing_token() const DLOCK_EXCLUDES(mu_) {
+    MutexLock g(mu_);
     if (!locked_) return std::nullopt;
     return hold_.fencing_token();
   }
-  std::optional<HoldState> hold_state() const {
-    std::lock_guard<std::mutex> g(mu_);
+  std::optional<HoldState> hold_state() const DLOCK_EXCLUDES(mu_) {
+    MutexLock g(mu_);
     if (!locked_) return std::nullopt;
     return hold_.state();
   }
-  std::stop_token lost_token() const {
+  std::stop_token lost_token() const DLOCK_EXCLUDES(mu_) {
     // Outside mu_: requesting the stop runs the application's callbacks.
     std::shared_ptr<HoldCore> core;
     {
-      std::lock_guard<std::mutex> g(mu_);
+      MutexLock g(mu_);
       if (locked_) core = CoreOf(hold_);
     }
     return core ? core->lost_token() : std::stop_token();
@@ -300,9 +301,9 @@ class SemaphoreMutexCore {
   const Client client_;
   const std::shared_ptr<LocalGate> gate_ = std::make_shared<LocalGate>();
   std::shared_ptr<void> clock_subscription_;
-  mutable std::mutex mu_;
-  bool locked_ = false;  // guarded by mu_
-  Hold hold_;            // guarded by mu_
+  mutable Mutex mu_;
+  bool locked_ DLOCK_GUARDED_BY(mu_) = false;
+  Hold hold_ DLOCK_GUARDED_BY(mu_);
 };
 
 }  // namespace internal

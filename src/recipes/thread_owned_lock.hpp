@@ -3,11 +3,11 @@
 #define DLOCK_SRC_RECIPES_THREAD_OWNED_LOCK_HPP_
 
 #include <map>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
 
+#include "core/thread_annotations.hpp"
 #include "dlock/client.hpp"
 #include "dlock/hold.hpp"
 #include "recipes/acquire.hpp"
@@ -32,16 +32,20 @@ class ThreadOwnedLock {
   ThreadOwnedLock(Client client, std::string name);
   ~ThreadOwnedLock();
 
-  bool lock_for(Clock::duration timeout, std::stop_token stop, bool try_only);
-  void unlock() noexcept;
-  const Hold* current() const;                     // the calling thread's hold; guarded use only
-  std::shared_ptr<HoldCore> current_core() const;  // the same, shared, for use outside mu_
-  std::optional<Hold> acquire(Clock::duration timeout, std::stop_token stop);
+  // All of these call the store or the application's callbacks (or both)
+  // and take mu_ themselves.
+  bool lock_for(Clock::duration timeout, std::stop_token stop, bool try_only) DLOCK_EXCLUDES(mu_);
+  void unlock() noexcept DLOCK_EXCLUDES(mu_);
+  // The calling thread's hold; valid while mu_ is held.
+  const Hold* current() const DLOCK_REQUIRES(mu_);
+  // The same, shared, for use outside mu_.
+  std::shared_ptr<HoldCore> current_core() const DLOCK_EXCLUDES(mu_);
+  std::optional<Hold> acquire(Clock::duration timeout, std::stop_token stop) DLOCK_EXCLUDES(mu_);
 
-  bool owned_by_current_thread() const;
-  std::optional<std::uint64_t> fencing_token() const;
-  std::stop_token lost_token() const;
-  std::optional<HoldState> hold_state() const;
+  bool owned_by_current_thread() const DLOCK_EXCLUDES(mu_);
+  std::optional<std::uint64_t> fencing_token() const DLOCK_EXCLUDES(mu_);
+  std::stop_token lost_token() const DLOCK_EXCLUDES(mu_);
+  std::optional<HoldState> hold_state() const DLOCK_EXCLUDES(mu_);
   const std::string& name() const noexcept { return name_; }
 
  private:
@@ -51,8 +55,8 @@ class ThreadOwnedLock {
   };
   const Client client_;
   const std::string name_;
-  mutable std::mutex mu_;
-  std::map<std::thread::id, Owned> owned_;  // guarded by mu_
+  mutable Mutex mu_;
+  std::map<std::thread::id, Owned> owned_ DLOCK_GUARDED_BY(mu_);
 };
 
 }  // namespace dlock::internal
