@@ -7,19 +7,19 @@
 
 #include "core/listeners.hpp"
 #include "core/serial_delivery.hpp"
+#include "core/thread_annotations.hpp"
 
 #include <algorithm>
 #include <condition_variable>
 #include <cstdio>
 #include <deque>
 #include <map>
-#include <mutex>
 
 namespace dlock {
 
 struct MemStore::State {
-  std::shared_ptr<Clock> clock;
-  mutable std::mutex mu;
+  std::shared_ptr<Clock> clock;  // set by create() before anyone else sees the state; then constant
+  mutable internal::Mutex mu;
   std::condition_variable_any changed;
 
   struct StoredEntry {
@@ -34,17 +34,17 @@ struct MemStore::State {
     std::shared_ptr<internal::SerialDelivery> delivery = std::make_shared<internal::SerialDelivery>();
   };
 
-  std::uint64_t next_token = 1;  // sequences and tokens share it: both only grow
-  std::uint64_t next_session = 1;
-  std::map<std::string, std::vector<StoredEntry>, std::less<>> queues;
-  std::map<std::string, SessionRec, std::less<>> sessions;
-  std::map<std::string, std::deque<Status>, std::less<>> failures;
-  std::map<std::string, int, std::less<>> lost_replies;
-  std::map<std::string, std::deque<Clock::duration>, std::less<>> delays;
-  std::map<std::string, std::uint64_t, std::less<>> ops;
+  std::uint64_t next_token DLOCK_GUARDED_BY(mu) = 1;  // sequences and tokens share it: both only grow
+  std::uint64_t next_session DLOCK_GUARDED_BY(mu) = 1;
+  std::map<std::string, std::vector<StoredEntry>, std::less<>> queues DLOCK_GUARDED_BY(mu);
+  std::map<std::string, SessionRec, std::less<>> sessions DLOCK_GUARDED_BY(mu);
+  std::map<std::string, std::deque<Status>, std::less<>> failures DLOCK_GUARDED_BY(mu);
+  std::map<std::string, int, std::less<>> lost_replies DLOCK_GUARDED_BY(mu);
+  std::map<std::string, std::deque<Clock::duration>, std::less<>> delays DLOCK_GUARDED_BY(mu);
+  std::map<std::string, std::uint64_t, std::less<>> ops DLOCK_GUARDED_BY(mu);
 
-  // Counts `op` and returns an injected failure for it, if any. Requires mu.
-  Status inject(std::string_view op) {
+  // Counts `op` and returns an injected failure for it, if any.
+  Status inject(std::string_view op) DLOCK_REQUIRES(mu) {
     ++ops[std::string(op)];
     for (std::string_view key : {op, std::string_view("*")}) {
       auto it = failures.find(key);
@@ -57,7 +57,7 @@ struct MemStore::State {
     return OkStatus();
   }
   // Waits out an injected delay for `op`, releasing mu meanwhile.
-  void delay(std::unique_lock<std::mutex>& lock, std::string_view op) {
+  void delay(internal::MutexLock& lock, std::string_view op) DLOCK_REQUIRES(mu) {
     Clock::duration by{};
     for (std::string_view key : {op, std::string_view("*")}) {
       auto it = delays.find(key);
@@ -70,10 +70,10 @@ struct MemStore::State {
     if (by <= Clock::duration::zero()) return;
     ++ops["delayed"];
     const Clock::time_point until = clock->now() + by;
-    clock->wait_until(changed, lock, {}, until, [&] { return clock->now() >= until; });
+    clock->wait_until(changed, lock.native(), {}, until, [&] { return clock->now() >= until; });
   }
-  // True if the reply of this `op` is to be lost. Requires mu.
-  bool lose_reply(std::string_view op) {
+  // True if the reply of this `op` is to be lost.
+  bool lose_reply(std::string_view op) DLOCK_REQUIRES(mu) {
     for (std::string_view key : {op, std::string_view("*")}) {
       auto it = lost_replies.find(key);
       if (it != lost_replies.end() && it->second > 0) {
@@ -83,8 +83,8 @@ struct MemStore::State {
     }
     return false;
   }
-  // The session's usability for a request. Requires mu.
-  Status usable(const std::string& session) const {
+  // The session's usability for a request.
+  Status usable(const std::string& session) const DLOCK_REQUIRES(mu) {
     auto it = sessions.find(session);
     if (it == sessions.end()) return SessionLostError("session " + session + " is gone");
     switch (it->second.state) {
@@ -95,7 +95,7 @@ struct MemStore::State {
     }
     return InternalError("bad session state");
   }
-  std::vector<Entry> snapshot(std::string_view queue, bool with_owners) const {
+  std::vector<Entry> snapshot(std::string_view queue, bool with_owners) const DLOCK_REQUIRES(mu) {
     std::vector<Entry> out;
     auto it = queues.find(queue);
     if (it == queues.end()) return out;
@@ -109,13 +109,13 @@ struct MemStore::State {
     std::sort(out.begin(), out.end(), QueueOrder);
     return out;
   }
-  bool present(std::string_view queue, std::string_view id) const {
+  bool present(std::string_view queue, std::string_view id) const DLOCK_REQUIRES(mu) {
     auto it = queues.find(queue);
     if (it == queues.end()) return false;
     return std::any_of(it->second.begin(), it->second.end(), [&](const StoredEntry& e) { return e.entry.id == id; });
   }
-  // Removes every entry of `session`. Requires mu.
-  void drop_entries_of(const std::string& session) {
+  // Removes every entry of `session`.
+  void drop_entries_of(const std::string& session) DLOCK_REQUIRES(mu) {
     for (auto it = queues.begin(); it != queues.end();) {
       std::erase_if(it->second, [&](const StoredEntry& e) { return e.session == session; });
       it = it->second.empty() ? queues.erase(it) : std::next(it);
@@ -132,7 +132,7 @@ void MemStore::transition(const std::shared_ptr<State>& state, std::string_view 
   std::shared_ptr<internal::SerialDelivery> delivery;
   internal::ListenerList<SessionState> listeners;
   {
-    std::lock_guard<std::mutex> g(state->mu);
+    internal::MutexLock g(state->mu);
     auto it = state->sessions.find(id);
     if (it == state->sessions.end()) return;
     SessionState cur = it->second.state;
@@ -145,7 +145,7 @@ void MemStore::transition(const std::shared_ptr<State>& state, std::string_view 
   delivery->run([state, listeners, next, then] {
     listeners.notify(next);
     if (then) {
-      std::lock_guard<std::mutex> g(state->mu);
+      internal::MutexLock g(state->mu);
       then(*state);
       state->changed.notify_all();
     }
@@ -170,7 +170,7 @@ class MemStore::MemSession final : public Session {
   std::string id() const override { return id_; }
 
   SessionState state() const noexcept override {
-    std::lock_guard<std::mutex> g(state_->mu);
+    internal::MutexLock g(state_->mu);
     auto it = state_->sessions.find(id_);
     return it == state_->sessions.end() ? SessionState::kClosed : it->second.state;
   }
@@ -178,7 +178,7 @@ class MemStore::MemSession final : public Session {
   std::shared_ptr<void> subscribe(std::function<void(SessionState)> fn) override {
     internal::ListenerList<SessionState> listeners;
     {
-      std::lock_guard<std::mutex> g(state_->mu);
+      internal::MutexLock g(state_->mu);
       listeners = state_->sessions[id_].listeners;
     }
     return listeners.add(std::move(fn));
@@ -186,7 +186,7 @@ class MemStore::MemSession final : public Session {
 
   Result<Appended> append(std::string_view queue, const EntrySpec& spec, Clock::time_point) override {
     if (Status s = CheckQueue(queue); !s.ok()) return s;
-    std::unique_lock<std::mutex> lock(state_->mu);
+    internal::MutexLock lock(state_->mu);
     state_->delay(lock, "append");
     if (Status s = state_->inject("append"); !s.ok()) return s;
     if (Status s = state_->usable(id_); !s.ok()) return s;
@@ -214,7 +214,7 @@ class MemStore::MemSession final : public Session {
 
   Result<std::vector<Entry>> list(std::string_view queue, const ListOptions& options, Clock::time_point) override {
     if (Status s = CheckQueue(queue); !s.ok()) return s;
-    std::unique_lock<std::mutex> lock(state_->mu);
+    internal::MutexLock lock(state_->mu);
     state_->delay(lock, "list");
     if (Status s = state_->inject("list"); !s.ok()) return s;
     if (Status s = state_->usable(id_); !s.ok()) return s;
@@ -227,13 +227,18 @@ class MemStore::MemSession final : public Session {
                        std::stop_token stop) override {
     if (Status s = CheckQueue(queue); !s.ok()) return s;
     if (ids.empty()) return InvalidArgumentError("wait_any_gone needs at least one entry id");
-    std::unique_lock<std::mutex> lock(state_->mu);
+    internal::MutexLock lock(state_->mu);
     state_->delay(lock, "wait");
     if (Status s = state_->inject("wait"); !s.ok()) return s;
     auto gone = [&] {
-      return std::any_of(ids.begin(), ids.end(), [&](const std::string& id) { return !state_->present(queue, id); });
+      state_->mu.assert_held();  // run under the lock, here and by wait_until
+      return std::any_of(ids.begin(), ids.end(), [&](const std::string& id) {
+        state_->mu.assert_held();  // called by any_of right here
+        return !state_->present(queue, id);
+      });
     };
     auto ended = [&] {
+      state_->mu.assert_held();  // run under the lock, here and by wait_until
       auto it = state_->sessions.find(id_);
       return it == state_->sessions.end() || it->second.state == SessionState::kLost ||
              it->second.state == SessionState::kClosed;
@@ -241,7 +246,7 @@ class MemStore::MemSession final : public Session {
     if (ended()) return state_->usable(id_);
     // A suspended session keeps waiting: a real store's watch survives a
     // reconnect within the session.
-    state_->clock->wait_until(state_->changed, lock, stop, deadline, [&] { return gone() || ended(); });
+    state_->clock->wait_until(state_->changed, lock.native(), stop, deadline, [&] { return gone() || ended(); });
     if (ended()) return SessionLostError("session " + id_ + " ended while waiting");
     if (gone()) {
       ++state_->ops["wake"];
@@ -253,7 +258,7 @@ class MemStore::MemSession final : public Session {
 
   Status remove(std::string_view queue, std::string_view id, Clock::time_point) override {
     if (Status s = CheckQueue(queue); !s.ok()) return s;
-    std::unique_lock<std::mutex> lock(state_->mu);
+    internal::MutexLock lock(state_->mu);
     state_->delay(lock, "remove");
     if (Status s = state_->inject("remove"); !s.ok()) return s;
     if (Status s = state_->usable(id_); !s.ok()) return s;
@@ -270,7 +275,7 @@ class MemStore::MemSession final : public Session {
   Result<std::optional<Entry>> find_own(std::string_view queue, std::string_view attempt_id,
                                         Clock::time_point) override {
     if (Status s = CheckQueue(queue); !s.ok()) return s;
-    std::unique_lock<std::mutex> lock(state_->mu);
+    internal::MutexLock lock(state_->mu);
     state_->delay(lock, "find_own");
     if (Status s = state_->inject("find_own"); !s.ok()) return s;
     if (Status s = state_->usable(id_); !s.ok()) return s;
@@ -285,7 +290,10 @@ class MemStore::MemSession final : public Session {
 
   void close() noexcept override {
     try {
-      transition(state_, id_, SessionState::kClosed, [id = id_](State& s) { s.drop_entries_of(id); });
+      transition(state_, id_, SessionState::kClosed, [id = id_](State& s) {
+        s.mu.assert_held();  // transition() runs `then` under mu
+        s.drop_entries_of(id);
+      });
     } catch (...) {  // out of memory: the entries stay until the store goes
     }
   }
@@ -302,7 +310,7 @@ std::shared_ptr<MemStore> MemStore::create(MemStoreOptions options) {
   std::weak_ptr<State> weak = store->state_;
   store->clock_subscription_ = store->state_->clock->on_advance([weak] {
     if (auto s = weak.lock()) {
-      std::lock_guard<std::mutex> g(s->mu);
+      internal::MutexLock g(s->mu);
       s->changed.notify_all();
     }
   });
@@ -314,7 +322,7 @@ MemStore::~MemStore() = default;
 std::string MemStore::url() const { return "mem://"; }
 
 Result<std::shared_ptr<Session>> MemStore::open_session(Clock::time_point deadline) {
-  std::unique_lock<std::mutex> lock(state_->mu);
+  internal::MutexLock lock(state_->mu);
   state_->delay(lock, "open_session");
   if (Status s = state_->inject("open_session"); !s.ok()) return s;
   if (state_->clock->now() >= deadline) return UnavailableError("no session before the deadline (slow store)");
@@ -331,36 +339,38 @@ void MemStore::resume(std::string_view session_id) {
 }
 
 void MemStore::expire(std::string_view session_id) {
-  transition(state_, session_id, SessionState::kLost,
-             [id = std::string(session_id)](State& s) { s.drop_entries_of(id); });
+  transition(state_, session_id, SessionState::kLost, [id = std::string(session_id)](State& s) {
+    s.mu.assert_held();  // transition() runs `then` under mu
+    s.drop_entries_of(id);
+  });
 }
 
 void MemStore::fail_next(std::string_view op, Status status, int count) {
-  std::lock_guard<std::mutex> g(state_->mu);
+  internal::MutexLock g(state_->mu);
   auto& q = state_->failures[std::string(op)];
   for (int i = 0; i < count; ++i) q.push_back(status);
 }
 
 void MemStore::lose_next_reply(std::string_view op, int count) {
-  std::lock_guard<std::mutex> g(state_->mu);
+  internal::MutexLock g(state_->mu);
   state_->lost_replies[std::string(op)] += count;
 }
 
 void MemStore::delay_next(std::string_view op, Clock::duration by, int count) {
-  std::lock_guard<std::mutex> g(state_->mu);
+  internal::MutexLock g(state_->mu);
   auto& q = state_->delays[std::string(op)];
   for (int i = 0; i < count; ++i) q.push_back(by);
 }
 
 std::size_t MemStore::entry_count() const {
-  std::lock_guard<std::mutex> g(state_->mu);
+  internal::MutexLock g(state_->mu);
   std::size_t n = 0;
   for (const auto& [name, entries] : state_->queues) n += entries.size();
   return n;
 }
 
 std::uint64_t MemStore::op_count(std::string_view op) const {
-  std::lock_guard<std::mutex> g(state_->mu);
+  internal::MutexLock g(state_->mu);
   auto it = state_->ops.find(op);
   return it == state_->ops.end() ? 0 : it->second;
 }
