@@ -34,6 +34,7 @@
 #include "core/event_signal.hpp"
 #include "core/listeners.hpp"
 #include "core/random_id.hpp"
+#include "core/thread_annotations.hpp"
 #include "core/unique_fd.hpp"
 
 #include <dirent.h>
@@ -53,7 +54,6 @@
 #include <ctime>
 #include <limits>
 #include <map>
-#include <mutex>
 #include <system_error>
 #include <thread>
 #include <utility>
@@ -404,7 +404,8 @@ class FileSession final : public Session {
     return subscribers_.add(std::move(fn));
   }
 
-  Result<Appended> append(std::string_view queue, const EntrySpec& spec, Clock::time_point deadline) override {
+  Result<Appended> append(std::string_view queue, const EntrySpec& spec, Clock::time_point deadline) override
+      DLOCK_EXCLUDES(mu_) {
     // Every step is local and short; only the counter's lock can take long
     // (see LockCounter), and it is tried at least once whatever the deadline.
     if (auto s = CheckQueueName(queue); !s.ok()) return s;
@@ -473,7 +474,7 @@ class FileSession final : public Session {
     Appended out;
     out.entry = owned->entry;
     {
-      std::unique_lock<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       if (closed_) {
         lock.unlock();
         ReleaseEntry(dir, *owned);
@@ -520,13 +521,13 @@ class FileSession final : public Session {
     return await_fifos(queue, fifos, deadline, stop);
   }
 
-  Status remove(std::string_view queue, std::string_view id, Clock::time_point) override {
+  Status remove(std::string_view queue, std::string_view id, Clock::time_point) override DLOCK_EXCLUDES(mu_) {
     if (auto s = CheckQueueName(queue); !s.ok()) return s;
     auto name = ParseId(id);
     if (!name.ok()) return name.status();
     std::unique_ptr<OwnedEntry> mine;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       if (closed_) return closed_error();
       auto it = entries_.find(std::string(id));
       if (it != entries_.end() && it->second->queue == queue) {
@@ -562,10 +563,10 @@ class FileSession final : public Session {
     return OkStatus();
   }
 
-  Result<std::optional<Entry>> find_own(std::string_view queue, std::string_view attempt_id,
-                                        Clock::time_point) override {
+  Result<std::optional<Entry>> find_own(std::string_view queue, std::string_view attempt_id, Clock::time_point) override
+      DLOCK_EXCLUDES(mu_) {
     if (auto s = CheckQueueName(queue); !s.ok()) return s;
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (closed_) return closed_error();
     for (const auto& [id, owned] : entries_) {
       if (owned->queue != queue || owned->entry.attempt_id != attempt_id) continue;
@@ -577,10 +578,11 @@ class FileSession final : public Session {
     return std::optional<Entry>();
   }
 
-  void close() noexcept override {
+  // Tells the subscribers, so never under mu_.
+  void close() noexcept override DLOCK_EXCLUDES(mu_) {
     std::map<std::string, std::unique_ptr<OwnedEntry>> doomed;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       if (closed_) return;  // also when a subscriber closes again from inside the call below
       closed_ = true;
       state_ = SessionState::kClosed;
@@ -680,8 +682,8 @@ class FileSession final : public Session {
     return &storage;
   }
 
-  bool closed() const {
-    std::lock_guard<std::mutex> lock(mu_);
+  bool closed() const DLOCK_EXCLUDES(mu_) {
+    MutexLock lock(mu_);
     return closed_;
   }
   Status closed_error() const { return SessionLostError("session " + id_ + " of " + dir_->path + " is closed"); }
@@ -689,11 +691,12 @@ class FileSession final : public Session {
   const std::shared_ptr<StoreDir> dir_;
   const std::string id_;
   const EventSignal closed_event_;  // readable once close() has run
+  // Atomic: read without mu_ by state(); written under mu_ by close().
   std::atomic<SessionState> state_{SessionState::kConnected};
-  ListenerList<SessionState> subscribers_;
-  mutable std::mutex mu_;
-  bool closed_ = false;                                         // guarded by mu_
-  std::map<std::string, std::unique_ptr<OwnedEntry>> entries_;  // by id; guarded by mu_
+  ListenerList<SessionState> subscribers_;  // locks itself
+  mutable Mutex mu_;
+  bool closed_ DLOCK_GUARDED_BY(mu_) = false;
+  std::map<std::string, std::unique_ptr<OwnedEntry>> entries_ DLOCK_GUARDED_BY(mu_);  // by id
 };
 
 class FileStore final : public Store {
