@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <deque>
 #include <map>
+#include <mutex>
 
 namespace dlock {
 
@@ -57,7 +58,10 @@ struct MemStore::State {
     return OkStatus();
   }
   // Waits out an injected delay for `op`, releasing mu meanwhile.
-  void delay(internal::MutexLock& lock, std::string_view op) DLOCK_REQUIRES(mu) {
+  // Takes the native lock, not internal::MutexLock: MemStore is exported, and
+  // the typeinfo of the wait predicate below carries this signature, which
+  // must name nothing in dlock::internal (the package.exports test).
+  void delay(std::unique_lock<std::mutex>& lock, std::string_view op) DLOCK_REQUIRES(mu) {
     Clock::duration by{};
     for (std::string_view key : {op, std::string_view("*")}) {
       auto it = delays.find(key);
@@ -70,7 +74,7 @@ struct MemStore::State {
     if (by <= Clock::duration::zero()) return;
     ++ops["delayed"];
     const Clock::time_point until = clock->now() + by;
-    clock->wait_until(changed, lock.native(), {}, until, [&] { return clock->now() >= until; });
+    clock->wait_until(changed, lock, {}, until, [&] { return clock->now() >= until; });
   }
   // True if the reply of this `op` is to be lost.
   bool lose_reply(std::string_view op) DLOCK_REQUIRES(mu) {
@@ -187,7 +191,7 @@ class MemStore::MemSession final : public Session {
   Result<Appended> append(std::string_view queue, const EntrySpec& spec, Clock::time_point) override {
     if (Status s = CheckQueue(queue); !s.ok()) return s;
     internal::MutexLock lock(state_->mu);
-    state_->delay(lock, "append");
+    state_->delay(lock.native(), "append");
     if (Status s = state_->inject("append"); !s.ok()) return s;
     if (Status s = state_->usable(id_); !s.ok()) return s;
     if (spec.kind.empty() || spec.attempt_id.empty()) {
@@ -215,7 +219,7 @@ class MemStore::MemSession final : public Session {
   Result<std::vector<Entry>> list(std::string_view queue, const ListOptions& options, Clock::time_point) override {
     if (Status s = CheckQueue(queue); !s.ok()) return s;
     internal::MutexLock lock(state_->mu);
-    state_->delay(lock, "list");
+    state_->delay(lock.native(), "list");
     if (Status s = state_->inject("list"); !s.ok()) return s;
     if (Status s = state_->usable(id_); !s.ok()) return s;
     auto out = state_->snapshot(queue, options.with_owners);
@@ -228,7 +232,7 @@ class MemStore::MemSession final : public Session {
     if (Status s = CheckQueue(queue); !s.ok()) return s;
     if (ids.empty()) return InvalidArgumentError("wait_any_gone needs at least one entry id");
     internal::MutexLock lock(state_->mu);
-    state_->delay(lock, "wait");
+    state_->delay(lock.native(), "wait");
     if (Status s = state_->inject("wait"); !s.ok()) return s;
     auto gone = [&] {
       state_->mu.assert_held();  // run under the lock, here and by wait_until
@@ -259,7 +263,7 @@ class MemStore::MemSession final : public Session {
   Status remove(std::string_view queue, std::string_view id, Clock::time_point) override {
     if (Status s = CheckQueue(queue); !s.ok()) return s;
     internal::MutexLock lock(state_->mu);
-    state_->delay(lock, "remove");
+    state_->delay(lock.native(), "remove");
     if (Status s = state_->inject("remove"); !s.ok()) return s;
     if (Status s = state_->usable(id_); !s.ok()) return s;
     auto it = state_->queues.find(queue);
@@ -276,7 +280,7 @@ class MemStore::MemSession final : public Session {
                                         Clock::time_point) override {
     if (Status s = CheckQueue(queue); !s.ok()) return s;
     internal::MutexLock lock(state_->mu);
-    state_->delay(lock, "find_own");
+    state_->delay(lock.native(), "find_own");
     if (Status s = state_->inject("find_own"); !s.ok()) return s;
     if (Status s = state_->usable(id_); !s.ok()) return s;
     auto it = state_->queues.find(queue);
@@ -323,7 +327,7 @@ std::string MemStore::url() const { return "mem://"; }
 
 Result<std::shared_ptr<Session>> MemStore::open_session(Clock::time_point deadline) {
   internal::MutexLock lock(state_->mu);
-  state_->delay(lock, "open_session");
+  state_->delay(lock.native(), "open_session");
   if (Status s = state_->inject("open_session"); !s.ok()) return s;
   if (state_->clock->now() >= deadline) return UnavailableError("no session before the deadline (slow store)");
   std::string id = "mem-" + std::to_string(state_->next_session++);
