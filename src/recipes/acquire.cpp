@@ -290,7 +290,7 @@ class Attempt {
   std::string unsettled_attempt_;
   std::vector<Entry> granted_queue_;
   Status error_;
-  PassEnd ended_ = PassEnd::kGaveUp;  // how FindAttempt's kEnded ends the pass
+  PassEnd ended_ = PassEnd::kGaveUp;  // how find_attempt's kEnded ends the pass
 };
 
 }  // namespace

@@ -47,8 +47,14 @@ ThreadOwnedLock::ThreadOwnedLock(Client client, std::string name) : client_(std:
 }
 
 ThreadOwnedLock::~ThreadOwnedLock() {
-  MutexLock g(mu_);
-  for (auto& [thread, owned] : owned_) owned.hold.release();
+  // Released without mu_: a release may call the application back
+  // (on_background_error), and nothing of dlock's is called under its locks.
+  decltype(owned_) owned;
+  {
+    MutexLock g(mu_);
+    owned.swap(owned_);
+  }
+  for (auto& [thread, o] : owned) o.hold.release();
 }
 
 bool ThreadOwnedLock::lock_for(Clock::duration timeout, std::stop_token stop, bool try_only) {

@@ -18,8 +18,13 @@ class ReadWriteCore {
     ThrowIfError(ValidateLockName(name_));
   }
   ~ReadWriteCore() {
-    MutexLock g(mu_);
-    for (auto& [thread, t] : threads_) {
+    // Released without mu_: a release may call the application back.
+    decltype(threads_) threads;
+    {
+      MutexLock g(mu_);
+      threads.swap(threads_);
+    }
+    for (auto& [thread, t] : threads) {
       t.read.release();
       t.write.release();
     }

@@ -225,8 +225,13 @@ class SemaphoreMutexCore {
     });
   }
   ~SemaphoreMutexCore() {
-    MutexLock g(mu_);
-    hold_.release();
+    // Released without mu_: a release may call the application back.
+    Hold hold;
+    {
+      MutexLock g(mu_);
+      hold = std::move(hold_);
+    }
+    hold.release();
   }
 
   bool lock_for(Clock::duration timeout, std::stop_token stop, bool try_only) DLOCK_EXCLUDES(mu_) {
