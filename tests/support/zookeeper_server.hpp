@@ -4,9 +4,9 @@
 // chaos runner (tools/chaos). Each server dies with the thread that started
 // it (PR_SET_PDEATHSIG), even on a crash, and runs in a session of its own.
 //
-// The CTest fixtures' servers (tests/servers/zookeeper.sh and
-// zookeeper-ensemble.sh) are started by those scripts, which outlive any one
-// test process; they write the same zoo.cfg settings.
+// The CTest fixture's shared server (tests/servers/zookeeper.sh, the same
+// zoo.cfg settings) is started by that script instead: it outlives the test
+// processes that use it, as CTest's FIXTURES_SETUP needs.
 #ifndef DLOCK_TESTS_SUPPORT_ZOOKEEPER_SERVER_HPP_
 #define DLOCK_TESTS_SUPPORT_ZOOKEEPER_SERVER_HPP_
 
