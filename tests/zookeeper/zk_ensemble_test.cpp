@@ -1,15 +1,19 @@
-// Three-server ensembles (tests/servers/zookeeper-ensemble.sh run ...):
+// Three-server ensembles that each test starts itself (testing::ZooKeeperServers,
+// tests/support/zookeeper_server.hpp, also what tools/chaos runs):
 //  - ZkEnsembleTest: its leader killed while clients hold and wait for one
 //    mutex. Each thread has a Client of its own (its own session), so they
 //    contend like processes. The ledger of holds must show fencing tokens
 //    growing in hold order, no overlap between holds the store still
 //    confirmed, and holds resuming after the election.
-//  - ZkPartitionTest (ZK_PEER_PROXIES=1): a follower cut off from the leader
+//  - ZkPartitionTest (servers reach each other through proxies of the test's,
+//    tickTime 500 ms, syncLimit 10): a follower cut off from the leader
 //    while a holder stays connected to it.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <memory>
+#include <optional>
+#include <string>
 
 #include "support/status_matchers.hpp"
 #include "zookeeper/zk_test_support.hpp"
@@ -28,26 +32,27 @@ struct HoldRecord {
   bool valid;  // still kHeld at `end`, just before release
 };
 
-std::string Env(const char* name) {
-  const char* v = std::getenv(name);
-  return v ? v : "";
+using Servers = testing::ZooKeeperServers;
+
+// Three servers, tickTime 200 ms, initLimit 50, syncLimit 10, in a scratch
+// directory (deleted at the end).
+Servers::Options EnsembleOptions() {
+  Servers::Options o;
+  o.size = 3;
+  o.init_limit = 50;
+  o.sync_ms = 2000;
+  o.heap = "128m";
+  return o;
 }
 
-std::string Script(const std::string& args) {
-  std::string cmd = std::string(DLOCK_ZK_ENSEMBLE_SCRIPT) + " " + args + " 2>/dev/null";
-  std::string out;
-  if (FILE* p = ::popen(cmd.c_str(), "r")) {
-    char buf[256];
-    while (std::fgets(buf, sizeof buf, p)) out += buf;
-    ::pclose(p);
-  }
-  while (!out.empty() && (out.back() == '\n' || out.back() == ' ')) out.pop_back();
-  return out;
-}
+// "server.N" (1-based) of the server with index `i`, or "" for none.
+std::string ServerName(std::optional<std::size_t> i) { return i ? std::to_string(*i + 1) : ""; }
 
 TEST(ZkEnsembleTest, LeaderKilledWhileLocksAreHeldAndWaitedFor) {
-  const std::string hosts = Env("DLOCK_TEST_ZK_ENSEMBLE"), dir = Env("DLOCK_ZK_ENSEMBLE_DIR");
-  if (hosts.empty() || dir.empty()) GTEST_SKIP() << "run through tests/servers/zookeeper-ensemble.sh run DIR ...";
+  Servers servers(EnsembleOptions());
+  // Up to 60 s a server: three cold JVMs on a busy machine.
+  ASSERT_TRUE(servers.start_all()) << "the ensemble did not form (see " << servers.dir() << "/zk*/server.log)";
+  const std::string hosts = servers.hosts();
   // 6 s: enough to ride out the election (about a second here) without
   // losing the session, whichever server a client was connected to.
   const std::string url = "zk://" + hosts + "/dlock-ensemble?session_timeout=6s";
@@ -93,21 +98,17 @@ TEST(ZkEnsembleTest, LeaderKilledWhileLocksAreHeldAndWaitedFor) {
   // Some holds before the kill, then kill the leader while one is held.
   const auto t0 = SteadyClock::now();
   EXPECT_TRUE(testing::Eventually([&] { return count_since(t0) >= 20; }, 30s));
-  const std::string leader = Script("leader " + dir);
+  const auto leader_index = servers.leader();
+  const std::string leader = ServerName(leader_index);
   ASSERT_FALSE(leader.empty()) << "no leader";
-  // SIGKILL it straight from here, while a worker holds the lock (the others
-  // wait all the time), then let the script reap it.
-  pid_t leader_pid = 0;
-  std::ifstream(dir + "/s" + leader + "/pid") >> leader_pid;
-  ASSERT_GT(leader_pid, 0);
+  // SIGKILL it while a worker holds the lock (the others wait all the time).
   EXPECT_TRUE(testing::Eventually([&] { return holding.load() > 0; }, 10s));
   const auto killed_at = SteadyClock::now();
-  ::kill(leader_pid, SIGKILL);
-  Script("kill " + dir + " " + leader);
+  servers.kill(*leader_index);
   const long before = static_cast<long>(count_since(t0)) - static_cast<long>(count_since(killed_at));
   // The two survivors elect a new leader...
   std::string new_leader;
-  EXPECT_TRUE(testing::Eventually([&] { return !(new_leader = Script("leader " + dir)).empty(); }, 30s));
+  EXPECT_TRUE(testing::Eventually([&] { return !(new_leader = ServerName(servers.leader())).empty(); }, 30s));
   const auto elected_at = SteadyClock::now();
   std::printf("killed leader server.%s after %ld holds; server.%s leads after %.2f s\n", leader.c_str(), before,
               new_leader.c_str(), zktest::Seconds(elected_at - killed_at));
@@ -145,47 +146,27 @@ TEST(ZkEnsembleTest, LeaderKilledWhileLocksAreHeldAndWaitedFor) {
 
 // ------------------------------------------------------------ partition
 
-// The ensemble's servers, and the proxies between them (DIR/links).
+// The ensemble's servers (1..3), whose quorum and election connections all
+// go through proxies of the test's.
 struct Ensemble {
-  struct Link {
-    int from, to;
-    std::string kind;  // quorum | election
-    std::unique_ptr<testing::TcpProxy> proxy;
-  };
-  std::vector<int> client_ports;  // [0] is server 1
-  std::vector<Link> links;
+  Servers servers;
 
-  std::string hosts(int n) const { return "127.0.0.1:" + std::to_string(client_ports[n - 1]); }
+  std::string hosts(int n) const { return "127.0.0.1:" + std::to_string(servers.client_port(n - 1)); }
   std::string mode(int n) const {
     std::string srvr = zktest::FourLetters(hosts(n), "srvr");
     auto at = srvr.find("Mode: ");
     return at == std::string::npos ? "" : srvr.substr(at + 6, srvr.find('\n', at) - at - 6);
   }
   // Silences every connection between servers a and b, both ways.
-  void cut(int a, int b) {
-    for (auto& l : links) {
-      if ((l.from == a && l.to == b) || (l.from == b && l.to == a)) l.proxy->partition();
-    }
-  }
+  void cut(int a, int b) { servers.cut(a - 1, b - 1, true); }
 };
 
-// Starts the proxies of the ensemble in `dir` on the ports its zoo.cfg files
-// name; false if it is not proxied or a port is taken.
-bool StartProxies(const std::string& dir, Ensemble& e) {
-  for (int n = 1; n <= 3; ++n) {
-    int port = 0;
-    std::ifstream(dir + "/s" + std::to_string(n) + "/port") >> port;
-    if (port == 0) return false;
-    e.client_ports.push_back(port);
-  }
-  std::ifstream in(dir + "/links");
-  Ensemble::Link l;
-  int listen = 0, target = 0;
-  while (in >> l.from >> l.to >> l.kind >> listen >> target) {
-    e.links.push_back({l.from, l.to, l.kind, std::make_unique<testing::TcpProxy>(target, listen)});
-    if (e.links.back().proxy->port() != listen) return false;
-  }
-  return e.links.size() == 12;
+Servers::Options PartitionOptions() {
+  Servers::Options o = EnsembleOptions();
+  o.tick_ms = 500;
+  o.sync_ms = 5000;  // syncLimit 10
+  o.peer_links = Servers::Options::PeerLinks::kAllPairs;
+  return o;
 }
 
 // Item 3 of issue 11. A follower cut off from the leader keeps answering its
@@ -197,13 +178,8 @@ bool StartProxies(const std::string& dir, Ensemble& e) {
 // session says kLost (state() folds in the session's own deadline, so this
 // does not depend on how soon its threads run).
 TEST(ZkPartitionTest, FollowerCutFromTheLeaderLosesItsHolderFirst) {
-  const std::string dir = Env("DLOCK_ZK_ENSEMBLE_DIR");
-  if (dir.empty() || !std::ifstream(dir + "/links")) {
-    GTEST_SKIP() << "run through ZK_PEER_PROXIES=1 tests/servers/zookeeper-ensemble.sh run DIR ...";
-  }
-  Ensemble ens;
-  ASSERT_TRUE(StartProxies(dir, ens)) << "cannot read " << dir << "/links";
-  // The quorum forms once the proxies run.
+  Ensemble ens{Servers(PartitionOptions())};
+  for (std::size_t i = 0; i < ens.servers.size(); ++i) ens.servers.launch(i);
   int leader = 0;
   ASSERT_TRUE(testing::Eventually(
       [&] {

@@ -29,8 +29,9 @@
 #include <vector>
 
 #include "dlock/dlock.hpp"
-#include "support/poll.hpp"       // testing::Eventually
-#include "support/tcp_proxy.hpp"  // testing::TcpProxy: partition(), heal(), reset()
+#include "support/poll.hpp"              // testing::Eventually
+#include "support/tcp_proxy.hpp"         // testing::TcpProxy: partition(), heal(), reset()
+#include "support/zookeeper_server.hpp"  // testing::ZooKeeperServers
 
 namespace dlock::zktest {
 
@@ -183,55 +184,40 @@ inline void EnsureTestRoot(const std::string& hosts) {
 }
 
 // ------------------------------------------------------------- PrivateServer
-// A server of the test's own, for tests that stop, freeze or kill it.
+// A server of the test's own, for tests that stop, freeze or kill it:
+// testing::ZooKeeperServers (support/zookeeper_server.hpp, shared with
+// tools/chaos) with one standalone server in a scratch directory, its
+// container reaper every 200ms like the fixture's (tests/servers/zookeeper.sh).
 class PrivateServer {
  public:
-  PrivateServer() {
-    char tmpl[] = "/tmp/dlock-zk-XXXXXX";
-    const char* made = ::mkdtemp(tmpl);
-    dir_ = made ? made : "/tmp/dlock-zk-fallback";
-    ok_ = Script("start") == 0;
-    if (ok_) {
-      std::ifstream in(dir_ + "/port");
-      in >> port_;
-      std::ifstream pin(dir_ + "/pid");
-      pin >> pid_;
-    }
-  }
-  ~PrivateServer() { Script("stop"); }
+  PrivateServer() : servers_(server_options()) { ok_ = servers_.start_all(); }
   PrivateServer(const PrivateServer&) = delete;
   PrivateServer& operator=(const PrivateServer&) = delete;
 
   bool ok() const { return ok_; }
-  std::string hosts() const { return "127.0.0.1:" + std::to_string(port_); }
-  int port() const { return port_; }
+  std::string hosts() const { return servers_.hosts(); }
+  int port() const { return servers_.client_port(0); }
 
-  void freeze() { ::kill(pid_, SIGSTOP); }
-  void thaw() { ::kill(pid_, SIGCONT); }
+  void freeze() { servers_.freeze(0); }
+  void thaw() { servers_.thaw(0); }
   // Kills the JVM at once (no clean shutdown), keeping its data.
-  void crash() {
-    ::kill(pid_, SIGKILL);
-    for (int i = 0; i < 500 && ::kill(pid_, 0) == 0; ++i) std::this_thread::sleep_for(10ms);
-  }
+  void crash() { servers_.kill(0); }
   // Starts it again on the same port and data: sessions survive if their
   // clients come back within their timeout.
   bool restart() {
-    ::unlink((dir_ + "/pid").c_str());
-    ok_ = Script("start", std::to_string(port_)) == 0;
-    std::ifstream pin(dir_ + "/pid");
-    pin >> pid_;
-    return ok_;
+    servers_.launch(0);
+    return ok_ = servers_.wait_serving(0);
   }
 
  private:
-  int Script(const std::string& verb, const std::string& extra = "") {
-    std::string cmd = std::string(DLOCK_ZK_SERVER_SCRIPT) + " " + verb + " " + dir_ + " " + extra + " >/dev/null";
-    return std::system(cmd.c_str());
+  static testing::ZooKeeperServers::Options server_options() {
+    testing::ZooKeeperServers::Options o;
+    o.heap = "256m";
+    o.jvm_properties = {"-Dznode.container.checkIntervalMs=200", "-Dznode.container.maxPerMinute=100000"};
+    return o;
   }
-  std::string dir_;
+  testing::ZooKeeperServers servers_;
   bool ok_ = false;
-  int port_ = 0;
-  pid_t pid_ = 0;
 };
 
 // ------------------------------------------------------------ peer clients

@@ -40,13 +40,13 @@
 #include "support/loopback.hpp"
 #include "support/redis_server.hpp"
 #include "support/tcp_proxy.hpp"
+#include "support/zookeeper_server.hpp"
 
 namespace dlock::chaos {
 namespace {
 
 using namespace std::chrono_literals;
 using testing::ConnectLoopback;
-using testing::FreePort;
 using testing::Loopback;
 using testing::Spawn;
 using testing::TcpProxy;
@@ -226,121 +226,21 @@ int RunWorker(const WorkerArgs& a) {
 
 // ---------------------------------------------------------------- runner
 
-// A ZooKeeper four-letter command's answer ("" if none).
-std::string FourLetters(int port, const char* cmd) {
-  int fd = ConnectLoopback(port, 2);
-  if (fd < 0) return "";
-  std::string out;
-  if (::write(fd, cmd, 4) == 4) {
-    char buf[4096];
-    ssize_t n;
-    while ((n = ::read(fd, buf, sizeof buf)) > 0) out.append(buf, static_cast<std::size_t>(n));
-  }
-  ::close(fd);
-  return out;
+// ZooKeeper: tests/support/zookeeper_server.hpp (shared with the tests), from
+// Debian's jars, run with `java` directly: one standalone server or a
+// three-server ensemble on loopback whose server 1 reaches the others through
+// proxies (isolate()). Data persists in DIR/zk<N>, so a restarted server keeps
+// its znodes and sessions (if back within the timeout).
+using ZkCluster = testing::ZooKeeperServers;
+
+std::unique_ptr<ZkCluster> MakeZkCluster(const std::string& dir, int size, int sync_ms) {
+  ZkCluster::Options o;
+  o.size = size;
+  o.dir = dir;
+  o.sync_ms = sync_ms;  // syncLimit x tickTime (200 ms)
+  o.peer_links = ZkCluster::Options::PeerLinks::kFirstServer;
+  return std::make_unique<ZkCluster>(o);
 }
-
-// ZooKeeper from Debian's jars, run with `java` directly: one standalone
-// server or a three-server ensemble on loopback. Data persists in DIR, so a
-// restarted server keeps its znodes and sessions (if back within the timeout).
-class ZkCluster {
- public:
-  // In an ensemble, server 1's quorum and election connections to and from
-  // the others go through proxies (`isolate()` cuts them): each server's
-  // zoo.cfg names the others at the addresses it should dial. `sync_ms`:
-  // syncLimit x tickTime, how long a follower goes on serving its clients
-  // without hearing from the leader.
-  ZkCluster(std::string dir, int size, int sync_ms = 2000) : dir_(std::move(dir)) {
-    for (int i = 0; i < size; ++i) servers_.push_back({FreePort(), FreePort(), FreePort(), -1});
-    // via[i][j]: the (peer, election) ports server i dials to reach server j.
-    std::vector<std::vector<std::pair<int, int>>> via(static_cast<std::size_t>(size));
-    for (int i = 0; i < size; ++i)
-      for (int j = 0; j < size; ++j) {
-        auto& to = servers_[static_cast<std::size_t>(j)];
-        std::pair<int, int> ports{to.peer, to.election};
-        if (i != j && (i == 0 || j == 0)) {
-          links_.push_back(std::make_unique<TcpProxy>(to.peer));
-          ports.first = links_.back()->port();
-          links_.push_back(std::make_unique<TcpProxy>(to.election));
-          ports.second = links_.back()->port();
-        }
-        via[static_cast<std::size_t>(i)].push_back(ports);
-      }
-    const int sync_ticks = std::max(2, sync_ms / 200);
-    for (int i = 0; i < size; ++i) {
-      const std::string d = dir_ + "/zk" + Str(i + 1);
-      fs::create_directories(d + "/data");
-      std::ofstream cfg(d + "/zoo.cfg");
-      cfg << "tickTime=200\ninitLimit=100\nsyncLimit=" << sync_ticks << "\ndataDir=" << d
-          << "/data\nclientPort=" << servers_[i].client
-          << "\nclientPortAddress=127.0.0.1\nmaxSessionTimeout=120000\nmaxClientCnxns=0\n"
-          << "4lw.commands.whitelist=*\nadmin.enableServer=false\n";
-      if (size > 1) {
-        for (int j = 0; j < size; ++j)
-          cfg << "server." << j + 1 << "=127.0.0.1:" << via[i][j].first << ":" << via[i][j].second << "\n";
-        std::ofstream(d + "/data/myid") << i + 1 << "\n";
-      }
-    }
-  }
-  // Cuts (black-holes, connections kept open) or heals every link between
-  // server 1 and the others; its clients stay connected to it.
-  void isolate(bool on) {
-    for (auto& l : links_) l->set_mode(on ? TcpProxy::Mode::kBlackHole : TcpProxy::Mode::kPass);
-  }
-  ~ZkCluster() {
-    for (std::size_t i = 0; i < servers_.size(); ++i) kill(i);
-  }
-  std::size_t size() const { return servers_.size(); }
-  int client_port(std::size_t i) const { return servers_[i].client; }
-  bool running(std::size_t i) const { return servers_[i].pid > 0; }
-
-  bool start_all() {
-    for (std::size_t i = 0; i < servers_.size(); ++i) launch(i);
-    for (std::size_t i = 0; i < servers_.size(); ++i)
-      if (!wait_serving(i)) return false;
-    return true;
-  }
-  void launch(std::size_t i) {
-    const std::string d = dir_ + "/zk" + Str(static_cast<std::int64_t>(i) + 1);
-    const std::string jars = "/usr/share/java/zookeeper.jar:/usr/share/java/slf4j-simple.jar";
-    servers_[i].pid =
-        Spawn({"java", "-Xmx192m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-Dzookeeper.jmx.log4j.disable=true",
-               "-Dzookeeper.admin.enableServer=false", "-Dorg.slf4j.simpleLogger.defaultLogLevel=warn", "-cp", jars,
-               "org.apache.zookeeper.server.quorum.QuorumPeerMain", d + "/zoo.cfg"},
-              d + "/server.log");
-  }
-  // Until the server answers as standalone, leader or follower (60s at most: a cold JVM).
-  bool wait_serving(std::size_t i) {
-    for (int n = 0; n < 300; ++n) {
-      const std::string srvr = FourLetters(servers_[i].client, "srvr");
-      if (srvr.find("Mode: ") != std::string::npos) return true;
-      std::this_thread::sleep_for(200ms);
-    }
-    return false;
-  }
-  void kill(std::size_t i) {
-    if (servers_[i].pid <= 0) return;
-    ::kill(servers_[i].pid, SIGKILL);
-    ::waitpid(servers_[i].pid, nullptr, 0);
-    servers_[i].pid = -1;
-  }
-  // The index of the server that says it leads, if any.
-  std::optional<std::size_t> leader() const {
-    for (std::size_t i = 0; i < servers_.size(); ++i)
-      if (servers_[i].pid > 0 && FourLetters(servers_[i].client, "srvr").find("Mode: leader") != std::string::npos)
-        return i;
-    return std::nullopt;
-  }
-
- private:
-  struct Server {
-    int client, peer, election;
-    pid_t pid;
-  };
-  std::string dir_;
-  std::vector<Server> servers_;
-  std::vector<std::unique_ptr<TcpProxy>> links_;  // server 1 <-> the others
-};
 
 // A Redis command's raw reply ("" if none): `cmd` is sent inline.
 std::string RedisCommand(int port, const std::string& cmd) {
@@ -812,7 +712,7 @@ class Runner {
       if (a_.redis_persist != "none") kinds.push_back("rollback");
       if (a_.redis_replica) kinds.push_back("failover");
     } else if (a_.store == "zk" || a_.store == "zk3") {
-      zk_ = std::make_unique<ZkCluster>(a_.out, a_.store == "zk" ? 1 : 3, a_.zk_sync_ms > 0 ? a_.zk_sync_ms : 2000);
+      zk_ = MakeZkCluster(a_.out, a_.store == "zk" ? 1 : 3, a_.zk_sync_ms > 0 ? a_.zk_sync_ms : 2000);
       if (!zk_->start_all()) {
         std::cerr << "dlock-chaos: ZooKeeper did not start (see " << a_.out << "/zk*/server.log)\n";
         return 2;
