@@ -279,7 +279,9 @@ class LockedCommand {
   // 1. Waits for the lock on a helper thread while this one watches signals;
   //    nullopt with the lock held, or the exit status without it.
   std::optional<int> wait_for_lock(dlock::Client& client) {
-    auto acquired = event_or_die();
+    auto made = dlock::internal::EventSignal::create();
+    if (!made.ok()) return Report(kStoreFailed, made.status().to_string());
+    const dlock::internal::EventSignal acquired = std::move(*made);
     std::stop_source cancel;
     std::optional<dlock::Status> failure;
     std::jthread acquirer([&] {
@@ -369,7 +371,12 @@ class LockedCommand {
   // 2. Runs the command with the lock's environment until it exits; stops it
   //    if the lock is lost.
   int run_command(const dlock::Client& client) {
-    auto lost = std::make_shared<dlock::internal::EventSignal>(event_or_die());
+    auto made = dlock::internal::EventSignal::create();
+    if (!made.ok()) {  // out of descriptors: no way to stop the command if the lock goes
+      hold_->release();
+      return Report(kStoreFailed, made.status().to_string());
+    }
+    auto lost = std::make_shared<dlock::internal::EventSignal>(std::move(*made));
     auto subscription = hold_->on_state_change([lost](dlock::HoldState s) {
       if (s == dlock::HoldState::kLost) Signal(*lost);
     });
@@ -475,12 +482,6 @@ class LockedCommand {
     when.it_value.tv_sec = after.count() / 1000;
     when.it_value.tv_nsec = (after.count() % 1000) * 1'000'000 + 1;  // +1 ns: zero would disarm it
     timerfd_settime(timer, 0, &when, nullptr);
-  }
-
-  static dlock::internal::EventSignal event_or_die() {
-    auto event = dlock::internal::EventSignal::create();
-    if (!event.ok()) Die(kStoreFailed, event.status().to_string());
-    return std::move(*event);
   }
 
   const RunPlan plan_;
