@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "dlock/dlock.hpp"
+#include "support/manual_world.hpp"
 #include "support/stores.hpp"
 
 namespace dlock {
@@ -18,26 +19,8 @@ namespace {
 
 using namespace std::chrono_literals;
 using testing::Eventually;
-
-std::string SessionOf(const Client& c) { return c.session().value()->id(); }
-
-// A MemStore and two clients (two sessions) on one hand-moved clock.
-struct ManualWorld {
-  std::shared_ptr<ManualClock> clock = std::make_shared<ManualClock>();
-  std::shared_ptr<MemStore> store;
-  Client a, b;
-  ManualWorld() : store(MakeStore(clock)), a(MakeClient(store, clock)), b(MakeClient(store, clock)) {}
-  static std::shared_ptr<MemStore> MakeStore(const std::shared_ptr<ManualClock>& clock) {
-    MemStoreOptions options;
-    options.clock = clock;
-    return MemStore::create(options);
-  }
-  static Client MakeClient(const std::shared_ptr<MemStore>& store, const std::shared_ptr<ManualClock>& clock) {
-    ClientOptions options;
-    options.clock = clock;
-    return Client::with_store(store, options);
-  }
-};
+using testing::ManualWorld;
+using testing::SessionOf;
 
 TEST(Faults, EachReleaseWakesExactlyOneWaiter) {
   auto store = MemStore::create();

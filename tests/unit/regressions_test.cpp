@@ -14,6 +14,8 @@
 #include <thread>
 
 #include "dlock/dlock.hpp"
+#include "support/child.hpp"
+#include "support/manual_world.hpp"
 #include "support/stores.hpp"
 
 namespace dlock {
@@ -21,25 +23,8 @@ namespace {
 
 using namespace std::chrono_literals;
 using testing::Eventually;
-
-[[maybe_unused]] std::string SessionOf(const Client& c) { return c.session().value()->id(); }
-
-struct ManualWorld {
-  std::shared_ptr<ManualClock> clock = std::make_shared<ManualClock>();
-  std::shared_ptr<MemStore> store;
-  Client a, b;
-  ManualWorld() : store(MakeStore(clock)), a(MakeClient(store, clock)), b(MakeClient(store, clock)) {}
-  static std::shared_ptr<MemStore> MakeStore(const std::shared_ptr<ManualClock>& clock) {
-    MemStoreOptions options;
-    options.clock = clock;
-    return MemStore::create(options);
-  }
-  static Client MakeClient(const std::shared_ptr<MemStore>& store, const std::shared_ptr<ManualClock>& clock) {
-    ClientOptions options;
-    options.clock = clock;
-    return Client::with_store(store, options);
-  }
-};
+using testing::ManualWorld;
+using testing::RunInChild;
 
 // ---------------------------------------------------------------------------
 // Finding: "a stop request wins over a grant" was fixed in the engine
@@ -324,39 +309,6 @@ TEST(Regressions, HoldStateMayBeReadWhileAnotherThreadReleases) {
     go = true;
     hold->release();
   }
-}
-
-// Runs `body` in a forked child, so that a deadlock cannot hang the test
-// binary: "exit N", or "HUNG" if it had to be killed after `limit`.
-std::string RunInChild(const std::function<int()>& body, std::chrono::seconds limit) {
-  std::fflush(nullptr);
-  pid_t pid = ::fork();
-  if (pid == 0) {
-    int rc = 1;
-    try {
-      rc = body();
-    } catch (...) {
-      rc = 2;
-    }
-    ::_exit(rc);
-  }
-  auto end = std::chrono::steady_clock::now() + limit;
-  int status = 0;
-  while (std::chrono::steady_clock::now() < end) {
-    if (::waitpid(pid, &status, WNOHANG) == pid) {
-      return WIFEXITED(status) ? "exit " + std::to_string(WEXITSTATUS(status)) : "signal";
-    }
-    std::this_thread::sleep_for(20ms);
-  }
-  if (std::getenv("REVIEW_STACKS")) {  // where it hangs
-    std::string cmd = "gdb -q -batch -p " + std::to_string(pid) +
-                      " -ex 'thread apply all bt 14' 2>/dev/null | grep -E '^(Thread|#)' | grep -E "
-                      "'Thread|dlock::|lock|Scenario' >&2";
-    [[maybe_unused]] int rc = std::system(cmd.c_str());
-  }
-  ::kill(pid, SIGKILL);
-  ::waitpid(pid, &status, 0);
-  return "HUNG";
 }
 
 // Finding: since item 7, lost_token() requests the stop itself when it reads

@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "dlock/dlock.hpp"
+#include "support/child.hpp"
 #include "support/status_matchers.hpp"
 #include "zookeeper/zk_test_support.hpp"
 
@@ -23,6 +24,7 @@ namespace {
 
 using namespace std::chrono_literals;
 using testing::IsOk;
+using testing::RunInChild;
 using Steady = std::chrono::steady_clock;
 
 std::string Server() { return zktest::SharedServer(); }
@@ -32,41 +34,6 @@ std::string Server() { return zktest::SharedServer(); }
 std::string Chroot(const std::string& test) {
   return "/dlock-review-" + test + "-" + std::to_string(::getpid()) + "-" +
          std::to_string(Steady::now().time_since_epoch().count() % 100000);
-}
-
-// Runs `body` in a forked child (its threads cannot hang the test binary):
-// "exit N" if it ended by itself, "HUNG" if it was still running after
-// `limit` and had to be killed.
-std::string RunInChild(const std::function<int()>& body, std::chrono::seconds limit) {
-  std::fflush(nullptr);
-  pid_t pid = ::fork();
-  if (pid == 0) {
-    int rc = 1;
-    try {
-      rc = body();
-    } catch (...) {
-      rc = 2;
-    }
-    std::fflush(nullptr);
-    ::_exit(rc);
-  }
-  auto end = Steady::now() + limit;
-  int status = 0;
-  while (Steady::now() < end) {
-    if (::waitpid(pid, &status, WNOHANG) == pid) {
-      return WIFEXITED(status) ? "exit " + std::to_string(WEXITSTATUS(status)) : "signal";
-    }
-    std::this_thread::sleep_for(20ms);
-  }
-  if (std::getenv("DLOCK_TEST_STACKS")) {  // where it hangs: every thread's stack
-    std::string cmd = "gdb -q -batch -p " + std::to_string(pid) +
-                      " -ex 'thread apply all bt 12' 2>/dev/null | grep -E '^(Thread|#)' | grep -E "
-                      "'Thread|dlock::|std::mutex|wait' >&2";
-    [[maybe_unused]] int rc = std::system(cmd.c_str());
-  }
-  ::kill(pid, SIGKILL);
-  ::waitpid(pid, &status, 0);
-  return "HUNG";
 }
 
 // ---------------------------------------------------------------------------
