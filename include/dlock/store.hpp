@@ -178,6 +178,38 @@ class DLOCK_EXPORT Session {
   virtual Result<std::optional<Entry>> find_own(std::string_view queue, std::string_view attempt_id,
                                                 Clock::time_point deadline) = 0;
 
+  // --- Asynchronous primitives -------------------------------------------
+  //
+  // The same operations without a blocked thread: what the acquisition
+  // engine is built on, so one process can have any number of acquires
+  // pending. Each takes a completion `done` that is called exactly once, with
+  // what the blocking form would return, on a store thread or on the calling
+  // thread before the call returns (a result known at once), with no lock of
+  // the store held; `done` must not block, and must not throw.
+  //
+  // The defaults below run the blocking forms: requests on the calling
+  // thread, a wait on a thread of its own. A store that has asynchronous
+  // machinery of its own (watches, an event loop, the kernel) overrides
+  // them; every store in this repository does (see "For implementers").
+  virtual void async_append(std::string_view queue, const EntrySpec& spec, Clock::time_point deadline,
+                            std::function<void(Result<Appended>)> done);
+  virtual void async_list(std::string_view queue, const ListOptions& options, Clock::time_point deadline,
+                          std::function<void(Result<std::vector<Entry>>)> done);
+  virtual void async_remove(std::string_view queue, std::string_view id, Clock::time_point deadline,
+                            std::function<void(Status)> done);
+  virtual void async_find_own(std::string_view queue, std::string_view attempt_id, Clock::time_point deadline,
+                              std::function<void(Result<std::optional<Entry>>)> done);
+
+  // wait_any_gone without a deadline: `done` gets OK once any entry in `ids`
+  // is gone, kSessionLost, kUnavailable or kInvalidArgument as for the
+  // blocking form. Destroying the returned handle cancels the wait: if `done`
+  // has not been called yet, it is called with kCancelled, at the latest
+  // before the handle's destructor returns (unless the destructor runs inside
+  // `done` itself). The caller keeps the session alive while it holds the
+  // handle. Timeouts are the caller's: it destroys the handle on its own timer.
+  virtual std::shared_ptr<void> async_wait_any_gone(std::string_view queue, std::span<const std::string> ids,
+                                                    std::function<void(Status)> done);
+
   // Ends the session and its entries. Every subscriber hears kClosed, and has
   // returned, before any entry of the session can be seen as gone by another
   // session. Called from inside a subscriber, the close completes after that
@@ -219,7 +251,12 @@ class DLOCK_EXPORT Store {
 //       then be able to find the entry, and fence a late append off;
 //     - queue names are ValidateLockName's, and nested names are unrelated;
 //     - every wait follows StoreOptions::clock and its on_advance(), unless
-//       the store cannot run on a hand-moved clock (say so, as Redis does).
+//       the store cannot run on a hand-moved clock (say so, as Redis does);
+//     - the asynchronous primitives are the ones the recipes use: override
+//       them with the store's own asynchronous machinery, so that pending
+//       acquires cost no thread each (at most 4 threads per store client,
+//       the acquisition engine's included), and run every completion exactly
+//       once, cancellations included.
 //  3. Run tests/store/conformance_test.cpp on it: a server script
 //     tests/servers/<name>.sh, dlock_add_server_fixture() and one
 //     dlock_add_server_suite() per shared suite (tests/CMakeLists.txt;

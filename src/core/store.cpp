@@ -1,6 +1,7 @@
 #include "dlock/store.hpp"
 
 #include <nlohmann/json.hpp>
+#include <thread>
 
 namespace dlock {
 
@@ -12,6 +13,60 @@ std::string_view SessionStateName(SessionState state) noexcept {
     case SessionState::kClosed: return "closed";
   }
   return "unknown";
+}
+
+// ------------------------------------------- default asynchronous primitives
+//
+// The blocking forms, run where they are called. Stores override these with
+// their own asynchronous machinery; the defaults keep a store that has none
+// (or a test double that wraps the blocking forms) correct, if not thrifty.
+
+void Session::async_append(std::string_view queue, const EntrySpec& spec, Clock::time_point deadline,
+                           std::function<void(Result<Appended>)> done) {
+  done(append(queue, spec, deadline));
+}
+
+void Session::async_list(std::string_view queue, const ListOptions& options, Clock::time_point deadline,
+                         std::function<void(Result<std::vector<Entry>>)> done) {
+  done(list(queue, options, deadline));
+}
+
+void Session::async_remove(std::string_view queue, std::string_view id, Clock::time_point deadline,
+                           std::function<void(Status)> done) {
+  done(remove(queue, id, deadline));
+}
+
+void Session::async_find_own(std::string_view queue, std::string_view attempt_id, Clock::time_point deadline,
+                             std::function<void(Result<std::optional<Entry>>)> done) {
+  done(find_own(queue, attempt_id, deadline));
+}
+
+namespace {
+
+// A blocking wait on a thread of its own; destroying the handle stops it and
+// waits for `done` (kCancelled, or what came first) to have run.
+class ThreadWait {
+ public:
+  ThreadWait(Session& session, std::string queue, std::vector<std::string> ids, std::function<void(Status)> done)
+      : thread_([&session, queue = std::move(queue), ids = std::move(ids), done = std::move(done)](
+                    std::stop_token stop) { done(session.wait_any_gone(queue, ids, kNoDeadline, std::move(stop))); }) {}
+  ThreadWait(const ThreadWait&) = delete;
+  ThreadWait& operator=(const ThreadWait&) = delete;
+  ~ThreadWait() {
+    thread_.request_stop();
+    if (thread_.get_id() == std::this_thread::get_id()) thread_.detach();  // from inside `done`
+  }
+
+ private:
+  std::jthread thread_;
+};
+
+}  // namespace
+
+std::shared_ptr<void> Session::async_wait_any_gone(std::string_view queue, std::span<const std::string> ids,
+                                                   std::function<void(Status)> done) {
+  return std::make_shared<ThreadWait>(*this, std::string(queue), std::vector<std::string>(ids.begin(), ids.end()),
+                                      std::move(done));
 }
 
 bool QueueOrder(const Entry& a, const Entry& b) noexcept {

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <condition_variable>
 #include <filesystem>
 #include <future>
 #include <map>
@@ -559,6 +560,212 @@ TEST_P(ConformanceTest, ConcurrentAppendsGetDistinctTokensInQueueOrder) {
     tokens.insert(token);
   }
   EXPECT_EQ(tokens.size(), listed.size());
+}
+
+// ------------------------------------------------- asynchronous primitives
+
+// Collects the outcomes of an asynchronous call and counts them: exactly one
+// is the contract.
+template <class T>
+class Outcomes {
+ public:
+  std::function<void(T)> Callback() {
+    return [this](T r) {
+      std::lock_guard<std::mutex> g(mu_);
+      got_.push_back(std::move(r));
+      cv_.notify_all();
+    };
+  }
+  // The first outcome, once it came (or an aborted status after kPrompt).
+  T First() {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (!cv_.wait_for(lock, kPrompt, [&] { return !got_.empty(); })) return T(AbortedError("no outcome came"));
+    return got_.front();
+  }
+  bool NoneWithin(std::chrono::milliseconds d) {
+    std::unique_lock<std::mutex> lock(mu_);
+    return !cv_.wait_for(lock, d, [&] { return !got_.empty(); });
+  }
+  std::size_t Count() {
+    std::lock_guard<std::mutex> g(mu_);
+    return got_.size();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<T> got_;
+};
+
+TEST_P(ConformanceTest, AsyncRequestsDoWhatTheBlockingOnesDo) {
+  auto s = NewSession();
+  ASSERT_TRUE(s);
+  const std::string q = Queue("async-requests");
+  EntrySpec spec = Spec();
+  Outcomes<Result<Appended>> appended;
+  s->async_append(q, spec, In(kPrompt), appended.Callback());
+  Result<Appended> a = appended.First();
+  ASSERT_THAT(a.status(), IsOk());
+  EXPECT_TRUE(a->entry.token.has_value());
+  Entry second = Append(*s, q);
+
+  Outcomes<Result<std::vector<Entry>>> listed;
+  s->async_list(q, {}, In(kPrompt), listed.Callback());
+  Result<std::vector<Entry>> l = listed.First();
+  ASSERT_THAT(l.status(), IsOk());
+  EXPECT_THAT(Ids(*l), ElementsAreArray(std::vector<std::string>{a->entry.id, second.id}));
+
+  Outcomes<Result<std::optional<Entry>>> found;
+  s->async_find_own(q, spec.attempt_id, In(kPrompt), found.Callback());
+  Result<std::optional<Entry>> f = found.First();
+  ASSERT_THAT(f.status(), IsOk());
+  ASSERT_TRUE(f->has_value());
+  EXPECT_EQ((*f)->id, a->entry.id);
+
+  Outcomes<Status> removed;
+  s->async_remove(q, a->entry.id, In(kPrompt), removed.Callback());
+  EXPECT_THAT(removed.First(), IsOk());
+  EXPECT_THAT(Ids(List(*s, q)), ElementsAreArray(std::vector<std::string>{second.id}));
+  Outcomes<Status> again;
+  s->async_remove(q, a->entry.id, In(kPrompt), again.Callback());
+  EXPECT_THAT(again.First(), IsOk()) << "removing what is gone is OK";
+  EXPECT_EQ(appended.Count() + listed.Count() + found.Count() + removed.Count() + again.Count(), 5u);
+
+  s->close();
+  Outcomes<Result<Appended>> refused;
+  s->async_append(q, Spec(), In(kPrompt), refused.Callback());
+  EXPECT_THAT(refused.First().status(), StatusIs(ErrorCode::kSessionLost));
+}
+
+TEST_P(ConformanceTest, AsyncWaitWakesOnRemovalAndCompletesOnce) {
+  auto holder = NewSession();
+  auto waiter = NewSession();
+  ASSERT_TRUE(holder && waiter);
+  const std::string q = Queue("async-wake");
+  Entry e = Append(*holder, q);
+  Outcomes<Status> done;
+  std::vector<std::string> ids{e.id};
+  std::shared_ptr<void> handle = waiter->async_wait_any_gone(q, ids, done.Callback());
+  EXPECT_TRUE(done.NoneWithin(kStillBlocked));
+  ASSERT_THAT(holder->remove(q, e.id, In(kPrompt)), IsOk());
+  EXPECT_THAT(done.First(), IsOk());
+  handle.reset();  // after the outcome: no second one
+  EXPECT_EQ(done.Count(), 1u);
+}
+
+TEST_P(ConformanceTest, AsyncWaitCompletesAtOnceForWhatIsGoneAndWhenTheOwnerCloses) {
+  auto holder = NewSession();
+  auto waiter = NewSession();
+  ASSERT_TRUE(holder && waiter);
+  const std::string q = Queue("async-gone");
+  Entry e = Append(*holder, q);
+  Entry f = Append(*holder, q);
+  ASSERT_THAT(holder->remove(q, e.id, In(kPrompt)), IsOk());
+  Outcomes<Status> gone;
+  std::vector<std::string> both{f.id, e.id};
+  auto h1 = waiter->async_wait_any_gone(q, both, gone.Callback());
+  EXPECT_THAT(gone.First(), IsOk());
+  Outcomes<Status> closes;
+  std::vector<std::string> ids{f.id};
+  auto h2 = waiter->async_wait_any_gone(q, ids, closes.Callback());
+  EXPECT_TRUE(closes.NoneWithin(kStillBlocked));
+  holder->close();
+  EXPECT_THAT(closes.First(), IsOk());
+  h1.reset();
+  h2.reset();
+  EXPECT_EQ(gone.Count() + closes.Count(), 2u);
+}
+
+TEST_P(ConformanceTest, DestroyingTheHandleCancelsTheWaitWithOneOutcome) {
+  auto holder = NewSession();
+  auto waiter = NewSession();
+  ASSERT_TRUE(holder && waiter);
+  const std::string q = Queue("async-cancel");
+  Entry e = Append(*holder, q);
+  std::vector<std::string> ids{e.id};
+  Outcomes<Status> done;
+  auto handle = waiter->async_wait_any_gone(q, ids, done.Callback());
+  EXPECT_TRUE(done.NoneWithin(kStillBlocked));
+  handle.reset();
+  EXPECT_EQ(done.Count(), 1u) << "the outcome comes before the handle's destructor returns";
+  EXPECT_THAT(done.First(), StatusIs(ErrorCode::kCancelled));
+  ASSERT_THAT(holder->remove(q, e.id, In(kPrompt)), IsOk());
+  std::this_thread::sleep_for(kStillBlocked);  // a late second outcome would show here
+  EXPECT_EQ(done.Count(), 1u);
+}
+
+TEST_P(ConformanceTest, ManyAsyncWaitsOnOneSessionEachWakeForTheirOwnEntry) {
+  constexpr int kWaits = 50;
+  auto holder = NewSession();
+  auto waiter = NewSession();
+  ASSERT_TRUE(holder && waiter);
+  std::vector<Entry> entries;
+  std::vector<std::unique_ptr<Outcomes<Status>>> done;
+  std::vector<std::shared_ptr<void>> handles;
+  for (int i = 0; i < kWaits; ++i) {
+    const std::string q = Queue("many/" + std::to_string(i));
+    entries.push_back(Append(*holder, q));
+    done.push_back(std::make_unique<Outcomes<Status>>());
+    std::vector<std::string> ids{entries.back().id};
+    handles.push_back(waiter->async_wait_any_gone(q, ids, done.back()->Callback()));
+  }
+  // Every other one is removed; only those wake.
+  for (int i = 0; i < kWaits; i += 2) {
+    ASSERT_THAT(holder->remove(Queue("many/" + std::to_string(i)), entries[i].id, In(kPrompt)), IsOk());
+  }
+  for (int i = 0; i < kWaits; i += 2) EXPECT_THAT(done[i]->First(), IsOk()) << i;
+  for (int i = 1; i < kWaits; i += 2) EXPECT_EQ(done[i]->Count(), 0u) << i;
+  handles.clear();
+  for (int i = 0; i < kWaits; ++i) {
+    EXPECT_EQ(done[i]->Count(), 1u) << i;
+    if (i % 2 == 1) {
+      EXPECT_THAT(done[i]->First(), StatusIs(ErrorCode::kCancelled)) << i;
+    }
+  }
+}
+
+TEST_P(ConformanceTest, AsyncWaitEndsWithSessionLostWhenItsOwnSessionCloses) {
+  auto holder = NewSession();
+  auto waiter = NewSession();
+  ASSERT_TRUE(holder && waiter);
+  const std::string q = Queue("async-own-close");
+  Entry e = Append(*holder, q);
+  std::vector<std::string> ids{e.id};
+  Outcomes<Status> done;
+  auto handle = waiter->async_wait_any_gone(q, ids, done.Callback());
+  EXPECT_TRUE(done.NoneWithin(kStillBlocked));
+  waiter->close();
+  EXPECT_THAT(done.First(), StatusIs(ErrorCode::kSessionLost));
+  handle.reset();
+  EXPECT_EQ(done.Count(), 1u);
+}
+
+TEST_P(ConformanceTest, AHandleMayBeDestroyedInsideItsOwnCompletion) {
+  auto holder = NewSession();
+  auto waiter = NewSession();
+  ASSERT_TRUE(holder && waiter);
+  const std::string q = Queue("async-self");
+  Entry e = Append(*holder, q);
+  std::vector<std::string> ids{e.id};
+  std::mutex mu;
+  std::shared_ptr<void> handle;
+  std::promise<Status> outcome;
+  {
+    std::lock_guard<std::mutex> g(mu);
+    handle = waiter->async_wait_any_gone(q, ids, [&](Status s) {
+      std::shared_ptr<void> mine;
+      {
+        std::lock_guard<std::mutex> g2(mu);
+        mine = std::move(handle);
+      }
+      mine.reset();  // the handle goes inside its own completion
+      outcome.set_value(std::move(s));
+    });
+  }
+  ASSERT_THAT(holder->remove(q, e.id, In(kPrompt)), IsOk());
+  auto f = outcome.get_future();
+  ASSERT_EQ(f.wait_for(kPrompt), std::future_status::ready);
+  EXPECT_THAT(f.get(), IsOk());
 }
 
 INSTANTIATE_TEST_SUITE_P(Stores, ConformanceTest, ::testing::ValuesIn(testing::ConformanceSpecs()),
