@@ -13,6 +13,7 @@
 #ifndef DLOCK_DLOCK_HPP_
 #define DLOCK_DLOCK_HPP_
 
+#include "dlock/async.hpp"
 #include "dlock/client.hpp"
 #include "dlock/clock.hpp"
 #include "dlock/hold.hpp"

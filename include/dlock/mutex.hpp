@@ -36,6 +36,7 @@
 #include <stop_token>
 #include <string>
 
+#include "dlock/async.hpp"
 #include "dlock/client.hpp"
 #include "dlock/export.hpp"
 #include "dlock/hold.hpp"
@@ -86,6 +87,11 @@ class DLOCK_EXPORT Mutex {
   // A thread-agnostic, non-reentrant hold: any thread may release it.
   // nullopt if the timeout passed or `stop` was requested.
   std::optional<Hold> acquire(Clock::duration timeout = kForever, std::stop_token stop = {});
+  // The asynchronous forms of acquire() (dlock/async.hpp): a callback
+  // called exactly once on the client's dlock thread, an awaitable, a future.
+  void async_acquire(Clock::duration timeout, std::stop_token stop, AcquireCallback done);
+  AcquireAwaitable async_acquire(Clock::duration timeout = kForever, std::stop_token stop = {});
+  std::future<std::optional<Hold>> acquire_future(Clock::duration timeout = kForever, std::stop_token stop = {});
 
   const std::string& name() const noexcept;
 

@@ -35,6 +35,7 @@
 #include <stop_token>
 #include <string>
 
+#include "dlock/async.hpp"
 #include "dlock/client.hpp"
 #include "dlock/export.hpp"
 #include "dlock/hold.hpp"
@@ -63,6 +64,11 @@ class DLOCK_EXPORT ReadWriteLock {
     }
     bool lock_shared_for(Clock::duration timeout, std::stop_token stop);
     void unlock_shared() noexcept;
+    // Thread-agnostic, non-reentrant holds of this side (dlock/async.hpp).
+    std::optional<Hold> acquire(Clock::duration timeout = kForever, std::stop_token stop = {});
+    void async_acquire(Clock::duration timeout, std::stop_token stop, AcquireCallback done);
+    AcquireAwaitable async_acquire(Clock::duration timeout = kForever, std::stop_token stop = {});
+    std::future<std::optional<Hold>> acquire_future(Clock::duration timeout = kForever, std::stop_token stop = {});
     std::optional<std::uint64_t> fencing_token() const;
     std::stop_token lost_token() const;
 
@@ -87,6 +93,11 @@ class DLOCK_EXPORT ReadWriteLock {
     }
     bool lock_for(Clock::duration timeout, std::stop_token stop);
     void unlock() noexcept;
+    // Thread-agnostic, non-reentrant holds of this side (dlock/async.hpp).
+    std::optional<Hold> acquire(Clock::duration timeout = kForever, std::stop_token stop = {});
+    void async_acquire(Clock::duration timeout, std::stop_token stop, AcquireCallback done);
+    AcquireAwaitable async_acquire(Clock::duration timeout = kForever, std::stop_token stop = {});
+    std::future<std::optional<Hold>> acquire_future(Clock::duration timeout = kForever, std::stop_token stop = {});
     std::optional<std::uint64_t> fencing_token() const;
     std::stop_token lost_token() const;
 

@@ -28,11 +28,13 @@
 #define DLOCK_SEMAPHORE_HPP_
 
 #include <cstdint>
+#include <exception>
 #include <memory>
 #include <optional>
 #include <stop_token>
 #include <string>
 
+#include "dlock/async.hpp"
 #include "dlock/client.hpp"
 #include "dlock/export.hpp"
 #include "dlock/hold.hpp"
@@ -60,11 +62,23 @@ class DLOCK_EXPORT Semaphore {
   // Takes the permits only if they are free now and nobody waits before us.
   std::optional<Lease> try_acquire(std::uint32_t count = 1);
 
+  // The asynchronous forms of acquire() (dlock/async.hpp): a callback
+  // called exactly once on the client's dlock thread, an awaitable, a future.
+  void async_acquire(std::uint32_t count, Clock::duration timeout, std::stop_token stop, AcquireCallback done);
+  AcquireAwaitable async_acquire(std::uint32_t count = 1, Clock::duration timeout = kForever,
+                                 std::stop_token stop = {});
+  std::future<std::optional<Lease>> acquire_future(std::uint32_t count = 1, Clock::duration timeout = kForever,
+                                                   std::stop_token stop = {});
+
   std::uint32_t permits() const noexcept { return permits_; }
   const std::string& name() const noexcept { return name_; }
 
  private:
   std::optional<Lease> acquire_impl(std::uint32_t count, Clock::duration timeout, std::stop_token stop, bool try_only);
+  // `failure`: where a blocking caller finds an exception thrown inside the
+  // engine, to rethrow it as it is.
+  void start(std::uint32_t count, Clock::duration timeout, std::stop_token stop, bool try_only, AcquireCallback done,
+             std::shared_ptr<std::exception_ptr> failure = nullptr);
 
   Client client_;
   std::string name_;
@@ -102,6 +116,11 @@ class DLOCK_EXPORT SemaphoreMutex {
   // A hold owned by the caller rather than by this object (it does not lock
   // the object).
   std::optional<Hold> acquire(Clock::duration timeout = kForever, std::stop_token stop = {});
+  // The asynchronous forms of acquire() (dlock/async.hpp): a callback
+  // called exactly once on the client's dlock thread, an awaitable, a future.
+  void async_acquire(Clock::duration timeout, std::stop_token stop, AcquireCallback done);
+  AcquireAwaitable async_acquire(Clock::duration timeout = kForever, std::stop_token stop = {});
+  std::future<std::optional<Hold>> acquire_future(Clock::duration timeout = kForever, std::stop_token stop = {});
 
  private:
   std::unique_ptr<internal::SemaphoreMutexCore> impl_;

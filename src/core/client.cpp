@@ -62,30 +62,26 @@ void LocalGate::poke() noexcept {
 ClientCore::ClientCore(std::shared_ptr<Store> store, ClientOptions options)
     : store_(std::move(store)),
       options_(std::move(options)),
-      clock_(options_.clock ? options_.clock : Clock::system()) {
+      clock_(options_.clock ? options_.clock : Clock::system()),
+      executor_(std::make_unique<Executor>(clock_)) {
   char host[256] = {};
   if (gethostname(host, sizeof host - 1) == 0) host_ = host;
   pid_ = getpid();
-  // A clock moved by hand must re-check the deadlines of local waiters.
-  clock_subscription_ = clock_->on_advance([this] {
-    MutexLock g(mu_);
-    for (auto& [name, gate] : gates_) gate->poke();
-    pending_cv_.notify_all();
-  });
 }
 
 ClientCore::~ClientCore() {
-  clock_subscription_.reset();
-  if (retry_thread_.joinable()) {
-    retry_thread_.request_stop();
-    pending_cv_.notify_all();
-    retry_thread_.join();
-  }
+  // First the executor: its timers (background removals) use the session.
+  executor_.reset();
+  std::jthread opener;
   std::shared_ptr<Session> session;
   {
     MutexLock g(mu_);
+    opener = std::move(opener_thread_);
     session = std::move(session_);
   }
+  // The opener holds a reference to this object while it works, so it is
+  // either done or is the thread running this destructor.
+  if (opener.joinable() && opener.get_id() == std::this_thread::get_id()) opener.detach();
   if (session) session->close();
 }
 
@@ -136,39 +132,46 @@ void ClientCore::close_session() noexcept {
   if (session) session->close();
 }
 
-SessionState ClientCore::await_not_suspended(Session& session, Clock::time_point deadline, std::stop_token stop) {
-  // Shared with the subscription, which may still run after it is dropped.
-  struct Waker {
-    Mutex mu;  // guards nothing; the waits need one
-    std::condition_variable_any cv;
-  };
-  auto waker = std::make_shared<Waker>();
-  auto wake = [waker] {
-    MutexLock g(waker->mu);
-    waker->cv.notify_all();
-  };
-  auto sub = session.subscribe([wake](SessionState) { wake(); });
-  auto advanced = clock_->on_advance(wake);
-  MutexLock lock(waker->mu);
-  clock_->wait_until(waker->cv, lock.native(), stop, deadline,
-                     [&] { return session.state() != SessionState::kSuspended; });
-  lock.unlock();
-  sub.reset();
-  return session.state();
+void ClientCore::async_session(Clock::time_point deadline, std::function<void(Result<std::shared_ptr<Session>>)> done) {
+  std::shared_ptr<Session> live;
+  {
+    MutexLock g(mu_);
+    if (session_) {
+      SessionState s = session_->state();
+      if (s == SessionState::kConnected || s == SessionState::kSuspended) live = session_;
+    }
+    if (!live) {
+      openers_.emplace_back(deadline, std::move(done));
+      if (opener_running_) return;
+      opener_running_ = true;
+      if (opener_thread_.joinable()) opener_thread_.join();  // done: it cleared opener_running_ last
+      opener_thread_ = std::jthread([self = shared_from_this()] { self->open_sessions(); });
+      return;
+    }
+  }
+  executor_->post([done = std::move(done), live = std::move(live)] { done(live); });
 }
 
-void ClientCore::sleep_until(Clock::time_point until, std::stop_token stop) {
-  struct Waker {  // shared with the clock subscription, which may outlive this call
-    Mutex mu;     // guards nothing; the waits need one
-    std::condition_variable_any cv;
-  };
-  auto waker = std::make_shared<Waker>();
-  auto advanced = clock_->on_advance([waker] {
-    MutexLock g(waker->mu);
-    waker->cv.notify_all();
-  });
-  MutexLock lock(waker->mu);
-  clock_->wait_until(waker->cv, lock.native(), stop, until, [] { return false; });
+void ClientCore::open_sessions() {
+  while (true) {
+    decltype(openers_) waiting;
+    Clock::time_point deadline = Clock::time_point::min();
+    {
+      MutexLock g(mu_);
+      if (openers_.empty()) {
+        opener_running_ = false;
+        return;
+      }
+      waiting.swap(openers_);
+    }
+    // One open for all of them, as long as the most patient one allows: the
+    // others give up on their own timers meanwhile.
+    for (const auto& w : waiting) deadline = std::max(deadline, w.first);
+    Result<std::shared_ptr<Session>> opened = session(deadline);
+    for (auto& w : waiting) {
+      executor_->post([done = std::move(w.second), opened] { done(opened); });
+    }
+  }
 }
 
 bool ClientCore::try_pending(Pending& p) noexcept {
@@ -190,90 +193,147 @@ bool ClientCore::try_pending(Pending& p) noexcept {
   }
 }
 
+void ClientCore::try_pending_async(std::shared_ptr<Pending> p, std::function<void(bool)> done) noexcept {
+  try {
+    SessionState s = p->session->state();
+    if (s == SessionState::kLost || s == SessionState::kClosed) {  // gone with the session
+      executor_->post([done = std::move(done)] { done(true); });
+      return;
+    }
+    const Clock::time_point deadline = DeadlineAfter(now(), kRequestTimeout);
+    std::weak_ptr<ClientCore> weak = weak_from_this();
+    // Back on the executor, if this client is still there.
+    auto on_executor = [weak](std::function<void()> step) {
+      if (auto self = weak.lock()) self->executor_->post(std::move(step));
+    };
+    auto remove = [p, done, deadline, on_executor] {
+      p->session->async_remove(p->queue, p->id, deadline, [done, on_executor](Status st) {
+        bool finished = st.ok() || st.code() == ErrorCode::kSessionLost || st.code() == ErrorCode::kNotFound ||
+                        st.code() == ErrorCode::kAborted;
+        on_executor([done, finished] { done(finished); });
+      });
+    };
+    if (!p->id.empty()) {
+      remove();
+      return;
+    }
+    p->session->async_find_own(p->queue, p->attempt_id, deadline,
+                               [p, done, remove, on_executor](Result<std::optional<Entry>> found) {
+                                 if (!found.ok()) {
+                                   bool aborted = found.status().code() == ErrorCode::kAborted;  // removed again
+                                   on_executor([done, aborted] { done(aborted); });
+                                   return;
+                                 }
+                                 if (!*found) {  // the append never happened, and now never will
+                                   on_executor([done] { done(true); });
+                                   return;
+                                 }
+                                 p->id = (*found)->id;
+                                 remove();
+                               });
+  } catch (...) {  // out of memory, at worst: try again later
+    executor_->post([done = std::move(done)] { done(false); });
+  }
+}
+
+void ClientCore::retry_later(Pending p) noexcept {
+  try {
+    // Error-recovery retries, not waits: 50 ms doubling to 2 s.
+    const auto backoff = std::chrono::milliseconds(50) * (1 << std::min(p.failures, 5));
+    auto shared = std::make_shared<Pending>(std::move(p));
+    std::weak_ptr<ClientCore> weak = weak_from_this();
+    executor_->at(DeadlineAfter(now(), std::min<Clock::duration>(backoff, std::chrono::seconds(2))), [weak, shared] {
+      auto core = weak.lock();
+      if (!core) return;
+      core->try_pending_async(shared, [weak, shared](bool finished) {
+        auto again = weak.lock();
+        if (finished || !again) return;
+        if (++shared->failures == 5) {
+          again->report(UnavailableError("still retrying the removal of an entry in " + shared->queue));
+        }
+        again->retry_later(std::move(*shared));
+      });
+    });
+  } catch (...) {
+    report(InternalError("failed to schedule the removal of an entry in " + p.queue));
+  }
+}
+
 void ClientCore::remove_guaranteed(const std::shared_ptr<Session>& session, const std::string& queue,
                                    const std::string& id) noexcept {
   try {
     Pending p{session, queue, id, {}, 0};
-    if (!try_pending(p)) enqueue(std::move(p));
+    if (!try_pending(p)) retry_later(std::move(p));
   } catch (...) {
     report(InternalError("failed to schedule removal of " + queue + "/" + id));
+  }
+}
+
+void ClientCore::remove_async(const std::shared_ptr<Session>& session, const std::string& queue, const std::string& id,
+                              std::function<void()> then) noexcept {
+  try {
+    auto p = std::make_shared<Pending>(Pending{session, queue, id, {}, 0});
+    std::weak_ptr<ClientCore> weak = weak_from_this();
+    try_pending_async(p, [weak, p, then = std::move(then)](bool finished) {
+      if (auto self = weak.lock(); self && !finished) self->retry_later(std::move(*p));
+      then();
+    });
+  } catch (...) {
+    report(InternalError("failed to schedule removal of " + queue + "/" + id));
+    executor_->post(std::move(then));
   }
 }
 
 void ClientCore::forget_attempt(const std::shared_ptr<Session>& session, const std::string& queue,
                                 const std::string& attempt_id) noexcept {
   try {
-    Pending p{session, queue, {}, attempt_id, 0};
-    if (!try_pending(p)) enqueue(std::move(p));
+    auto p = std::make_shared<Pending>(Pending{session, queue, {}, attempt_id, 0});
+    std::weak_ptr<ClientCore> weak = weak_from_this();
+    try_pending_async(p, [weak, p](bool finished) {
+      if (auto self = weak.lock(); self && !finished) self->retry_later(std::move(*p));
+    });
   } catch (...) {
     report(InternalError("failed to schedule clean-up of attempt " + attempt_id));
   }
 }
 
-void ClientCore::enqueue(Pending p) {
-  MutexLock g(mu_);
-  pending_.push_back(std::move(p));
-  if (!retry_thread_.joinable()) {
-    retry_thread_ = std::jthread([this](std::stop_token stop) { retry_loop(stop); });
-  }
-  pending_cv_.notify_all();
+// ---------------------------------------------------------------- LocalLine
+
+LocalLine::Ticket LocalLine::join(Executor& executor, std::function<void()> enter) {
+  const Ticket ticket = ++next_;
+  line_.emplace_back(ticket, std::move(enter));
+  if (!busy_) admit_next(executor);
+  return ticket;
 }
 
-void ClientCore::retry_loop(std::stop_token stop) {
-  auto backoff = std::chrono::milliseconds(50);
-  while (!stop.stop_requested()) {
-    std::deque<Pending> work;
-    {
-      MutexLock lock(mu_);
-      clock_->wait_until(pending_cv_, lock.native(), stop, kNoDeadline, [&] {
-        mu_.assert_held();  // run by wait_until under the lock
-        return !pending_.empty();
-      });
-      if (stop.stop_requested()) return;
-      work.swap(pending_);
-    }
-    // Whatever fails stays in `work` and goes back to the queue.
-    std::erase_if(work, [this](Pending& p) {
-      if (try_pending(p)) return true;
-      if (++p.failures == 5) {
-        try {
-          report(UnavailableError("still retrying the removal of an entry in " + p.queue));
-        } catch (...) {  // no memory for the message: the retry matters more
-        }
-      }
-      return false;
-    });
-    if (work.empty()) {
-      backoff = std::chrono::milliseconds(50);
-      continue;
-    }
-    MutexLock lock(mu_);
-    // The older ones first. If memory runs out here the newer ones are
-    // dropped, and their entries stay until their session ends.
-    try {
-      for (auto& p : pending_) work.push_back(std::move(p));
-    } catch (...) {
-    }
-    pending_.swap(work);
-    // Back off before the next round: these are error-recovery retries, not waits.
-    auto until = DeadlineAfter(now(), backoff);
-    clock_->wait_until(pending_cv_, lock.native(), stop, until, [] { return false; });
-    backoff = std::min(backoff * 2, std::chrono::milliseconds(2000));
-  }
+bool LocalLine::abandon(Executor& executor, Ticket ticket) {
+  const std::size_t removed = line_.remove_if([&](const auto& waiter) { return waiter.first == ticket; });
+  if (!busy_) admit_next(executor);
+  return removed > 0;
 }
 
-std::shared_ptr<LocalGate> ClientCore::gate(const std::string& queue) {
-  MutexLock g(mu_);
-  auto& slot = gates_[queue];
-  if (!slot) slot = std::make_shared<LocalGate>();
+void LocalLine::leave(Executor& executor) {
+  busy_ = false;
+  admit_next(executor);
+}
+
+void LocalLine::admit_next(Executor& executor) {
+  if (line_.empty()) return;
+  busy_ = true;
+  executor.post(std::move(line_.front().second));
+  line_.pop_front();
+}
+
+std::shared_ptr<LocalLine> ClientCore::line(const std::string& queue) {
+  auto& slot = lines_[queue];
+  if (!slot) slot = std::make_shared<LocalLine>();
   return slot;
 }
 
-void ClientCore::drop_gate(const std::string& queue, std::shared_ptr<LocalGate> gate) noexcept {
-  MutexLock g(mu_);
-  auto it = gates_.find(queue);
-  // Handed out only under mu_: the map's reference and ours mean nobody else has it.
-  if (it != gates_.end() && it->second == gate && gate.use_count() == 2 && gate->idle()) gates_.erase(it);
+void ClientCore::drop_line(const std::string& queue, std::shared_ptr<LocalLine> line) noexcept {
+  auto it = lines_.find(queue);
+  // The map's reference and ours mean nobody else has it.
+  if (it != lines_.end() && it->second == line && line.use_count() == 2 && line->idle()) lines_.erase(it);
 }
 
 std::string ClientCore::new_attempt_id() { return RandomHex(16); }

@@ -5,6 +5,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <list>
 #include <map>
 #include <memory>
@@ -12,6 +13,7 @@
 #include <string>
 #include <thread>
 
+#include "core/executor.hpp"
 #include "core/thread_annotations.hpp"
 #include "dlock/client.hpp"
 #include "dlock/store.hpp"
@@ -19,8 +21,7 @@
 namespace dlock::internal {
 
 // A per-process, per-queue FIFO of threads: at most one of them at a time has
-// a *waiting* entry in the store, so a process never adds more than one
-// waiter per lock to the store's queue, while store-level order stays FIFO.
+// the object's lock. What SemaphoreMutex puts in front of the store's lock.
 class LocalGate {
  public:
   // Blocks until it is the caller's turn. False on deadline or stop.
@@ -38,11 +39,35 @@ class LocalGate {
   struct Waiter {
     std::condition_variable_any cv;
   };
-  // Taken after ClientCore::mu_ where both are held (ClientCore pokes and
-  // drops gates under its own mutex).
   Mutex mu_;
   bool busy_ DLOCK_GUARDED_BY(mu_) = false;
   std::list<Waiter*> line_ DLOCK_GUARDED_BY(mu_);
+};
+
+// A per-process, per-queue FIFO of acquisitions, blocking and asynchronous
+// alike: at most one of them at a time has a *waiting* entry in the store, so
+// a process never adds more than one waiter per lock to the store's queue,
+// while store-level order stays FIFO. Used on the executor thread only, so it
+// needs no lock.
+class LocalLine {
+ public:
+  using Ticket = std::uint64_t;
+  // Queues `enter`, which the executor runs when it is this caller's turn
+  // (posted, never inside join()).
+  Ticket join(Executor& executor, std::function<void()> enter);
+  // Leaves the line before having been let in: true. False if the caller
+  // was let in already (its `enter` is posted): it must leave() then.
+  bool abandon(Executor& executor, Ticket ticket);
+  // The one inside leaves; the next one enters.
+  void leave(Executor& executor);
+  bool idle() const noexcept { return !busy_ && line_.empty(); }
+
+ private:
+  void admit_next(Executor& executor);
+
+  bool busy_ = false;
+  Ticket next_ = 0;
+  std::list<std::pair<Ticket, std::function<void()>>> line_;
 };
 
 class ClientCore : public std::enable_shared_from_this<ClientCore> {
@@ -61,30 +86,36 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
   SessionState session_state() const DLOCK_EXCLUDES(mu_);
   void close_session() noexcept DLOCK_EXCLUDES(mu_);
 
-  // Blocks while `session` is kSuspended, until the deadline or stop.
-  // Returns the state it ended in.
-  SessionState await_not_suspended(Session& session, Clock::time_point deadline, std::stop_token stop);
+  // The live session or a new one, to `done` on the executor thread; a new
+  // one is opened on a thread of its own (one at a time), so the executor
+  // never waits for a connection.
+  void async_session(Clock::time_point deadline, std::function<void(Result<std::shared_ptr<Session>>)> done)
+      DLOCK_EXCLUDES(mu_);
+
+  // The thread on which acquisitions advance and their callbacks run.
+  Executor& executor() noexcept { return *executor_; }
 
   // Runs `fn` whenever the injected clock is moved by hand (see
   // Clock::on_advance); the handle unsubscribes.
   std::shared_ptr<void> on_clock_advance(std::function<void()> fn) { return clock_->on_advance(std::move(fn)); }
 
-  // Sleeps on the injected clock until `until` or `stop`.
-  void sleep_until(Clock::time_point until, std::stop_token stop);
-
   // Removes an entry now; if the store cannot be reached, keeps retrying in
   // the background until done or the session ends. Never throws.
   void remove_guaranteed(const std::shared_ptr<Session>& session, const std::string& queue,
                          const std::string& id) noexcept DLOCK_EXCLUDES(mu_);
-  // Deletes the entry an append with `attempt_id` may have made although its
-  // reply was lost (the acquirer has given up on it).
+  // The same without blocking: `then` runs on the executor once the first
+  // try has come back (a failed one goes on in the background).
+  void remove_async(const std::shared_ptr<Session>& session, const std::string& queue, const std::string& id,
+                    std::function<void()> then) noexcept DLOCK_EXCLUDES(mu_);
+  // Deletes, in the background, the entry an append with `attempt_id` may
+  // have made although its reply was lost (the acquirer has given up on it).
   void forget_attempt(const std::shared_ptr<Session>& session, const std::string& queue,
                       const std::string& attempt_id) noexcept DLOCK_EXCLUDES(mu_);
 
-  // The gate of `queue`, shared while anyone uses it; hand it back with
-  // drop_gate() so idle gates do not pile up.
-  std::shared_ptr<LocalGate> gate(const std::string& queue) DLOCK_EXCLUDES(mu_);
-  void drop_gate(const std::string& queue, std::shared_ptr<LocalGate> gate) noexcept DLOCK_EXCLUDES(mu_);
+  // The local line of `queue`, shared while anyone uses it; hand it back
+  // with drop_line() so idle lines do not pile up. Executor thread only.
+  std::shared_ptr<LocalLine> line(const std::string& queue);
+  void drop_line(const std::string& queue, std::shared_ptr<LocalLine> line) noexcept;
 
   std::string new_attempt_id();
   OwnerRecord owner(std::string thread) const;
@@ -102,10 +133,13 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
     std::string attempt_id;
     int failures = 0;
   };
-  // Calls the store.
+  // Calls the store, blocking.
   bool try_pending(Pending& p) noexcept DLOCK_EXCLUDES(mu_);
-  void enqueue(Pending p) DLOCK_EXCLUDES(mu_);  // may throw std::bad_alloc (callers catch)
-  void retry_loop(std::stop_token stop) DLOCK_EXCLUDES(mu_);
+  // Calls the store without blocking; `done(finished)` on the executor.
+  void try_pending_async(std::shared_ptr<Pending> p, std::function<void(bool)> done) noexcept;
+  // Retries `p` on the executor's timer until it is done or its session ends.
+  void retry_later(Pending p) noexcept DLOCK_EXCLUDES(mu_);
+  void open_sessions() DLOCK_EXCLUDES(mu_);
 
   // Constant after construction.
   const std::shared_ptr<Store> store_;
@@ -117,13 +151,17 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
   Mutex open_mu_ DLOCK_ACQUIRED_BEFORE(mu_);  // held while opening a session
   mutable Mutex mu_;
   std::shared_ptr<Session> session_ DLOCK_GUARDED_BY(mu_);
-  std::map<std::string, std::shared_ptr<LocalGate>> gates_ DLOCK_GUARDED_BY(mu_);
-  std::deque<Pending> pending_ DLOCK_GUARDED_BY(mu_);
-  std::condition_variable_any pending_cv_;
-  // Started on first use, under mu_; the destructor (which the analysis does
-  // not check) joins it when nobody else can reach this object any more.
-  std::jthread retry_thread_ DLOCK_GUARDED_BY(mu_);
-  std::shared_ptr<void> clock_subscription_;
+  // Acquisitions waiting for a session to be opened for them.
+  std::vector<std::pair<Clock::time_point, std::function<void(Result<std::shared_ptr<Session>>)>>> openers_
+      DLOCK_GUARDED_BY(mu_);
+  // Opens sessions for async_session(); started when needed, under mu_; the
+  // destructor joins it when nobody else can reach this object any more.
+  std::jthread opener_thread_ DLOCK_GUARDED_BY(mu_);
+  bool opener_running_ DLOCK_GUARDED_BY(mu_) = false;
+  // Executor thread only.
+  std::map<std::string, std::shared_ptr<LocalLine>> lines_;
+  // Last: stopped first, before anything its tasks use goes.
+  std::unique_ptr<Executor> executor_;
 };
 
 }  // namespace dlock::internal

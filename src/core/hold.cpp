@@ -27,7 +27,37 @@ std::shared_ptr<HoldCore> HoldCore::make(std::shared_ptr<ClientCore> client, std
     core->on_session_state(now);
     applied = now;
   }
+  core->watch_entries();
   return core;
+}
+
+void HoldCore::watch_entries() {
+  std::map<std::string, std::vector<std::string>> by_queue;
+  for (const HeldEntry& e : entries_) by_queue[e.queue].push_back(e.id);
+  std::vector<std::shared_ptr<void>> watches;
+  std::weak_ptr<HoldCore> weak = weak_from_this();
+  for (const auto& [queue, ids] : by_queue) {
+    watches.push_back(session_->async_wait_any_gone(queue, ids, [weak](Status waited) {
+      if (auto self = weak.lock()) self->on_entry_gone(waited);
+    }));
+  }
+  std::vector<std::shared_ptr<void>> late;  // a release came first: cancel them outside mu_
+  {
+    MutexLock g(mu_);
+    if (state_ == HoldState::kReleased) {
+      late = std::move(watches);
+    } else {
+      entry_watches_ = std::move(watches);
+    }
+  }
+}
+
+void HoldCore::on_entry_gone(const Status& waited) {
+  // Only a removal counts: a session that ends is told by its listener,
+  // a cancel is our own release, and an unavailable store is a suspension
+  // the session reports.
+  if (!waited.ok()) return;
+  delivery_.run([self = shared_from_this()] { self->apply(HoldState::kLost); });
 }
 
 HoldCore::HoldCore(std::shared_ptr<ClientCore> client, std::shared_ptr<Session> session, std::string name,
@@ -76,6 +106,10 @@ std::stop_token HoldCore::lost_token() const noexcept {
 
 void HoldCore::on_session_state(SessionState s) {
   const HoldState next = FromSession(s);
+  delivery_.run([self = shared_from_this(), next] { self->apply(next); });
+}
+
+void HoldCore::apply(HoldState next) {
   {
     MutexLock g(mu_);
     // Released and lost are final; lost is never un-lost by a reconnect.
@@ -92,14 +126,20 @@ std::shared_ptr<void> HoldCore::on_state_change(std::function<void(HoldState)> f
 
 void HoldCore::release() noexcept {
   std::shared_ptr<void> subscription;
+  std::vector<std::shared_ptr<void>> watches;
   {
     MutexLock g(mu_);
     if (state_ == HoldState::kReleased) return;
     state_ = HoldState::kReleased;
     subscription = std::move(subscription_);
+    watches = std::move(entry_watches_);
   }
   listeners_.clear();
   subscription.reset();
+  // Cancelled before our own removals would wake them, and on the executor:
+  // a cancel may wait for a completion that is itself waiting for a
+  // listener that called this release().
+  if (!watches.empty()) client_->executor().post([watches = std::move(watches)] {});
   // Give back in reverse order of taking.
   for (auto it = entries_.rbegin(); it != entries_.rend(); ++it) {
     client_->remove_guaranteed(session_, it->queue, it->id);

@@ -13,6 +13,7 @@
 #include "core/access.hpp"
 #include "core/client_core.hpp"
 #include "core/listeners.hpp"
+#include "core/serial_delivery.hpp"
 #include "core/thread_annotations.hpp"
 #include "dlock/hold.hpp"
 #include "dlock/store.hpp"
@@ -53,6 +54,14 @@ class HoldCore : public std::enable_shared_from_this<HoldCore> {
            std::vector<HeldEntry> entries, std::uint64_t token, std::uint32_t permits);
   // Tells listeners.
   void on_session_state(SessionState s) DLOCK_EXCLUDES(mu_);
+  // Moves to `next` and tells listeners; run through delivery_ only, so
+  // that the session's notes and our own entries' removal are told in
+  // order, one at a time.
+  void apply(HoldState next) DLOCK_EXCLUDES(mu_);
+  // Watches our own entries: one removed by anyone else (an operator's
+  // `dlock break`, a Redis client pruning) ends the hold.
+  void watch_entries() DLOCK_EXCLUDES(mu_);
+  void on_entry_gone(const Status& waited) DLOCK_EXCLUDES(mu_);
 
   // Constant after construction.
   const std::shared_ptr<ClientCore> client_;
@@ -63,10 +72,12 @@ class HoldCore : public std::enable_shared_from_this<HoldCore> {
   const std::uint32_t permits_;
   mutable std::stop_source lost_;  // requested from lost_token() too
   ListenerList<HoldState> listeners_;
+  SerialDelivery delivery_;
 
   mutable Mutex mu_;
   HoldState state_ DLOCK_GUARDED_BY(mu_) = HoldState::kHeld;
   std::shared_ptr<void> subscription_ DLOCK_GUARDED_BY(mu_);
+  std::vector<std::shared_ptr<void>> entry_watches_ DLOCK_GUARDED_BY(mu_);
 };
 
 }  // namespace dlock::internal

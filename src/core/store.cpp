@@ -48,8 +48,16 @@ namespace {
 class ThreadWait {
  public:
   ThreadWait(Session& session, std::string queue, std::vector<std::string> ids, std::function<void(Status)> done)
-      : thread_([&session, queue = std::move(queue), ids = std::move(ids), done = std::move(done)](
-                    std::stop_token stop) { done(session.wait_any_gone(queue, ids, kNoDeadline, std::move(stop))); }) {}
+      : thread_(
+            [&session, queue = std::move(queue), ids = std::move(ids), done = std::move(done)](std::stop_token stop) {
+              Status outcome;
+              try {
+                outcome = session.wait_any_gone(queue, ids, kNoDeadline, std::move(stop));
+              } catch (const std::exception& e) {  // out of memory, at worst: still exactly one outcome
+                outcome = InternalError(std::string("wait_any_gone: ") + e.what());
+              }
+              done(std::move(outcome));
+            }) {}
   ThreadWait(const ThreadWait&) = delete;
   ThreadWait& operator=(const ThreadWait&) = delete;
   ~ThreadWait() {

@@ -1,8 +1,11 @@
 #include "recipes/acquire.hpp"
 
+#include "recipes/operation.hpp"
+
 #include <algorithm>
 #include <sstream>
 #include <thread>
+#include <utility>
 
 namespace dlock::internal {
 
@@ -34,284 +37,306 @@ enum class PassEnd {
   kError,    // error_ says why; our entry is removed (or going)
 };
 
-// What a look for our own entry, after an append of unknown outcome, found.
-enum class Found { kYes, kNo, kEnded };
-
-class Attempt {
+// One acquisition (see operation.hpp for how its steps run). Its passes are
+// those of ZooKeeper's lock recipe: place our entry, then wait for what the
+// grant rule names, until granted; after a session loss, start again on a
+// new session.
+class Acquisition : public Operation<Acquisition> {
  public:
-  Attempt(ClientCore& client, const AcquireRequest& request) : client_(client), req_(request) {}
-  Attempt(const Attempt&) = delete;
-  Attempt& operator=(const Attempt&) = delete;
+  Acquisition(std::shared_ptr<ClientCore> client, AcquireRequest request, AcquireDone done)
+      : Operation(std::move(client), request.deadline, request.stop, request.failure),
+        req_(std::move(request)),
+        done_(std::move(done)) {}
 
-  // Reached with an entry of ours still placed only when an exception (an
-  // allocation failing in a store, say) cut a pass short: remove it, or the
-  // orphan would block the lock for as long as the session lives.
-  ~Attempt() {
-    if (placed_) client_.remove_guaranteed(placed_, req_.queue, entry_.id);
-    if (unsettled_) client_.forget_attempt(unsettled_, req_.queue, unsettled_attempt_);
-  }
-
-  Result<std::optional<Acquired>> run() {
-    // The first pass is made whatever the deadline (any timeout makes at
-    // least one try, as for a TimedLockable); later ones only in time.
-    for (bool first = true;; first = false) {
-      if (stopped() || (!first && expired())) return std::optional<Acquired>();
-      auto session = session_for_pass(first);
-      if (!session.ok()) {
-        // The caller's time ran out before the store answered: that is a
-        // timeout, not proof that the store is down.
-        if (session.status().code() == ErrorCode::kDeadlineExceeded || expired()) return std::optional<Acquired>();
-        return session.status();
-      }
-      switch (pass(*session)) {
-        case PassEnd::kGranted:
-          placed_.reset();  // the caller owns it now
-          return std::optional<Acquired>(Acquired{*session, entry_, std::move(granted_queue_)});
-        case PassEnd::kGaveUp: return std::optional<Acquired>();
-        case PassEnd::kError: return error_;
-        case PassEnd::kRequeue:
-          if (req_.session) return SessionLostError("session lost while acquiring " + req_.queue);
-          continue;
-      }
-    }
+  void start() {
+    client_->executor().post(step([](Acquisition& self) { self.begin(); }));
   }
 
  private:
-  bool stopped() const { return req_.stop.stop_requested(); }
-  bool expired() const { return stopped() || client_.now() >= req_.deadline; }
+  friend class Operation<Acquisition>;
 
-  // The session of the next pass. A first pass whose deadline has already
-  // passed is a try, and may take a try's time to open one.
-  Result<std::shared_ptr<Session>> session_for_pass(bool first) {
-    if (req_.session) return req_.session;
+  // ------------------------------------------------------------ lifetime
+
+  void begin() {
+    arm();
+    if (!req_.use_gate) return start_pass(true);
+    line_ = client_->line(req_.queue);
+    ticket_ = line_->join(client_->executor(), step([](Acquisition& a) { a.entered_line(); }));
+    // In the line: a deadline or stop leaves it.
+    on_interrupt_ = [this] {
+      if (!line_->abandon(client_->executor(), ticket_)) return;  // let in meanwhile: entered_line() follows
+      drop_line();
+      finish(std::optional<Acquired>());
+    };
+  }
+
+  void entered_line() {
+    inside_line_ = true;
+    on_interrupt_ = nullptr;
+    // Let in before the deadline (or at once): the first pass is made, as
+    // any timeout allows one try.
+    start_pass(true);
+  }
+
+  void finish(AcquireOutcome outcome) {
+    disarm();
+    wait_.reset();
+    if (inside_line_) line_->leave(client_->executor());
+    drop_line();
+    AcquireDone done = std::move(done_);
+    try {
+      done(std::move(outcome));
+    } catch (...) {  // the caller's; nothing of ours to undo
+    }
+  }
+
+  // Ends the acquisition after an exception inside a step.
+  void abort(const char* what) {
+    if (finished_) return;
+    if (unsettled_) client_->forget_attempt(unsettled_, req_.queue, unsettled_attempt_);
+    if (placed_) client_->remove_guaranteed(placed_, req_.queue, entry_.id);
+    unsettled_.reset();
+    placed_.reset();
+    finish(InternalError(std::string("acquiring ") + req_.queue + ": " + what));
+  }
+
+  void drop_line() {
+    if (line_) client_->drop_line(req_.queue, std::exchange(line_, nullptr));
+  }
+
+  // --------------------------------------------------------------- passes
+
+  // The first pass is made whatever the deadline (any timeout makes at least
+  // one try, as for a TimedLockable); later ones only in time.
+  void start_pass(bool first) {
+    if (stopped() || (!first && expired())) return finish(std::optional<Acquired>());
+    if (req_.session) return on_session(req_.session);
+    // A first pass whose deadline has already passed is a try, and may take
+    // a try's time to open a session.
     Clock::time_point deadline = req_.deadline;
-    if (first && client_.now() >= deadline) deadline = DeadlineAfter(client_.now(), ClientCore::kRequestTimeout);
-    return client_.session(deadline);
+    if (first && client_->now() >= deadline) deadline = DeadlineAfter(client_->now(), ClientCore::kRequestTimeout);
+    // While a session is opened, a deadline or stop ends the acquisition.
+    on_interrupt_ = [this] { finish(std::optional<Acquired>()); };
+    client_->async_session(deadline, [self = shared_from_this()](Result<std::shared_ptr<Session>> opened) {
+      // Already on the executor.
+      self->step([opened = std::move(opened)](Acquisition& a) mutable { a.on_session(std::move(opened)); })();
+    });
   }
 
-  static bool ended(const Session& session) {
-    SessionState s = session.state();
-    return s == SessionState::kLost || s == SessionState::kClosed;
+  void on_session(Result<std::shared_ptr<Session>> opened) {
+    on_interrupt_ = nullptr;
+    if (!opened.ok()) {
+      // The caller's time ran out before the store answered: that is a
+      // timeout, not proof that the store is down.
+      if (opened.status().code() == ErrorCode::kDeadlineExceeded || expired()) {
+        return finish(std::optional<Acquired>());
+      }
+      return finish(opened.status());
+    }
+    session_ = std::move(opened).value();
+    place_entry();
   }
 
-  // One pass on one session: place our entry, then wait for our turn.
-  PassEnd pass(const std::shared_ptr<Session>& session) {
-    std::optional<std::vector<Entry>> snapshot;
-    if (std::optional<PassEnd> end = place_entry(session, snapshot)) return *end;
-    return await_turn(session, std::move(snapshot));
-  }
-
-  // Step 1: appends our entry (entry_), adopting it if the reply was lost.
-  // nullopt once placed; otherwise how the pass ends.
-  std::optional<PassEnd> place_entry(const std::shared_ptr<Session>& session,
-                                     std::optional<std::vector<Entry>>& snapshot) {
-    while (true) {
-      const std::string attempt = client_.new_attempt_id();
-      EntrySpec spec{req_.kind, attempt, client_.owner(req_.thread), req_.sequence};
-      unsettled_ = session;  // until the store says what became of the append
-      unsettled_attempt_ = attempt;
-      auto appended = session->append(req_.queue, spec, req_.deadline);
-      if (appended.ok()) {
-        placed(session, appended->entry);
-        snapshot = std::move(appended->queue);
-        return std::nullopt;
-      }
-      const Status& failed = appended.status();
-      switch (failed.code()) {
-        case ErrorCode::kSessionLost: return settled(PassEnd::kRequeue);    // its entries went with it
-        case ErrorCode::kAborted: return settled(fail(undurable(failed)));  // the store left nothing
-        case ErrorCode::kUnavailable: break;                                // the entry may or may not exist
-        default: return settled(fail(failed));                              // refused: nothing was made
-      }
-      // The outcome is unknown: look for the entry by its attempt id.
-      const Found found = find_attempt(session, attempt);
-      unsettled_.reset();  // found, never made, or handed to the background clean-up
-      switch (found) {
-        case Found::kYes:
-          if (!entry_.token)
-            return give_up(session, fail(InternalError("store returned an own entry without a fencing token")));
-          return std::nullopt;
-        case Found::kNo:
-          if (expired()) return PassEnd::kGaveUp;  // nothing was made; nothing to remove
-          continue;                                // never made: a clean retry
-        case Found::kEnded: return ended_;
-      }
+  void pass_ended(PassEnd end) {
+    switch (end) {
+      case PassEnd::kGranted:
+        placed_.reset();  // the caller owns it now
+        return finish(std::optional<Acquired>(Acquired{session_, entry_, std::move(granted_queue_)}));
+      case PassEnd::kGaveUp: return finish(std::optional<Acquired>());
+      case PassEnd::kError: return finish(error_);
+      case PassEnd::kRequeue:
+        if (req_.session) return finish(SessionLostError("session lost while acquiring " + req_.queue));
+        return start_pass(false);
     }
   }
 
-  // After an append of unknown outcome: finds our entry (into entry_) or
-  // learns it was never made. Every way out that gives up leaves nothing
-  // behind: the attempt is handed to the background clean-up.
-  Found find_attempt(const std::shared_ptr<Session>& session, const std::string& attempt) {
-    Backoff backoff;
-    while (true) {
-      if (!recover(session) || expired()) {
-        if (ended(*session)) return end_with(expired() ? PassEnd::kGaveUp : PassEnd::kRequeue);
-        client_.forget_attempt(session, req_.queue, attempt);
-        return end_with(PassEnd::kGaveUp);
-      }
-      auto own = session->find_own(req_.queue, attempt, req_.deadline);
-      if (own.ok()) {
-        if (!own->has_value()) return Found::kNo;
-        placed(session, **own);
-        return Found::kYes;
-      }
-      switch (own.status().code()) {
-        case ErrorCode::kSessionLost: return end_with(PassEnd::kRequeue);
-        case ErrorCode::kAborted: return end_with(fail(undurable(own.status())));  // removed again
-        case ErrorCode::kUnavailable: break;
-        default: client_.forget_attempt(session, req_.queue, attempt); return end_with(fail(own.status()));
-      }
-      pause(backoff);
+  // ------------------------------------------------ step 1: our entry
+
+  // Appends our entry (entry_), adopting it if the reply was lost.
+  void place_entry() {
+    attempt_ = client_->new_attempt_id();
+    EntrySpec spec{req_.kind, attempt_, client_->owner(req_.thread), req_.sequence};
+    unsettled_ = session_;  // until the store says what became of the append
+    unsettled_attempt_ = attempt_;
+    session_->async_append(
+        req_.queue, spec, req_.deadline,
+        then<Result<Appended>>([](Acquisition& a, Result<Appended> r) { a.on_appended(std::move(r)); }));
+  }
+
+  void on_appended(Result<Appended> appended) {
+    if (appended.ok()) {
+      placed(appended->entry);
+      return await_turn(std::move(appended->queue));
+    }
+    const Status& failed = appended.status();
+    switch (failed.code()) {
+      case ErrorCode::kSessionLost: return settled(PassEnd::kRequeue);    // its entries went with it
+      case ErrorCode::kAborted: return settled(fail(undurable(failed)));  // the store left nothing
+      case ErrorCode::kUnavailable: return find_attempt();                // it may or may not exist
+      default: return settled(fail(failed));                              // refused: nothing was made
     }
   }
 
-  // Step 2: looks at the queue and waits for what the rule names, until our
-  // entry is granted. `snapshot` is the queue as the append read it, if the
-  // store did (one round trip less).
-  PassEnd await_turn(const std::shared_ptr<Session>& session, std::optional<std::vector<Entry>> snapshot) {
-    Backoff backoff;
-    while (true) {
-      std::vector<Entry> queue;
-      if (snapshot) {
-        queue = std::move(*snapshot);
-        snapshot.reset();
-      } else {
-        auto listed = session->list(req_.queue, {}, req_.deadline);
-        if (!listed.ok()) {
-          if (std::optional<PassEnd> end = after_failure(session, listed.status())) return *end;
-          pause(backoff);
-          continue;
-        }
-        queue = std::move(listed).value();
+  // After an append of unknown outcome: finds our entry or learns it was
+  // never made. Every way out that gives up leaves nothing behind: the
+  // attempt is handed to the background clean-up.
+  void find_attempt() {
+    recover(session_, [](Acquisition& a, bool connected) {
+      if (!connected || a.expired()) {
+        if (ended(*a.session_)) return a.settled(a.expired() ? PassEnd::kGaveUp : PassEnd::kRequeue);
+        a.client_->forget_attempt(a.session_, a.req_.queue, a.attempt_);
+        return a.settled(PassEnd::kGaveUp);
       }
-      auto ours = std::find_if(queue.begin(), queue.end(), [&](const Entry& e) { return e.id == entry_.id; });
-      if (ours == queue.end()) {
-        // Our entry is gone: the session ended, or an operator removed it.
-        // Say we no longer count on it (a store that checks the entries its
-        // session holds, as Redis does, would otherwise end the session).
-        if (!ended(*session)) client_.remove_guaranteed(session, req_.queue, entry_.id);
-        placed_.reset();
-        return PassEnd::kRequeue;
+      a.session_->async_find_own(a.req_.queue, a.attempt_, a.req_.deadline,
+                                 a.then<Result<std::optional<Entry>>>(
+                                     [](Acquisition& b, Result<std::optional<Entry>> r) { b.on_found(std::move(r)); }));
+    });
+  }
+
+  void on_found(Result<std::optional<Entry>> own) {
+    if (own.ok()) {
+      if (!own->has_value()) {
+        unsettled_.reset();  // never made, and now never will be
+        if (expired()) return pass_ended(PassEnd::kGaveUp);
+        return place_entry();  // a clean retry
       }
-      // A given sequence (downgrade) is granted by what the caller holds.
-      const Verdict v =
-          req_.sequence ? Verdict{true, {}} : req_.rule(queue, static_cast<std::size_t>(ours - queue.begin()));
-      if (v.granted) {
-        // A stop request wins over a grant that comes after it (a deadline
-        // does not: a try is allowed its round trips).
-        if (stopped()) return give_up(session);
-        granted_queue_ = std::move(queue);
-        return PassEnd::kGranted;
-      }
-      if (req_.try_only || expired()) return give_up(session);
-      Status waited = session->wait_any_gone(req_.queue, v.wait_for, req_.deadline, req_.stop);
-      switch (waited.code()) {
-        case ErrorCode::kOk: continue;
-        case ErrorCode::kDeadlineExceeded:
-        case ErrorCode::kCancelled: return give_up(session);
-        default:
-          if (std::optional<PassEnd> end = after_failure(session, waited)) return *end;
-          pause(backoff);
-      }
+      placed(**own);
+      if (!entry_.token) return give_up(fail(InternalError("store returned an own entry without a fencing token")));
+      return await_turn(std::nullopt);
+    }
+    switch (own.status().code()) {
+      case ErrorCode::kSessionLost: return settled(PassEnd::kRequeue);
+      case ErrorCode::kAborted: return settled(fail(undurable(own.status())));  // removed again
+      case ErrorCode::kUnavailable: return pause([](Acquisition& a) { a.find_attempt(); });
+      default: client_->forget_attempt(session_, req_.queue, attempt_); return settled(fail(own.status()));
     }
   }
 
-  // A request failed while our entry exists: nullopt to try again (contact
-  // is back), or how the pass ends.
-  std::optional<PassEnd> after_failure(const std::shared_ptr<Session>& session, const Status& failed) {
+  // ---------------------------------------------- step 2: our turn
+
+  // Looks at the queue (`snapshot`: as the append read it, if the store did:
+  // one round trip less) and waits for what the rule names.
+  void await_turn(std::optional<std::vector<Entry>> snapshot) {
+    if (snapshot) return evaluate(std::move(*snapshot));
+    session_->async_list(req_.queue, {}, req_.deadline,
+                         then<Result<std::vector<Entry>>>([](Acquisition& a, Result<std::vector<Entry>> listed) {
+                           if (listed.ok()) return a.evaluate(std::move(listed).value());
+                           a.after_failure(listed.status(), [](Acquisition& b) { b.await_turn(std::nullopt); });
+                         }));
+  }
+
+  void evaluate(std::vector<Entry> queue) {
+    auto ours = std::find_if(queue.begin(), queue.end(), [&](const Entry& e) { return e.id == entry_.id; });
+    if (ours == queue.end()) {
+      // Our entry is gone: the session ended, or an operator removed it.
+      // Say we no longer count on it (a store that checks the entries its
+      // session holds, as Redis does, would otherwise end the session).
+      if (!ended(*session_)) client_->remove_async(session_, req_.queue, entry_.id, [] {});
+      placed_.reset();
+      return pass_ended(PassEnd::kRequeue);
+    }
+    // A given sequence (downgrade) is granted by what the caller holds.
+    const Verdict v =
+        req_.sequence ? Verdict{true, {}} : req_.rule(queue, static_cast<std::size_t>(ours - queue.begin()));
+    if (v.granted) {
+      // A stop request wins over a grant that comes after it (a deadline
+      // does not: a try is allowed its round trips).
+      if (stopped()) return give_up();
+      granted_queue_ = std::move(queue);
+      return pass_ended(PassEnd::kGranted);
+    }
+    if (req_.try_only || expired()) return give_up();
+    wait_ = session_->async_wait_any_gone(
+        req_.queue, v.wait_for, then<Status>([](Acquisition& a, Status waited) { a.on_waited(std::move(waited)); }));
+    // The wait's own completion (kCancelled) follows the cancel.
+    on_interrupt_ = [this] { wait_.reset(); };
+  }
+
+  void on_waited(Status waited) {
+    wait_.reset();
+    on_interrupt_ = nullptr;
+    switch (waited.code()) {
+      case ErrorCode::kOk: return await_turn(std::nullopt);
+      case ErrorCode::kDeadlineExceeded:
+      case ErrorCode::kCancelled: return give_up();
+      default: return after_failure(waited, [](Acquisition& a) { a.await_turn(std::nullopt); });
+    }
+  }
+
+  // A request failed while our entry exists: `retry` after a pause once
+  // contact is back, or the pass ends.
+  void after_failure(const Status& failed, Step retry) {
     if (failed.code() == ErrorCode::kSessionLost) return gone(PassEnd::kRequeue);
-    if (failed.code() != ErrorCode::kUnavailable) return give_up(session, fail(failed));
-    if (recover(session) && !expired()) return std::nullopt;
-    if (ended(*session)) return gone(expired() ? PassEnd::kGaveUp : PassEnd::kRequeue);
-    return give_up(session);
+    if (failed.code() != ErrorCode::kUnavailable) return give_up(fail(failed));
+    recover(session_, [retry = std::move(retry)](Acquisition& a, bool connected) {
+      if (connected && !a.expired()) return a.pause(retry);
+      if (ended(*a.session_)) return a.gone(a.expired() ? PassEnd::kGaveUp : PassEnd::kRequeue);
+      a.give_up();
+    });
   }
+
+  // ------------------------------------------------------- bookkeeping
 
   // Our entry exists: entry_ is it, and it is ours to remove until granted.
-  void placed(const std::shared_ptr<Session>& session, Entry entry) {
+  void placed(Entry entry) {
     entry_ = std::move(entry);
-    placed_ = session;
+    placed_ = session_;
     unsettled_.reset();
   }
   // The append's outcome is known and nothing was made.
-  PassEnd settled(PassEnd end) {
+  void settled(PassEnd end) {
     unsettled_.reset();
-    return end;
+    pass_ended(end);
   }
   // Our entry went with its session.
-  PassEnd gone(PassEnd end) {
+  void gone(PassEnd end) {
     placed_.reset();
-    return end;
+    pass_ended(end);
   }
-
-  // Gives up with our entry placed: removes it and reports why.
-  PassEnd give_up(const std::shared_ptr<Session>& session, PassEnd end = PassEnd::kGaveUp) {
-    client_.remove_guaranteed(session, req_.queue, entry_.id);
-    placed_.reset();
-    return end;
+  // Gives up with our entry placed: removes it, then reports why (so that a
+  // caller told "timed out" finds nothing of its own left in the store).
+  void give_up(PassEnd end = PassEnd::kGaveUp) {
+    std::shared_ptr<Session> session = std::exchange(placed_, nullptr);
+    client_->remove_async(session, req_.queue, entry_.id, step([end](Acquisition& a) { a.pass_ended(end); }));
   }
-
   PassEnd fail(Status s) {
     error_ = std::move(s);
     return PassEnd::kError;
   }
-
-  Found end_with(PassEnd end) {
-    ended_ = end;
-    return Found::kEnded;
-  }
-
   // The acquire's error when the store would not keep our entry durably.
   static Status undurable(const Status& s) { return UnavailableError(s.message()); }
 
-  // After kUnavailable: waits for the session to come back. False if it did
-  // not (deadline, stop, or the session ended).
-  bool recover(const std::shared_ptr<Session>& session) {
-    SessionState s = client_.await_not_suspended(*session, req_.deadline, req_.stop);
-    return s == SessionState::kConnected;
-  }
+  const AcquireRequest req_;
+  AcquireDone done_;
 
-  // Retry pacing for requests that fail at once although the session says
-  // it is connected: 5 ms doubling to 500 ms, cut short by the deadline and
-  // by stop. These are error retries, not waits for the lock.
-  struct Backoff {
-    Clock::duration next = std::chrono::milliseconds(5);
-  };
-  void pause(Backoff& b) {
-    client_.sleep_until(std::min(req_.deadline, DeadlineAfter(client_.now(), b.next)), req_.stop);
-    b.next = std::min<Clock::duration>(b.next * 2, std::chrono::milliseconds(500));
-  }
+  std::shared_ptr<LocalLine> line_;
+  LocalLine::Ticket ticket_ = 0;
+  bool inside_line_ = false;
 
-  ClientCore& client_;
-  const AcquireRequest& req_;
+  std::shared_ptr<Session> session_;  // this pass's
+  std::string attempt_;
   Entry entry_;
   std::shared_ptr<Session> placed_;     // set while entry_ exists and is ours to remove
   std::shared_ptr<Session> unsettled_;  // set while an append's outcome is unknown
   std::string unsettled_attempt_;
+  std::shared_ptr<void> wait_;  // the store wait in progress
   std::vector<Entry> granted_queue_;
   Status error_;
-  PassEnd ended_ = PassEnd::kGaveUp;  // how find_attempt's kEnded ends the pass
 };
 
 }  // namespace
 
-Result<std::optional<Acquired>> AcquireEntry(ClientCore& client, const AcquireRequest& request) {
-  if (!request.use_gate) return Attempt(client, request).run();
-  std::shared_ptr<LocalGate> gate = client.gate(request.queue);
-  if (!gate->enter(client.clock(), request.deadline, request.stop)) {
-    client.drop_gate(request.queue, std::move(gate));
-    return std::optional<Acquired>();
-  }
-  struct Leave {  // also on an exception, or the next thread waits forever
-    ClientCore& client;
-    const std::string& queue;
-    std::shared_ptr<LocalGate> gate;
-    ~Leave() {
-      gate->leave();
-      client.drop_gate(queue, std::move(gate));
-    }
-  } leave{client, request.queue, std::move(gate)};
-  return Attempt(client, request).run();
+void StartAcquire(const std::shared_ptr<ClientCore>& client, AcquireRequest request, AcquireDone done) {
+  std::make_shared<Acquisition>(client, std::move(request), std::move(done))->start();
+}
+
+AcquireOutcome AcquireEntry(ClientCore& client, const AcquireRequest& request) {
+  std::shared_ptr<ClientCore> shared = client.shared_from_this();
+  return WaitFor<std::optional<Acquired>>(client, [&](std::function<void(AcquireOutcome)> done, FailureSink failure) {
+    AcquireRequest r = request;
+    r.failure = std::move(failure);
+    StartAcquire(shared, std::move(r), std::move(done));
+  });
 }
 
 }  // namespace dlock::internal

@@ -9,7 +9,9 @@
 #ifndef DLOCK_SRC_RECIPES_ACQUIRE_HPP_
 #define DLOCK_SRC_RECIPES_ACQUIRE_HPP_
 
+#include <exception>
 #include <functional>
+#include <future>
 #include <memory>
 #include <optional>
 #include <stop_token>
@@ -35,6 +37,11 @@ Verdict ExclusiveRule(const std::vector<Entry>& queue, std::size_t ours);
 // No exclusive entry (anything but "read") ahead. Waits for the nearest one.
 Verdict SharedRule(const std::vector<Entry>& queue, std::size_t ours);
 
+// Where an exception thrown inside the engine (std::bad_alloc, at worst) is
+// kept, so that a blocking caller rethrows it as it is; asynchronous callers
+// get it as an InternalError.
+using FailureSink = std::shared_ptr<std::exception_ptr>;
+
 struct AcquireRequest {
   std::string queue;
   std::string kind;
@@ -52,6 +59,7 @@ struct AcquireRequest {
   bool try_only = false;
   // Queue behind this process's other waiters for the same queue first.
   bool use_gate = true;
+  FailureSink failure;
 };
 
 struct Acquired {
@@ -60,9 +68,40 @@ struct Acquired {
   std::vector<Entry> queue;  // the queue as it was read when the entry was granted
 };
 
-// nullopt: the deadline passed, `stop` was requested, or try_only found the
-// lock taken. Errors: the store failed in a way waiting cannot fix.
-Result<std::optional<Acquired>> AcquireEntry(ClientCore& client, const AcquireRequest& request);
+using AcquireOutcome = Result<std::optional<Acquired>>;
+using AcquireDone = std::function<void(AcquireOutcome)>;
+
+// Starts acquiring. `done` runs exactly once, on the client's executor
+// thread, never inside this call, with: the granted entry (the caller owns
+// it), nullopt (the deadline passed, `stop` was requested, or try_only found
+// the lock taken; nothing of ours is left in the store), or an error (the
+// store failed in a way waiting cannot fix).
+void StartAcquire(const std::shared_ptr<ClientCore>& client, AcquireRequest request, AcquireDone done);
+
+// StartAcquire, waited for. Refused (kFailedPrecondition) on the executor
+// thread, which would wait for itself.
+AcquireOutcome AcquireEntry(ClientCore& client, const AcquireRequest& request);
+
+// Blocks until `start(done, failure)` has called `done`, and rethrows what
+// the engine left in `failure`; refused on the executor thread of `client`.
+// Shared by every blocking recipe call.
+template <class T>
+Result<T> WaitFor(ClientCore& client, const std::function<void(std::function<void(Result<T>)>, FailureSink)>& start);
+
+template <class T>
+Result<T> WaitFor(ClientCore& client, const std::function<void(std::function<void(Result<T>)>, FailureSink)>& start) {
+  if (client.executor().in_executor()) {
+    return FailedPreconditionError(
+        "a blocking lock call on a dlock callback thread would wait for itself; use async_acquire there");
+  }
+  auto outcome = std::make_shared<std::promise<Result<T>>>();
+  std::future<Result<T>> future = outcome->get_future();
+  auto failure = std::make_shared<std::exception_ptr>();
+  start([outcome](Result<T> r) { outcome->set_value(std::move(r)); }, failure);
+  Result<T> got = future.get();
+  if (*failure) std::rethrow_exception(*failure);
+  return got;
+}
 
 // Thread label for owner records: "thread <id>".
 std::string ThisThreadLabel();

@@ -15,12 +15,42 @@ Hold MakeHold(const Client& client, const std::string& name, const std::string& 
                                  token.value_or(acquired.entry.token.value_or(0)), 1));
 }
 
+void StartHold(const Client& client, const std::string& name, AcquireRequest request, AcquireCallback done,
+               std::optional<std::uint64_t> token) {
+  std::string queue = request.queue;
+  FailureSink failure = request.failure;
+  StartAcquire(CoreOf(client), std::move(request),
+               [client, name, queue = std::move(queue), done = std::move(done), token, failure](AcquireOutcome got) {
+                 if (!got.ok()) return done(got.status());
+                 if (!got->has_value()) return done(std::optional<Hold>());
+                 std::optional<Hold> hold;
+                 try {
+                   hold = MakeHold(client, name, queue, **got, token);
+                 } catch (const std::exception& e) {
+                   // The HoldCore, if it was made, released the entry as it went.
+                   if (failure && !*failure) *failure = std::current_exception();
+                   return done(InternalError("making the hold of " + name + ": " + e.what()));
+                 }
+                 done(std::move(hold));
+               });
+}
+
 std::optional<Hold> AcquireHold(const Client& client, const std::string& name, const AcquireRequest& request,
                                 std::optional<std::uint64_t> token) {
-  auto acquired = AcquireEntry(*CoreOf(client), request);
-  if (!acquired.ok()) throw Error(acquired.status());
-  if (!acquired->has_value()) return std::nullopt;
-  return MakeHold(client, name, request.queue, **acquired, token);
+  Result<std::optional<Hold>> got =
+      WaitFor<std::optional<Hold>>(*CoreOf(client), [&](AcquireCallback done, FailureSink failure) {
+        AcquireRequest r = request;
+        r.failure = std::move(failure);
+        StartHold(client, name, std::move(r), std::move(done), token);
+      });
+  if (!got.ok()) throw Error(got.status());
+  return std::move(got).value();
+}
+
+std::function<void(AcquireCallback)> HoldStarter(Client client, std::string name,
+                                                 std::function<AcquireRequest()> make_request) {
+  return [client = std::move(client), name = std::move(name), make_request = std::move(make_request)](
+             AcquireCallback done) { StartHold(client, name, make_request(), std::move(done)); };
 }
 
 AcquireRequest MakeRequest(const Client& client, std::string queue, std::string_view kind, GrantRule rule,
@@ -105,9 +135,22 @@ const Hold* ThreadOwnedLock::current() const {
 }
 
 std::optional<Hold> ThreadOwnedLock::acquire(Clock::duration timeout, std::stop_token stop) {
-  auto request = MakeRequest(client_, name_, entry_kind::kLock, ExclusiveRule, timeout, std::move(stop), false);
-  request.thread = "hold";
-  return AcquireHold(client_, name_, request);
+  Result<std::optional<Hold>> got =
+      WaitFor<std::optional<Hold>>(*CoreOf(client_), [&](AcquireCallback done, FailureSink failure) {
+        async_starter(timeout, std::move(stop), std::move(failure))(std::move(done));
+      });
+  if (!got.ok()) throw Error(got.status());
+  return std::move(got).value();
+}
+
+std::function<void(AcquireCallback)> ThreadOwnedLock::async_starter(Clock::duration timeout, std::stop_token stop,
+                                                                    FailureSink failure) const {
+  return HoldStarter(client_, name_, [client = client_, name = name_, timeout, stop = std::move(stop), failure] {
+    auto request = MakeRequest(client, name, entry_kind::kLock, ExclusiveRule, timeout, stop, false);
+    request.thread = "hold";
+    request.failure = failure;
+    return request;
+  });
 }
 
 bool ThreadOwnedLock::owned_by_current_thread() const {
@@ -163,6 +206,15 @@ std::stop_token Mutex::lost_token() const { return impl_->lost_token(); }
 std::optional<HoldState> Mutex::hold_state() const { return impl_->hold_state(); }
 std::optional<Hold> Mutex::acquire(Clock::duration timeout, std::stop_token stop) {
   return impl_->acquire(timeout, std::move(stop));
+}
+void Mutex::async_acquire(Clock::duration timeout, std::stop_token stop, AcquireCallback done) {
+  impl_->async_starter(timeout, std::move(stop))(std::move(done));
+}
+AcquireAwaitable Mutex::async_acquire(Clock::duration timeout, std::stop_token stop) {
+  return AcquireAwaitable(impl_->async_starter(timeout, std::move(stop)));
+}
+std::future<std::optional<Hold>> Mutex::acquire_future(Clock::duration timeout, std::stop_token stop) {
+  return internal::FutureOf(impl_->async_starter(timeout, std::move(stop)));
 }
 const std::string& Mutex::name() const noexcept { return impl_->name(); }
 

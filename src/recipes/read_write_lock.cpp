@@ -118,11 +118,27 @@ class ReadWriteCore {
   }
 
   std::optional<Hold> acquire(std::string_view kind, Clock::duration timeout, std::stop_token stop) {
-    bool write = kind == entry_kind::kWrite;
-    auto request = MakeRequest(client_, name_, kind, write ? GrantRule(ExclusiveRule) : GrantRule(SharedRule), timeout,
-                               std::move(stop), false);
-    request.thread = "hold";
-    return AcquireHold(client_, name_, request);
+    Result<std::optional<Hold>> got =
+        WaitFor<std::optional<Hold>>(*CoreOf(client_), [&](AcquireCallback done, FailureSink failure) {
+          async_starter(kind, timeout, std::move(stop), std::move(failure))(std::move(done));
+        });
+    if (!got.ok()) throw Error(got.status());
+    return std::move(got).value();
+  }
+
+  // What acquire() does, without blocking: starts it when called.
+  std::function<void(AcquireCallback)> async_starter(std::string_view kind, Clock::duration timeout,
+                                                     std::stop_token stop, FailureSink failure = nullptr) const {
+    return HoldStarter(
+        client_, name_,
+        [client = client_, name = name_, kind = std::string(kind), timeout, stop = std::move(stop), failure] {
+          bool write = kind == entry_kind::kWrite;
+          auto request = MakeRequest(client, name, kind, write ? GrantRule(ExclusiveRule) : GrantRule(SharedRule),
+                                     timeout, stop, false);
+          request.thread = "hold";
+          request.failure = failure;
+          return request;
+        });
   }
 
   const std::string& name() const noexcept { return name_; }
@@ -193,6 +209,31 @@ std::optional<Hold> ReadWriteLock::acquire_read(Clock::duration timeout, std::st
 }
 std::optional<Hold> ReadWriteLock::acquire_write(Clock::duration timeout, std::stop_token stop) {
   return core_->acquire(entry_kind::kWrite, timeout, std::move(stop));
+}
+
+std::optional<Hold> ReadWriteLock::Reader::acquire(Clock::duration timeout, std::stop_token stop) {
+  return core_->acquire(entry_kind::kRead, timeout, std::move(stop));
+}
+void ReadWriteLock::Reader::async_acquire(Clock::duration timeout, std::stop_token stop, AcquireCallback done) {
+  core_->async_starter(entry_kind::kRead, timeout, std::move(stop))(std::move(done));
+}
+AcquireAwaitable ReadWriteLock::Reader::async_acquire(Clock::duration timeout, std::stop_token stop) {
+  return AcquireAwaitable(core_->async_starter(entry_kind::kRead, timeout, std::move(stop)));
+}
+std::future<std::optional<Hold>> ReadWriteLock::Reader::acquire_future(Clock::duration timeout, std::stop_token stop) {
+  return internal::FutureOf(core_->async_starter(entry_kind::kRead, timeout, std::move(stop)));
+}
+std::optional<Hold> ReadWriteLock::Writer::acquire(Clock::duration timeout, std::stop_token stop) {
+  return core_->acquire(entry_kind::kWrite, timeout, std::move(stop));
+}
+void ReadWriteLock::Writer::async_acquire(Clock::duration timeout, std::stop_token stop, AcquireCallback done) {
+  core_->async_starter(entry_kind::kWrite, timeout, std::move(stop))(std::move(done));
+}
+AcquireAwaitable ReadWriteLock::Writer::async_acquire(Clock::duration timeout, std::stop_token stop) {
+  return AcquireAwaitable(core_->async_starter(entry_kind::kWrite, timeout, std::move(stop)));
+}
+std::future<std::optional<Hold>> ReadWriteLock::Writer::acquire_future(Clock::duration timeout, std::stop_token stop) {
+  return internal::FutureOf(core_->async_starter(entry_kind::kWrite, timeout, std::move(stop)));
 }
 
 void ReadWriteLock::Reader::lock_shared() {

@@ -10,13 +10,13 @@
 #include "core/access.hpp"
 #include "core/hold_core.hpp"
 #include "core/thread_annotations.hpp"
+#include "recipes/operation.hpp"
 #include "recipes/thread_owned_lock.hpp"
 
 namespace dlock {
 namespace {
 
-using internal::Acquired;
-using internal::AcquireEntry;
+using internal::AcquireOutcome;
 using internal::AcquireRequest;
 using internal::ClientCore;
 using internal::HeldEntry;
@@ -24,38 +24,63 @@ using internal::Verdict;
 
 Verdict AlwaysGranted(const std::vector<Entry>&, std::size_t) { return {true, {}}; }
 
-// What one round on one session came to.
+// Rounds before an acquisition gives up on a store whose sessions keep ending.
+constexpr int kMaxRounds = 1000;
+
+// How one round ended.
 enum class Round { kGranted, kGaveUp, kRetry };
 
-// Gives the acquirers' lock back when a round ends, however it ends.
-struct GateRelease {
-  ClientCore& core;
-  const std::shared_ptr<Session>& session;
-  const std::string& queue;
-  std::string id;
-  ~GateRelease() { core.remove_guaranteed(session, queue, id); }
-};
-
-// One round of an acquisition: while it holds the acquirers' lock, an
-// acquirer appends its leases on the same session and waits until they fit
-// the permits. However the round ends, an exception included, its leases go
-// back, unless hand_over() moved them into a Lease.
-class LeaseRound {
+// One semaphore acquisition (see operation.hpp for how its steps run), in
+// rounds. A round: (1) the acquirers' lock "<name>/locks", so that one
+// acquirer at a time appends leases and a returned permit wakes exactly one
+// of them; (2) our leases in "<name>/leases", on the same session; (3) wait
+// until there are no more leases than permits. However a round ends, the
+// leases go back (unless they became the Lease), then the acquirers' lock.
+class SemaphoreAcquisition : public internal::Operation<SemaphoreAcquisition> {
  public:
-  LeaseRound(ClientCore& core, std::shared_ptr<Session> session, const AcquireRequest& gate, std::string leases,
-             std::uint32_t count, std::uint32_t permits)
-      : core_(core),
-        session_(std::move(session)),
-        gate_(gate),
-        leases_(std::move(leases)),
-        count_(count),
-        permits_(permits) {}
-  LeaseRound(const LeaseRound&) = delete;
-  LeaseRound& operator=(const LeaseRound&) = delete;
-  ~LeaseRound() { give_back(); }
+  using Done = std::function<void(Result<std::optional<Lease>>)>;
 
-  // Appends `count` leases; kGranted once all are in.
-  Round take_leases() {
+  SemaphoreAcquisition(std::shared_ptr<ClientCore> core, std::string name, AcquireRequest gate, std::uint32_t count,
+                       std::uint32_t permits, Done done)
+      : Operation(std::move(core), gate.deadline, gate.stop, gate.failure),
+        name_(std::move(name)),
+        leases_(name_ + "/leases"),
+        gate_(std::move(gate)),
+        count_(count),
+        permits_(permits),
+        done_(std::move(done)) {}
+
+  void start() {
+    client_->executor().post(step([](SemaphoreAcquisition& s) {
+      s.arm();
+      s.round();
+    }));
+  }
+
+ private:
+  friend class internal::Operation<SemaphoreAcquisition>;
+
+  // (1) The acquirers' lock.
+  void round() {
+    if (++rounds_ > kMaxRounds) {
+      return finish(AbortedError("semaphore " + name_ + ": too many sessions lost while acquiring"));
+    }
+    internal::StartAcquire(client_, gate_, then<AcquireOutcome>([](SemaphoreAcquisition& s, AcquireOutcome got) {
+                             s.on_gate(std::move(got));
+                           }));
+  }
+
+  void on_gate(AcquireOutcome got) {
+    if (!got.ok()) return finish(got.status());
+    if (!got->has_value()) return finish(std::optional<Lease>());
+    session_ = (*got)->session;
+    gate_entry_ = (*got)->entry.id;
+    take_lease();
+  }
+
+  // (2) Our leases, one at a time, on the gate's session.
+  void take_lease() {
+    if (mine_.size() == count_) return fit();
     AcquireRequest lease = gate_;
     lease.queue = leases_;
     lease.kind = std::string(entry_kind::kLease);
@@ -63,50 +88,64 @@ class LeaseRound {
     lease.session = session_;
     lease.use_gate = false;
     lease.try_only = false;
-    while (mine_.size() < count_) {
-      auto got = AcquireEntry(core_, lease);
-      if (!got.ok() && got.status().code() != ErrorCode::kSessionLost) throw Error(got.status());
-      if (!got.ok()) return Round::kRetry;  // the session ended: its leases went with it
-      if (!got->has_value()) return Round::kGaveUp;
-      mine_.push_back({leases_, (*got)->entry.id, (*got)->entry.sequence});
-      token_ = std::max(token_, (*got)->entry.token.value_or(0));
-      seen_ = std::move((*got)->queue);
-    }
-    return Round::kGranted;
+    internal::StartAcquire(client_, std::move(lease),
+                           then<AcquireOutcome>([](SemaphoreAcquisition& s, AcquireOutcome got) {
+                             if (!got.ok() && got.status().code() != ErrorCode::kSessionLost) {
+                               return s.end_round_with(got.status());
+                             }
+                             if (!got.ok()) return s.end_round(Round::kRetry);  // its leases went with the session
+                             if (!got->has_value()) return s.end_round(Round::kGaveUp);
+                             const internal::Acquired& a = **got;
+                             s.mine_.push_back({s.leases_, a.entry.id, a.entry.sequence});
+                             s.token_ = std::max(s.token_, a.entry.token.value_or(0));
+                             s.seen_ = a.queue;
+                             s.take_lease();
+                           }));
   }
 
-  // Waits until there are no more leases than permits; kGranted then.
-  Round wait_until_they_fit() {
-    while (true) {
-      // The first look reuses what the last append read: no second round trip.
-      Result<std::vector<Entry>> listed =
-          seen_ ? Result<std::vector<Entry>>(std::move(*seen_)) : session_->list(leases_, {}, gate_.deadline);
-      seen_.reset();
-      if (!listed.ok()) {
-        if (back_in_touch(listed.status())) continue;
-        return after_failure(listed.status());
-      }
-      std::vector<std::string> others = others_than(*listed);
-      if (listed->size() - others.size() != mine_.size()) return Round::kRetry;  // ours vanished: session ended
-      if (listed->size() <= permits_) {
-        // A stop request wins over a grant that comes after it.
-        return gate_.stop.stop_requested() ? Round::kGaveUp : Round::kGranted;
-      }
-      if (gate_.try_only || expired()) return Round::kGaveUp;
-      Status waited = session_->wait_any_gone(leases_, others, gate_.deadline, gate_.stop);
-      if (waited.ok() || back_in_touch(waited)) continue;
-      return after_failure(waited);
-    }
+  // (3) Until there are no more leases than permits. The first look reuses
+  // what the last append read: no second round trip.
+  void fit() {
+    if (seen_) return check(std::exchange(seen_, std::nullopt).value());
+    session_->async_list(leases_, {}, deadline_,
+                         then<Result<std::vector<Entry>>>([](SemaphoreAcquisition& s, Result<std::vector<Entry>> r) {
+                           if (r.ok()) return s.check(std::move(r).value());
+                           s.after_failure(r.status());
+                         }));
   }
 
-  bool expired() const { return gate_.stop.stop_requested() || core_.now() >= gate_.deadline; }
-  std::uint64_t token() const { return token_; }
-  std::vector<HeldEntry> hand_over() { return std::exchange(mine_, {}); }
+  void check(const std::vector<Entry>& listed) {
+    std::vector<std::string> others = others_than(listed);
+    if (listed.size() - others.size() != mine_.size()) return end_round(Round::kRetry);  // ours vanished
+    // A stop request wins over a grant that comes after it.
+    if (listed.size() <= permits_) return end_round(stopped() ? Round::kGaveUp : Round::kGranted);
+    if (gate_.try_only || expired()) return end_round(Round::kGaveUp);
+    wait_ = session_->async_wait_any_gone(leases_, others, then<Status>([](SemaphoreAcquisition& s, Status waited) {
+                                            s.wait_.reset();
+                                            s.on_interrupt_ = nullptr;
+                                            if (waited.ok()) return s.fit();
+                                            s.after_failure(waited);
+                                          }));
+    on_interrupt_ = [this] { wait_.reset(); };  // its completion (kCancelled) follows
+  }
 
- private:
-  void give_back() noexcept {
-    for (auto& e : mine_) core_.remove_guaranteed(session_, leases_, e.id);
-    mine_.clear();
+  // A failed look or wait: a store out of touch for a moment is waited for
+  // (within the deadline) and looked at again; a session that ended starts
+  // a new round on a new session within the deadline; a deadline or stop
+  // gives up; a refusal is the acquisition's error.
+  void after_failure(const Status& failed) {
+    switch (failed.code()) {
+      case ErrorCode::kUnavailable:
+        if (expired()) return end_round(Round::kGaveUp);
+        return recover(session_, [failed](SemaphoreAcquisition& s, bool connected) {
+          if (connected && !s.expired()) return s.fit();
+          s.end_round(s.expired() ? Round::kGaveUp : Round::kRetry);
+        });
+      case ErrorCode::kSessionLost: return end_round(expired() ? Round::kGaveUp : Round::kRetry);
+      case ErrorCode::kDeadlineExceeded:
+      case ErrorCode::kCancelled: return end_round(Round::kGaveUp);
+      default: return end_round_with(failed);
+    }
   }
 
   // The ids of the leases that are not ours.
@@ -119,40 +158,79 @@ class LeaseRound {
     return others;
   }
 
-  // A store out of touch for a moment: wait (within the deadline) for the
-  // session to be connected again, and look once more; its leases are still
-  // there unless the session ended.
-  bool back_in_touch(const Status& failed) {
-    return failed.code() == ErrorCode::kUnavailable && !expired() &&
-           core_.await_not_suspended(*session_, gate_.deadline, gate_.stop) == SessionState::kConnected;
+  // Ends a round: the leases go back (unless granted), then the acquirers'
+  // lock, then the outcome or the next round.
+  void end_round(Round outcome) {
+    std::optional<Lease> lease;
+    if (outcome == Round::kGranted) {
+      lease = internal::WrapHold(
+          internal::HoldCore::make(client_, session_, name_, std::exchange(mine_, {}), token_, count_));
+    }
+    give_back([outcome, lease = std::make_shared<std::optional<Lease>>(std::move(lease))](SemaphoreAcquisition& s) {
+      if (outcome == Round::kRetry && !s.expired()) return s.next_round();
+      s.finish(std::move(*lease));
+    });
+  }
+  void end_round_with(Status error) {
+    give_back([error = std::move(error)](SemaphoreAcquisition& s) { s.finish(error); });
   }
 
-  // How a round ends on a failed look or wait: a session that ended (or a
-  // store still out of touch) starts a new round on a new session within the
-  // deadline, a deadline or stop gives up, a refusal throws.
-  Round after_failure(const Status& failed) {
-    switch (failed.code()) {
-      case ErrorCode::kSessionLost:
-      case ErrorCode::kUnavailable: return expired() ? Round::kGaveUp : Round::kRetry;
-      case ErrorCode::kDeadlineExceeded:
-      case ErrorCode::kCancelled: return Round::kGaveUp;
-      default: throw Error(failed);
+  void next_round() {
+    session_.reset();
+    gate_entry_.clear();
+    token_ = 0;
+    seen_.reset();
+    round();
+  }
+
+  // Removes our leases, then the gate entry; `then` afterwards.
+  void give_back(Step next) {
+    if (!mine_.empty()) {
+      HeldEntry e = mine_.back();
+      mine_.pop_back();
+      return client_->remove_async(session_, leases_, e.id,
+                                   step([next = std::move(next)](SemaphoreAcquisition& s) { s.give_back(next); }));
+    }
+    if (!gate_entry_.empty()) {
+      return client_->remove_async(session_, gate_.queue, std::exchange(gate_entry_, {}),
+                                   step([next = std::move(next)](SemaphoreAcquisition& s) { next(s); }));
+    }
+    next(*this);
+  }
+
+  void finish(Result<std::optional<Lease>> outcome) {
+    disarm();
+    wait_.reset();
+    Done done = std::move(done_);
+    try {
+      done(std::move(outcome));
+    } catch (...) {  // the caller's
     }
   }
 
-  ClientCore& core_;
-  const std::shared_ptr<Session> session_;
-  const AcquireRequest& gate_;  // deadline, stop and try_only of the whole acquisition
+  void abort(const char* what) {
+    if (finished_) return;
+    for (const auto& e : mine_) client_->remove_guaranteed(session_, leases_, e.id);
+    if (!gate_entry_.empty()) client_->remove_guaranteed(session_, gate_.queue, gate_entry_);
+    mine_.clear();
+    gate_entry_.clear();
+    finish(InternalError(std::string("acquiring semaphore ") + name_ + ": " + what));
+  }
+
+  const std::string name_;
   const std::string leases_;
+  const AcquireRequest gate_;  // the acquirers' lock; deadline, stop and try_only of the whole acquisition
   const std::uint32_t count_;
   const std::uint32_t permits_;
+  Done done_;
+  int rounds_ = 0;
+  std::shared_ptr<Session> session_;  // this round's
+  std::string gate_entry_;            // ours in "<name>/locks", while held
   std::vector<HeldEntry> mine_;
   std::uint64_t token_ = 0;
   std::optional<std::vector<Entry>> seen_;  // the leases as the last append read them
+  std::shared_ptr<void> wait_;
 };
-
-// Rounds before an acquisition gives up on a store whose sessions keep ending.
-constexpr int kMaxRounds = 1000;
 
 }  // namespace
 
@@ -170,40 +248,47 @@ std::optional<Lease> Semaphore::acquire(std::uint32_t count, Clock::duration tim
   return acquire_impl(count, timeout, std::move(stop), false);
 }
 
-std::optional<Lease> Semaphore::acquire_impl(std::uint32_t count, Clock::duration timeout, std::stop_token stop,
-                                             bool try_only) {
+void Semaphore::start(std::uint32_t count, Clock::duration timeout, std::stop_token stop, bool try_only,
+                      AcquireCallback done, std::shared_ptr<std::exception_ptr> failure) {
   try_only = try_only || timeout <= Clock::duration::zero();  // one try, as for a TimedLockable
   if (count == 0 || count > permits_) {
     throw Error(InvalidArgumentError("cannot take " + std::to_string(count) + " of the " + std::to_string(permits_) +
                                      " permits of " + name_));
   }
-  ClientCore& core = *internal::CoreOf(client_);
-  const std::string locks = name_ + "/locks";
-  auto request =
-      internal::MakeRequest(client_, locks, entry_kind::kLock, internal::ExclusiveRule, timeout, stop, try_only);
+  auto request = internal::MakeRequest(client_, name_ + "/locks", entry_kind::kLock, internal::ExclusiveRule, timeout,
+                                       std::move(stop), try_only);
   request.thread = "semaphore";
+  request.failure = std::move(failure);
+  std::make_shared<SemaphoreAcquisition>(internal::CoreOf(client_), name_, std::move(request), count, permits_,
+                                         std::move(done))
+      ->start();
+}
 
-  for (int round = 0; round < kMaxRounds; ++round) {
-    // 1. The acquirers' lock: one acquirer at a time appends leases, so a
-    //    returned permit wakes exactly one of them.
-    auto gate = AcquireEntry(core, request);
-    if (!gate.ok()) throw Error(gate.status());
-    if (!gate->has_value()) return std::nullopt;
-    const std::shared_ptr<Session> session = (*gate)->session;
-    GateRelease release_gate{core, session, locks, (*gate)->entry.id};
-    // 2. Our leases, on the same session; 3. room for them. Destroyed before
-    //    release_gate: the leases go back before the next acquirer comes in.
-    LeaseRound leases(core, session, request, name_ + "/leases", count, permits_);
-    Round outcome = leases.take_leases();
-    if (outcome == Round::kGranted) outcome = leases.wait_until_they_fit();
-    if (outcome == Round::kGranted) {
-      return internal::WrapHold(internal::HoldCore::make(internal::CoreOf(client_), session, name_, leases.hand_over(),
-                                                         leases.token(), count));
-    }
-    if (outcome == Round::kGaveUp || leases.expired()) return std::nullopt;
-    // kRetry: the session ended under us; start over on a new one.
-  }
-  throw Error(AbortedError("semaphore " + name_ + ": too many sessions lost while acquiring"));
+void Semaphore::async_acquire(std::uint32_t count, Clock::duration timeout, std::stop_token stop,
+                              AcquireCallback done) {
+  start(count, timeout, std::move(stop), false, std::move(done));
+}
+
+AcquireAwaitable Semaphore::async_acquire(std::uint32_t count, Clock::duration timeout, std::stop_token stop) {
+  return AcquireAwaitable([this, count, timeout, stop = std::move(stop)](AcquireCallback done) {
+    start(count, timeout, stop, false, std::move(done));
+  });
+}
+
+std::future<std::optional<Lease>> Semaphore::acquire_future(std::uint32_t count, Clock::duration timeout,
+                                                            std::stop_token stop) {
+  return internal::FutureOf(
+      [&](AcquireCallback done) { start(count, timeout, std::move(stop), false, std::move(done)); });
+}
+
+std::optional<Lease> Semaphore::acquire_impl(std::uint32_t count, Clock::duration timeout, std::stop_token stop,
+                                             bool try_only) {
+  Result<std::optional<Lease>> got = internal::WaitFor<std::optional<Lease>>(
+      *internal::CoreOf(client_), [&](AcquireCallback done, internal::FailureSink failure) {
+        start(count, timeout, std::move(stop), try_only, std::move(done), std::move(failure));
+      });
+  if (!got.ok()) throw Error(got.status());
+  return std::move(got).value();
 }
 
 // ------------------------------------------------------------ SemaphoreMutex
@@ -338,6 +423,15 @@ std::stop_token SemaphoreMutex::lost_token() const { return impl_->lost_token();
 
 std::optional<Hold> SemaphoreMutex::acquire(Clock::duration timeout, std::stop_token stop) {
   return impl_->semaphore().acquire(1, timeout, std::move(stop));
+}
+void SemaphoreMutex::async_acquire(Clock::duration timeout, std::stop_token stop, AcquireCallback done) {
+  impl_->semaphore().async_acquire(1, timeout, std::move(stop), std::move(done));
+}
+AcquireAwaitable SemaphoreMutex::async_acquire(Clock::duration timeout, std::stop_token stop) {
+  return impl_->semaphore().async_acquire(1, timeout, std::move(stop));
+}
+std::future<std::optional<Hold>> SemaphoreMutex::acquire_future(Clock::duration timeout, std::stop_token stop) {
+  return impl_->semaphore().acquire_future(1, timeout, std::move(stop));
 }
 
 }  // namespace dlock

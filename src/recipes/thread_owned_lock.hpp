@@ -19,9 +19,19 @@ namespace dlock::internal {
 Hold MakeHold(const Client& client, const std::string& name, const std::string& queue, const Acquired& acquired,
               std::optional<std::uint64_t> token = std::nullopt);
 
-// Runs AcquireEntry and turns errors into dlock::Error.
+// Starts acquiring a Hold named `name`: `done` as for StartAcquire, with the
+// Hold built on the entry (its token, or `token` if given).
+void StartHold(const Client& client, const std::string& name, AcquireRequest request, AcquireCallback done,
+               std::optional<std::uint64_t> token = std::nullopt);
+
+// StartHold, waited for; errors are thrown as dlock::Error.
 std::optional<Hold> AcquireHold(const Client& client, const std::string& name, const AcquireRequest& request,
                                 std::optional<std::uint64_t> token = std::nullopt);
+
+// A start function for the awaitable and future forms: builds the request
+// (`make_request`) when the acquire starts, so the deadline counts from then.
+std::function<void(AcquireCallback)> HoldStarter(Client client, std::string name,
+                                                 std::function<AcquireRequest()> make_request);
 
 // AcquireRequest for `queue` with a deadline `timeout` from now.
 AcquireRequest MakeRequest(const Client& client, std::string queue, std::string_view kind, GrantRule rule,
@@ -41,6 +51,9 @@ class ThreadOwnedLock {
   // The same, shared, for use outside mu_.
   std::shared_ptr<HoldCore> current_core() const DLOCK_EXCLUDES(mu_);
   std::optional<Hold> acquire(Clock::duration timeout, std::stop_token stop) DLOCK_EXCLUDES(mu_);
+  // What acquire() does, without blocking: starts it when called.
+  std::function<void(AcquireCallback)> async_starter(Clock::duration timeout, std::stop_token stop,
+                                                     FailureSink failure = nullptr) const;
 
   bool owned_by_current_thread() const DLOCK_EXCLUDES(mu_);
   std::optional<std::uint64_t> fencing_token() const DLOCK_EXCLUDES(mu_);

@@ -1,0 +1,164 @@
+// Internal: what every asynchronous recipe operation shares. An operation is
+// a state machine on the client's executor thread: each step starts one
+// asynchronous store call (or a wait, or a pause) whose completion posts the
+// next step, so an operation's fields need no lock. The only other way in is
+// interrupt(), run when the deadline passes or `stop` is requested; it cuts
+// short what the current step armed in on_interrupt_ (a wait, a pause, a
+// recovery, a place in a local line), never a store request: each request
+// ends by its own deadline, and its outcome must be seen, or an entry could
+// be left behind.
+#ifndef DLOCK_SRC_RECIPES_OPERATION_HPP_
+#define DLOCK_SRC_RECIPES_OPERATION_HPP_
+
+#include <algorithm>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <stop_token>
+#include <utility>
+
+#include "core/client_core.hpp"
+#include "dlock/store.hpp"
+
+namespace dlock::internal {
+
+// `Self` derives from Operation<Self> and defines abort(const char* what),
+// which ends it with an error after an exception inside a step (memory, at
+// worst): never an operation without an outcome.
+template <class Self>
+class Operation : public std::enable_shared_from_this<Self> {
+ public:
+  Operation(const Operation&) = delete;
+  Operation& operator=(const Operation&) = delete;
+
+ protected:
+  using Step = std::function<void(Self&)>;
+
+  Operation(std::shared_ptr<ClientCore> client, Clock::time_point deadline, std::stop_token stop,
+            std::shared_ptr<std::exception_ptr> failure)
+      : client_(std::move(client)), deadline_(deadline), stop_(std::move(stop)), failure_(std::move(failure)) {}
+  ~Operation() = default;
+
+  Self& self() { return static_cast<Self&>(*this); }
+
+  // A task for the executor that runs `fn` unless the operation has finished.
+  std::function<void()> step(Step fn) {
+    return [op = this->shared_from_this(), fn = std::move(fn)] {
+      if (op->finished_) return;
+      try {
+        fn(*op);
+      } catch (const std::exception& e) {
+        op->keep(std::current_exception());
+        op->abort(e.what());
+      } catch (...) {
+        op->keep(std::current_exception());
+        op->abort("unknown exception");
+      }
+    };
+  }
+
+  // A completion for the store (called on any thread): posts `fn(result)`.
+  template <class T>
+  std::function<void(T)> then(std::function<void(Self&, T)> fn) {
+    return [op = this->shared_from_this(), fn = std::move(fn)](T result) {
+      op->client_->executor().post(
+          op->step([fn, result = std::make_shared<T>(std::move(result))](Self& s) { fn(s, std::move(*result)); }));
+    };
+  }
+
+  // Keeps the first exception for a blocking caller (acquire.hpp, FailureSink).
+  void keep(std::exception_ptr e) {
+    if (failure_ && !*failure_) *failure_ = std::move(e);
+  }
+
+  // Arms the deadline timer and the stop callback, and keeps the operation
+  // alive until it finishes: while it waits for a session to come back,
+  // only weak references lead to it.
+  void arm() {
+    keep_alive_ = this->shared_from_this();
+    std::weak_ptr<Self> weak = this->weak_from_this();
+    auto interrupt = [weak] {
+      if (auto op = weak.lock()) op->client_->executor().post(op->step([](Self& s) { s.interrupt(); }));
+    };
+    if (deadline_ != kNoDeadline) deadline_timer_ = client_->executor().at(deadline_, interrupt);
+    stop_callback_.emplace(stop_, interrupt);
+  }
+
+  // Marks the operation finished and disarms it; the caller reports next
+  // (from a step, which holds its own reference).
+  void disarm() {
+    finished_ = true;
+    keep_alive_.reset();
+    on_interrupt_ = nullptr;
+    if (deadline_timer_) client_->executor().cancel(*deadline_timer_);
+    stop_callback_.reset();
+  }
+
+  // The deadline passed or `stop` was requested.
+  void interrupt() {
+    if (auto fn = std::exchange(on_interrupt_, nullptr)) fn();
+  }
+
+  bool stopped() const { return stop_.stop_requested(); }
+  bool expired() const { return stopped() || client_->now() >= deadline_; }
+  static bool ended(const Session& session) {
+    SessionState s = session.state();
+    return s == SessionState::kLost || s == SessionState::kClosed;
+  }
+
+  // After kUnavailable: waits for `session` to come back. `next(connected)`
+  // runs once: false if it did not (deadline, stop, or the session ended).
+  void recover(const std::shared_ptr<Session>& session, std::function<void(Self&, bool)> next) {
+    auto resolved = std::make_shared<bool>(false);
+    auto resolve = [resolved, session, next](Self& s) {
+      if (std::exchange(*resolved, true)) return;
+      s.recovery_.reset();
+      s.on_interrupt_ = nullptr;
+      next(s, session->state() == SessionState::kConnected);
+    };
+    if (session->state() != SessionState::kSuspended || expired()) return resolve(self());
+    std::weak_ptr<Self> weak = this->weak_from_this();
+    recovery_ = session->subscribe([weak, resolve](SessionState state) {
+      if (state == SessionState::kSuspended) return;
+      if (auto op = weak.lock()) op->client_->executor().post(op->step(resolve));
+    });
+    on_interrupt_ = [this, resolve] { resolve(self()); };
+    // A change between the look above and the subscription.
+    if (session->state() != SessionState::kSuspended) client_->executor().post(step(resolve));
+  }
+
+  // Retry pacing for requests that fail at once although the session says
+  // it is connected: 5 ms doubling to 500 ms, cut short by the deadline and
+  // by stop. These are error retries, not waits for the lock.
+  void pause(Step next) {
+    auto resolved = std::make_shared<bool>(false);
+    auto resume = [resolved, next](Self& s) {
+      if (std::exchange(*resolved, true)) return;
+      s.on_interrupt_ = nullptr;
+      next(s);
+    };
+    const Clock::time_point until = std::min(deadline_, DeadlineAfter(client_->now(), backoff_));
+    backoff_ = std::min<Clock::duration>(backoff_ * 2, std::chrono::milliseconds(500));
+    client_->executor().at(until, step(resume));
+    on_interrupt_ = [this, resume] { resume(self()); };
+  }
+
+  const std::shared_ptr<ClientCore> client_;
+  const Clock::time_point deadline_;
+  const std::stop_token stop_;
+  bool finished_ = false;
+  std::function<void()> on_interrupt_;  // what a deadline or stop cuts short now
+  std::shared_ptr<void> recovery_;      // the session subscription of a recovery in progress
+  const std::shared_ptr<std::exception_ptr> failure_;
+
+ private:
+  std::shared_ptr<Self> keep_alive_;  // from arm() to disarm()
+  std::optional<Executor::TimerId> deadline_timer_;
+  std::optional<std::stop_callback<std::function<void()>>> stop_callback_;
+  Clock::duration backoff_ = std::chrono::milliseconds(5);
+};
+
+}  // namespace dlock::internal
+
+#endif  // DLOCK_SRC_RECIPES_OPERATION_HPP_

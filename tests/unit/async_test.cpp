@@ -1,0 +1,401 @@
+// Asynchronous acquisition (dlock/async.hpp) on every store the run has: the
+// three forms on every recipe, one outcome per acquire, the dlock thread,
+// cancellation, order shared with blocking waiters, and threads that stay few
+// whatever the number of pending acquires.
+#include <dirent.h>
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <coroutine>
+#include <cstdlib>
+#include <future>
+#include <mutex>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "dlock/dlock.hpp"
+#include "support/stores.hpp"
+
+namespace dlock {
+namespace {
+
+using namespace std::chrono_literals;
+using testing::Eventually;
+
+// How long a test waits for what must come at once; reached only on a bug.
+constexpr auto kPrompt = 60s;
+
+std::string UniqueName(const std::string& base) {
+  static std::atomic<int> counter{0};
+  return "async/" + base + "-" + std::to_string(::getpid()) + "-" + std::to_string(counter++);
+}
+
+int ThreadCount() {
+  int n = 0;
+  if (DIR* d = ::opendir("/proc/self/task")) {
+    while (dirent* e = ::readdir(d)) n += e->d_name[0] != '.';
+    ::closedir(d);
+  }
+  return n;
+}
+
+// The smallest coroutine type (the acceptance program's).
+struct Detached {
+  struct promise_type {
+    Detached get_return_object() { return {}; }
+    std::suspend_never initial_suspend() noexcept { return {}; }
+    std::suspend_never final_suspend() noexcept { return {}; }
+    void return_void() {}
+    void unhandled_exception() { std::terminate(); }
+  };
+};
+
+// Collects the outcomes of asynchronous acquires; each must come once.
+class Outcomes {
+ public:
+  explicit Outcomes(std::size_t expected) : count_(expected) {}
+  AcquireCallback Callback(std::size_t i, bool keep = false) {
+    return [this, i, keep](Result<std::optional<Hold>> r) {
+      std::lock_guard<std::mutex> g(mu_);
+      ++count_[i];
+      order_.push_back(i);
+      if (!r.ok()) {
+        errors_.push_back(r.status().to_string());
+      } else if (r.value()) {
+        ++holds_;
+        if (keep) kept_.push_back(std::move(*r.value()));
+      }
+      cv_.notify_all();
+    };
+  }
+  bool AllCame() {
+    std::unique_lock<std::mutex> lock(mu_);
+    return cv_.wait_for(lock, kPrompt, [&] { return order_.size() >= count_.size(); });
+  }
+  std::vector<std::size_t> Order() {
+    std::lock_guard<std::mutex> g(mu_);
+    return order_;
+  }
+  // Every acquire had exactly one outcome.
+  bool ExactlyOnceEach() {
+    std::lock_guard<std::mutex> g(mu_);
+    for (int c : count_) {
+      if (c != 1) return false;
+    }
+    return true;
+  }
+  int Holds() {
+    std::lock_guard<std::mutex> g(mu_);
+    return holds_;
+  }
+  std::vector<std::string> Errors() {
+    std::lock_guard<std::mutex> g(mu_);
+    return errors_;
+  }
+  void ReleaseKept() {
+    std::vector<Hold> kept;
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      kept.swap(kept_);
+    }
+    kept.clear();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<int> count_;
+  std::vector<std::size_t> order_;
+  std::vector<std::string> errors_;
+  std::vector<Hold> kept_;
+  int holds_ = 0;
+};
+
+class AsyncTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override { fixture_ = testing::MakeFixture(GetParam()); }
+  Client NewClient() { return fixture_.new_client(); }
+  std::size_t Entries(const std::string& queue) { return fixture_.entries(queue); }
+  testing::StoreFixture fixture_;
+};
+
+TEST_P(AsyncTest, TheAcceptanceProgramRunsOnThisStore) {
+  const std::string url = GetParam() == "mem" ? "mem://" : GetParam();
+  const std::string command = std::string(DLOCK_ASYNC_ACCEPTANCE) + " '" + url + "'";
+  int status = std::system(command.c_str());
+  ASSERT_TRUE(WIFEXITED(status)) << command;
+  EXPECT_EQ(WEXITSTATUS(status), 0) << command;
+}
+
+TEST_P(AsyncTest, TheCallbackRunsOnceOnADlockThreadAndNeverInline) {
+  Client c = NewClient();
+  Mutex m(c, UniqueName("thread"));
+  std::atomic<int> calls{0};
+  std::promise<std::thread::id> ran_on;
+  m.async_acquire(5s, {}, [&](Result<std::optional<Hold>> r) {
+    ++calls;
+    EXPECT_TRUE(r.ok() && r.value().has_value());
+    ran_on.set_value(std::this_thread::get_id());
+  });
+  auto f = ran_on.get_future();
+  ASSERT_EQ(f.wait_for(kPrompt), std::future_status::ready);
+  EXPECT_NE(f.get(), std::this_thread::get_id());
+  // The hold went with the callback's argument: the lock is free again.
+  EXPECT_TRUE(m.acquire(5s).has_value());
+  EXPECT_EQ(calls.load(), 1);
+}
+
+TEST_P(AsyncTest, EveryRecipeOffersTheFutureAndTheCoroutineForms) {
+  Client c = NewClient();
+  const std::string name = UniqueName("forms");
+  Mutex m(c, name);
+  std::uint64_t last = 0;
+  {
+    auto f = m.acquire_future(5s);
+    auto h = f.get();
+    ASSERT_TRUE(h);
+    last = h->fencing_token();
+  }
+  std::promise<std::uint64_t> token;
+  [](Mutex& mutex, std::promise<std::uint64_t>& out) -> Detached {
+    std::optional<Hold> h = co_await mutex.async_acquire(5s);
+    out.set_value(h ? h->fencing_token() : 0);
+  }(m, token);
+  auto t = token.get_future();
+  ASSERT_EQ(t.wait_for(kPrompt), std::future_status::ready);
+  EXPECT_GT(t.get(), last) << "tokens only grow";
+
+  Semaphore sem(c, name + "-sem", 3);
+  auto lease = sem.acquire_future(3, 5s).get();
+  ASSERT_TRUE(lease);
+  EXPECT_EQ(lease->permits(), 3u);
+  EXPECT_FALSE(sem.acquire_future(1, 0s).get()) << "all permits are out";
+  lease->release();
+  ReadWriteLock rw(c, name + "-rw");
+  auto r1 = rw.reader().acquire_future(5s).get();
+  auto r2 = rw.reader().acquire_future(5s).get();
+  ASSERT_TRUE(r1 && r2) << "readers share";
+  EXPECT_FALSE(rw.writer().acquire_future(0s).get()) << "a writer waits for readers";
+  r1->release();
+  r2->release();
+  EXPECT_TRUE(rw.writer().acquire_future(5s).get());
+  SemaphoreMutex sm(c, name + "-smutex");
+  std::promise<bool> got;
+  sm.async_acquire(5s, {}, [&](Result<std::optional<Hold>> r) { got.set_value(r.ok() && r.value()); });
+  EXPECT_TRUE(got.get_future().get());
+}
+
+TEST_P(AsyncTest, AsyncAndBlockingWaitersOfOneProcessQueueTogetherInOrder) {
+  Client a = NewClient();
+  Client b = NewClient();
+  const std::string name = UniqueName("order");
+  Mutex ma(a, name);
+  Mutex mb(b, name);
+  ma.lock();
+  // Round 1: a blocking waiter first (its entry is in the store), then three
+  // asynchronous ones, which wait in the process's line behind it.
+  std::promise<void> blocking_granted;
+  std::thread blocking([&] {
+    auto h = mb.acquire(kPrompt);
+    EXPECT_TRUE(h);
+    blocking_granted.set_value();
+  });
+  ASSERT_TRUE(Eventually([&] { return Entries(name) == 2u; }, kPrompt));
+  Outcomes outcomes(3);
+  for (std::size_t i = 0; i < 3; ++i) mb.async_acquire(kPrompt, {}, outcomes.Callback(i));
+  EXPECT_EQ(Entries(name), 2u) << "one store entry per process and lock";
+  ma.unlock();
+  blocking.join();
+  ASSERT_EQ(blocking_granted.get_future().wait_for(0s), std::future_status::ready);
+  ASSERT_TRUE(outcomes.AllCame());
+  EXPECT_EQ(outcomes.Order(), (std::vector<std::size_t>{0, 1, 2}));
+  EXPECT_EQ(outcomes.Holds(), 3);
+  EXPECT_TRUE(outcomes.ExactlyOnceEach());
+  // Round 2: an asynchronous waiter first, then a blocking one.
+  ma.lock();
+  Outcomes first(1);
+  mb.async_acquire(kPrompt, {}, first.Callback(0, /*keep=*/true));
+  ASSERT_TRUE(Eventually([&] { return Entries(name) == 2u; }, kPrompt));
+  std::atomic<bool> second_granted{false};
+  std::thread second([&] {
+    auto h = mb.acquire(kPrompt);
+    EXPECT_TRUE(h);
+    second_granted = true;
+  });
+  ma.unlock();
+  ASSERT_TRUE(first.AllCame());
+  EXPECT_FALSE(second_granted.load()) << "the blocking waiter overtook the asynchronous one ahead of it";
+  first.ReleaseKept();
+  second.join();
+  EXPECT_TRUE(Eventually([&] { return Entries(name) == 0u; }, kPrompt));
+}
+
+TEST_P(AsyncTest, ATimeoutOrAStopEndsTheAcquireAndLeavesNothingInTheStore) {
+  Client a = NewClient();
+  Client b = NewClient();
+  const std::string name = UniqueName("cancel");
+  Mutex ma(a, name);
+  Mutex mb(b, name);
+  ma.lock();
+  // A stop request.
+  std::stop_source stop;
+  Outcomes stopped(1);
+  mb.async_acquire(kForever, stop.get_token(), stopped.Callback(0));
+  ASSERT_TRUE(Eventually([&] { return Entries(name) == 2u; }, kPrompt));
+  stop.request_stop();
+  ASSERT_TRUE(stopped.AllCame());
+  EXPECT_EQ(stopped.Holds(), 0);
+  EXPECT_TRUE(stopped.Errors().empty());
+  EXPECT_EQ(Entries(name), 1u) << "the cancelled acquire's entry is still there after its outcome";
+  // A timeout, and a zero timeout (one try).
+  Outcomes timed(2);
+  mb.async_acquire(200ms, {}, timed.Callback(0));
+  mb.async_acquire(0s, {}, timed.Callback(1));
+  ASSERT_TRUE(timed.AllCame());
+  EXPECT_EQ(timed.Holds(), 0);
+  EXPECT_TRUE(timed.Errors().empty());
+  EXPECT_TRUE(timed.ExactlyOnceEach());
+  EXPECT_EQ(Entries(name), 1u);
+  // A stop requested before the call.
+  std::stop_source early;
+  early.request_stop();
+  EXPECT_FALSE(mb.acquire_future(kForever, early.get_token()).get());
+  ma.unlock();
+}
+
+// Cancellation racing with the grant: every acquire ends with exactly one
+// outcome, the hold or nothing, and no entry is left behind.
+TEST_P(AsyncTest, CancellationRacingWithTheGrantGivesOneOutcomeAndNoOrphan) {
+  const int rounds = GetParam() == "mem" ? 200 : 40;
+  constexpr int kWaiters = 8;
+  Client a = NewClient();
+  Client b = NewClient();
+  const std::string name = UniqueName("race");
+  Mutex ma(a, name);
+  Mutex mb(b, name);
+  std::mt19937 rng(12345);
+  int holds = 0;
+  for (int round = 0; round < rounds; ++round) {
+    ma.lock();
+    Outcomes outcomes(kWaiters);
+    std::vector<std::stop_source> stops(kWaiters);
+    for (int i = 0; i < kWaiters; ++i) mb.async_acquire(kPrompt, stops[i].get_token(), outcomes.Callback(i));
+    std::vector<int> victims;
+    for (int i = 0; i < kWaiters; ++i) {
+      if (rng() % 2) victims.push_back(i);
+    }
+    ma.unlock();
+    std::this_thread::sleep_for(std::chrono::microseconds(rng() % 2000));
+    for (int i : victims) stops[i].request_stop();
+    ASSERT_TRUE(outcomes.AllCame()) << "round " << round;
+    ASSERT_TRUE(outcomes.ExactlyOnceEach()) << "round " << round;
+    ASSERT_TRUE(outcomes.Errors().empty()) << outcomes.Errors().front();
+    EXPECT_GE(outcomes.Holds(), kWaiters - static_cast<int>(victims.size()));
+    holds += outcomes.Holds();
+  }
+  EXPECT_GT(holds, 0);
+  EXPECT_TRUE(Eventually([&] { return Entries(name) == 0u; }, kPrompt)) << Entries(name) << " entries left";
+}
+
+TEST_P(AsyncTest, ABlockingCallOnTheDlockThreadIsRefused) {
+  Client c = NewClient();
+  const std::string name = UniqueName("refused");
+  Mutex m(c, name);
+  Mutex other(c, name + "-other");
+  std::promise<ErrorCode> code;
+  m.async_acquire(5s, {}, [&](Result<std::optional<Hold>> r) {
+    EXPECT_TRUE(r.ok());
+    try {
+      other.try_lock();
+      code.set_value(ErrorCode::kOk);
+    } catch (const Error& e) {
+      code.set_value(e.code());
+    }
+  });
+  EXPECT_EQ(code.get_future().get(), ErrorCode::kFailedPrecondition);
+}
+
+TEST_P(AsyncTest, APendingAcquireOutlivesItsLockObject) {
+  Client a = NewClient();
+  Client b = NewClient();
+  const std::string name = UniqueName("outlives");
+  Mutex ma(a, name);
+  ma.lock();
+  std::future<std::optional<Hold>> f;
+  {
+    Mutex mb(b, name);
+    f = mb.acquire_future(kPrompt);
+    ASSERT_TRUE(Eventually([&] { return Entries(name) == 2u; }, kPrompt));
+  }
+  ma.unlock();
+  EXPECT_TRUE(f.get());
+}
+
+TEST_P(AsyncTest, SemaphoreWaitersAreServedInOrderWithTheirCounts) {
+  Client a = NewClient();
+  Client b = NewClient();
+  const std::string name = UniqueName("sem");
+  Semaphore sa(a, name, 3);
+  Semaphore sb(b, name, 3);
+  auto all = sa.acquire(3, 5s);
+  ASSERT_TRUE(all);
+  Outcomes outcomes(2);
+  sb.async_acquire(2, kPrompt, {}, outcomes.Callback(0, true));
+  sb.async_acquire(1, kPrompt, {}, outcomes.Callback(1, true));
+  all->release();
+  ASSERT_TRUE(outcomes.AllCame());
+  EXPECT_EQ(outcomes.Order(), (std::vector<std::size_t>{0, 1}));
+  EXPECT_EQ(outcomes.Holds(), 2);
+  EXPECT_FALSE(sa.try_acquire(1)) << "2 + 1 of 3 permits are out";
+  outcomes.ReleaseKept();
+  EXPECT_TRUE(sa.acquire(3, 5s));
+}
+
+// Many pending acquires cost no thread each: at most 4 dlock threads per
+// client whatever their number; then all are cancelled at once, and nothing
+// of them is left in the store.
+TEST_P(AsyncTest, ManyPendingAcquiresUseAFewThreadsAndCancelCleanly) {
+  const int locks = GetParam() == "mem" ? 300 : 100;
+  constexpr int kOnOne = 300;
+  Client a = NewClient();
+  Client b = NewClient();
+  const std::string base = UniqueName("many");
+  std::vector<Hold> held;
+  for (int i = 0; i < locks; ++i) {
+    auto h = Mutex(a, base + "/" + std::to_string(i)).acquire(5s);
+    ASSERT_TRUE(h);
+    held.push_back(std::move(*h));
+  }
+  {
+    auto h = Mutex(b, base + "/warm-up").acquire(5s);  // b's session and dlock thread exist
+    ASSERT_TRUE(h);
+  }
+  const int threads_before = ThreadCount();
+  std::stop_source stop;
+  Outcomes outcomes(static_cast<std::size_t>(locks + kOnOne));
+  for (int i = 0; i < locks; ++i) {
+    Mutex(b, base + "/" + std::to_string(i)).async_acquire(kForever, stop.get_token(), outcomes.Callback(i));
+  }
+  for (int i = 0; i < kOnOne; ++i) {
+    Mutex(b, base + "/0").async_acquire(kForever, stop.get_token(), outcomes.Callback(locks + i));
+  }
+  ASSERT_TRUE(Eventually([&] { return Entries(base + "/" + std::to_string(locks - 1)) == 2u; }, kPrompt));
+  const int threads_pending = ThreadCount();
+  EXPECT_LE(threads_pending - threads_before, 2) << "threads grew from " << threads_before << " to " << threads_pending
+                                                 << " for " << locks + kOnOne << " pending acquires";
+  stop.request_stop();
+  ASSERT_TRUE(outcomes.AllCame());
+  EXPECT_TRUE(outcomes.ExactlyOnceEach());
+  EXPECT_EQ(outcomes.Holds(), 0);
+  EXPECT_TRUE(outcomes.Errors().empty());
+  for (int i = 0; i < locks; ++i) EXPECT_EQ(Entries(base + "/" + std::to_string(i)), 1u) << i;
+}
+
+INSTANTIATE_TEST_SUITE_P(Stores, AsyncTest, ::testing::ValuesIn(testing::StoreSpecs()),
+                         [](const auto& p) { return testing::SpecName(p.param, p.index); });
+
+}  // namespace
+}  // namespace dlock
