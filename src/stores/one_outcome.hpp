@@ -55,14 +55,9 @@ class OneOutcome {
     });
   }
 
-  bool pending() const DLOCK_EXCLUDES(mu_) {
-    MutexLock lock(mu_);
-    return phase_ == Phase::kPending;
-  }
-
  private:
   enum class Phase { kPending, kRunning, kDone };
-  mutable Mutex mu_;
+  Mutex mu_;
   std::condition_variable finished_;
   Phase phase_ DLOCK_GUARDED_BY(mu_) = Phase::kPending;
   std::thread::id runner_ DLOCK_GUARDED_BY(mu_);

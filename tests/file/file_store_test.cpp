@@ -39,6 +39,7 @@
 #include "dlock/store.hpp"
 #include "stores/file/layout.hpp"
 #include "support/child.hpp"
+#include "support/poll.hpp"
 
 extern char** environ;
 
@@ -706,6 +707,26 @@ TEST_F(FileStoreTest, FiveHundredAsyncWaitsAddAtMostOneThread) {
   EXPECT_EQ(waiter->wait_any_gone("many", ids, std::chrono::steady_clock::now() + 10ms, {}).code(),
             ErrorCode::kDeadlineExceeded);
   EXPECT_LE(ThreadCount(), threads_before + 1);
+}
+
+// The store's thread starts with its first wait and ends with the store and
+// its sessions.
+TEST_F(FileStoreTest, TheWaitingThreadEndsWithTheStoreAndItsSessions) {
+  auto holder = NewSession();
+  Entry e = Append(*holder, "thread");
+  const std::size_t threads_before = ThreadCount();
+  auto other = OpenStoreAt(dir_.path());
+  auto waiter = NewSession(other.get());
+  Outcomes done;
+  std::vector<std::string> ids{e.id};
+  auto handle = waiter->async_wait_any_gone("thread", ids, done.Callback(0));
+  EXPECT_EQ(ThreadCount(), threads_before + 1);
+  other.reset();  // the session keeps the thread
+  EXPECT_EQ(ThreadCount(), threads_before + 1);
+  handle.reset();
+  EXPECT_EQ(done.Count(), 1u);
+  waiter.reset();
+  EXPECT_TRUE(testing::Eventually([&] { return ThreadCount() == threads_before; }));
 }
 
 // Each pending wait holds a descriptor per entry it waits for. Out of

@@ -133,7 +133,7 @@ std::string EscapeUrlPath(const std::string& path) {
 // Shared by the store, its sessions and their wait handles; the thread
 // starts with the first wait and ends when the store and its sessions are
 // gone (StoreDir's destructor calls stop()).
-class FifoWatcher {
+class FifoWatcher : public std::enable_shared_from_this<FifoWatcher> {
  public:
   FifoWatcher() = default;
   FifoWatcher(const FifoWatcher&) = delete;
@@ -143,11 +143,11 @@ class FifoWatcher {
   // once one of them wakes. Returns the wait's key (never 0), or kUnavailable
   // when the thread or the epoll set cannot be had (out of descriptors,
   // threads or memory).
-  Result<std::uint64_t> add(const std::shared_ptr<FifoWatcher>& self, std::string session, std::vector<UniqueFd> fifos,
-                            std::shared_ptr<OneOutcome> outcome) DLOCK_EXCLUDES(mu_) {
+  Result<std::uint64_t> add(std::string session, std::vector<UniqueFd> fifos, std::shared_ptr<OneOutcome> outcome)
+      DLOCK_EXCLUDES(mu_) {
     MutexLock lock(mu_);
     if (stopping_) return UnavailableError("the store is closing");
-    if (auto s = start(self); !s.ok()) return s;
+    if (auto s = start(); !s.ok()) return s;
     const std::uint64_t key = next_key_++;
     for (std::size_t i = 0; i < fifos.size(); ++i) {
       // One-shot: a FIFO reports once (POLLHUP stays raised), and a wait
@@ -235,7 +235,7 @@ class FifoWatcher {
   };
 
   // Creates the epoll set and the thread, once.
-  Status start(const std::shared_ptr<FifoWatcher>& self) DLOCK_REQUIRES(mu_) {
+  Status start() DLOCK_REQUIRES(mu_) {
     if (thread_.joinable()) return OkStatus();
     if (!epoll_.valid()) {
       epoll_ = UniqueFd(epoll_create1(EPOLL_CLOEXEC));
@@ -254,7 +254,7 @@ class FifoWatcher {
     }
     try {
       // The thread keeps the watcher (and so the epoll set) alive until it ends.
-      thread_ = std::thread([self] { self->run(); });
+      thread_ = std::thread([self = shared_from_this()] { self->run(); });
     } catch (const std::system_error& e) {
       return UnavailableError(std::string("cannot start the file store's waiting thread: ") + e.what());
     }
@@ -875,7 +875,7 @@ class FileSession final : public Session {
     // if it comes after.
     MutexLock lock(mu_);
     if (closed_) return closed_error();
-    auto added = dir_->watcher->add(dir_->watcher, id_, std::move(fifos), outcome);
+    auto added = dir_->watcher->add(id_, std::move(fifos), outcome);
     if (!added.ok()) return added.status();
     key = *added;
     return OkStatus();
