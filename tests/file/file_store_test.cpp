@@ -735,6 +735,36 @@ TEST_F(FileStoreTest, TheWaitingThreadEndsWithTheStoreAndItsSessions) {
   EXPECT_TRUE(testing::Eventually([&] { return ThreadCount() == threads_before; }));
 }
 
+// A child forked without exec has the store's epoll set but not its thread:
+// a wait there fails at once instead of hanging, and what the child drops
+// leaves the parent's waits alone.
+TEST_F(FileStoreTest, AForkedChildsWaitFailsAndLeavesTheParentsWaits) {
+  auto holder = NewSession();
+  auto waiter = NewSession();
+  Entry e = Append(*holder, "fork");
+  std::vector<std::string> ids{e.id};
+  Outcomes done;
+  auto handle = waiter->async_wait_any_gone("fork", ids, done.Callback(0));
+  auto result = testing::RunInChild(
+      [&]() -> int {
+        Outcomes in_child;
+        auto mine = waiter->async_wait_any_gone("fork", ids, in_child.Callback(1));
+        auto got = in_child.AtLeast(1);
+        if (got.size() != 1 || got[0].second.code() != ErrorCode::kUnavailable) return 3;
+        handle.reset();  // the child's copy of the parent's wait
+        waiter.reset();
+        return 0;
+      },
+      std::chrono::seconds(30));
+  EXPECT_EQ(result, "exit 0");
+  std::this_thread::sleep_for(kStillBlocked);
+  EXPECT_EQ(done.Count(), 0u);
+  ASSERT_TRUE(holder->remove("fork", e.id, kNoDeadline).ok());
+  auto got = done.AtLeast(1);
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].second, OkStatus());
+}
+
 // Each pending wait holds a descriptor per entry it waits for. Out of
 // descriptors, a new wait ends at once with kUnavailable (it never hangs or
 // spins), and waits work again once descriptors are back.

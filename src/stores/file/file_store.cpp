@@ -204,23 +204,27 @@ class FifoWatcher : public std::enable_shared_from_this<FifoWatcher> {
   // handles, against the contract) end with kSessionLost.
   void stop() DLOCK_EXCLUDES(mu_) {
     std::thread thread;
+    bool ours = true;
     std::map<std::uint64_t, Wait> left;
     {
       MutexLock lock(mu_);
       stopping_ = true;
       thread = std::move(thread_);
+      ours = started_by_ == getpid();
       left.swap(waits_);
       if (wake_) wake_->signal();
     }
     if (thread.joinable()) {
       // From a completion on the thread itself (it dropped the last session):
-      // it sees stopping_ when it returns and ends on its own.
-      if (thread.get_id() == std::this_thread::get_id()) {
+      // it sees stopping_ when it returns and ends on its own. In a child
+      // forked without exec the thread does not exist: joining would hang.
+      if (!ours || thread.get_id() == std::this_thread::get_id()) {
         thread.detach();
       } else {
         thread.join();
       }
     }
+    if (!ours) return;  // the waits are the parent's, and so is the epoll set
     for (auto& [key, w] : left) {
       unwatch(w);
       w.outcome->complete(SessionLostError("the store was closed while waiting"));
@@ -236,6 +240,11 @@ class FifoWatcher : public std::enable_shared_from_this<FifoWatcher> {
 
   // Creates the epoll set and the thread, once.
   Status start() DLOCK_REQUIRES(mu_) {
+    // A child forked without exec has the epoll set of its parent and not
+    // its thread: an error, rather than a wait nobody serves.
+    if (thread_.joinable() && started_by_ != getpid()) {
+      return UnavailableError("this file store was opened before fork(); open it again in the child");
+    }
     if (thread_.joinable()) return OkStatus();
     if (!epoll_.valid()) {
       epoll_ = UniqueFd(epoll_create1(EPOLL_CLOEXEC));
@@ -255,6 +264,7 @@ class FifoWatcher : public std::enable_shared_from_this<FifoWatcher> {
     try {
       // The thread keeps the watcher (and so the epoll set) alive until it ends.
       thread_ = std::thread([self = shared_from_this()] { self->run(); });
+      started_by_ = getpid();
     } catch (const std::system_error& e) {
       return UnavailableError(std::string("cannot start the file store's waiting thread: ") + e.what());
     }
@@ -317,9 +327,12 @@ class FifoWatcher : public std::enable_shared_from_this<FifoWatcher> {
     int epoll_fd;
     {
       MutexLock lock(mu_);
-      epoll_fd = epoll_.get();
+      // Not in a child forked without exec: the set is its parent's.
+      epoll_fd = started_by_ == getpid() ? epoll_.get() : -1;
     }
-    for (UniqueFd& fd : w.fifos) epoll_ctl(epoll_fd, EPOLL_CTL_DEL, fd.get(), nullptr);
+    if (epoll_fd >= 0) {
+      for (UniqueFd& fd : w.fifos) epoll_ctl(epoll_fd, EPOLL_CTL_DEL, fd.get(), nullptr);
+    }
     w.fifos.clear();
   }
 
@@ -328,6 +341,7 @@ class FifoWatcher : public std::enable_shared_from_this<FifoWatcher> {
   UniqueFd epoll_ DLOCK_GUARDED_BY(mu_);
   std::optional<EventSignal> wake_ DLOCK_GUARDED_BY(mu_);
   std::thread thread_ DLOCK_GUARDED_BY(mu_);
+  pid_t started_by_ DLOCK_GUARDED_BY(mu_) = 0;
   std::uint64_t next_key_ DLOCK_GUARDED_BY(mu_) = 1;
   std::map<std::uint64_t, Wait> waits_ DLOCK_GUARDED_BY(mu_);
 };

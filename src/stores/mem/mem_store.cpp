@@ -61,7 +61,8 @@ struct MemStore::State {
     std::shared_ptr<internal::OneOutcome> outcome;
   };
   std::uint64_t next_waiter DLOCK_GUARDED_BY(mu) = 1;
-  std::map<std::uint64_t, Waiter> waiters DLOCK_GUARDED_BY(mu);
+  // By queue, so that a removal looks only at the waiters of its queue.
+  std::map<std::string, std::map<std::uint64_t, Waiter>, std::less<>> waiters DLOCK_GUARDED_BY(mu);
   // Outcomes taken out under mu, to be delivered after it is let go.
   using Settled = std::vector<std::pair<std::shared_ptr<internal::OneOutcome>, Status>>;
 
@@ -149,10 +150,20 @@ struct MemStore::State {
       return !present(queue, id);
     });
   }
-  // Takes out every waiter that has an outcome now.
-  Settled settle() DLOCK_REQUIRES(mu) {
+  // Takes out every waiter (of `queue` only, if given) that has an outcome now.
+  Settled settle(std::optional<std::string_view> queue = std::nullopt) DLOCK_REQUIRES(mu) {
     Settled out;
-    for (auto it = waiters.begin(); it != waiters.end();) {
+    auto first = queue ? waiters.find(*queue) : waiters.begin();
+    auto last = queue && first != waiters.end() ? std::next(first) : waiters.end();
+    for (auto q = first; q != last;) {
+      settle_queue(q->second, out);
+      q = q->second.empty() ? waiters.erase(q) : std::next(q);
+    }
+    changed.notify_all();
+    return out;
+  }
+  void settle_queue(std::map<std::uint64_t, Waiter>& in_queue, Settled& out) DLOCK_REQUIRES(mu) {
+    for (auto it = in_queue.begin(); it != in_queue.end();) {
       const Waiter& w = it->second;
       if (ended(w.session)) {
         out.emplace_back(w.outcome, SessionLostError("session " + w.session + " ended while waiting"));
@@ -163,10 +174,8 @@ struct MemStore::State {
         ++it;
         continue;
       }
-      it = waiters.erase(it);
+      it = in_queue.erase(it);
     }
-    changed.notify_all();
-    return out;
   }
   // Completes what settle() took out; never with mu held.
   static void deliver(Settled settled) {
@@ -322,10 +331,14 @@ class MemStore::MemSession final : public Session {
     std::uint64_t key = 0;
     std::optional<Status> now = register_wait(queue, ids, outcome, key);
     if (now) outcome->complete(std::move(*now));
-    return std::shared_ptr<void>(nullptr, [weak, key, outcome](void*) {
+    return std::shared_ptr<void>(nullptr, [weak, queue = std::string(queue), key, outcome](void*) {
       if (auto state = weak.lock(); state && key != 0) {
         internal::MutexLock g(state->mu);
-        state->waiters.erase(key);
+        auto it = state->waiters.find(queue);
+        if (it != state->waiters.end()) {
+          it->second.erase(key);
+          if (it->second.empty()) state->waiters.erase(it);
+        }
       }
       outcome->cancel();
     });
@@ -342,7 +355,7 @@ class MemStore::MemSession final : public Session {
     if (it != state_->queues.end()) {
       std::erase_if(it->second, [&](const State::StoredEntry& e) { return e.entry.id == id; });
       if (it->second.empty()) state_->queues.erase(it);
-      woken = state_->settle();
+      woken = state_->settle(queue);
     }
     Status out = state_->lose_reply("remove") ? UnavailableError("reply to remove lost (injected)") : OkStatus();
     lock.unlock();
@@ -393,7 +406,8 @@ class MemStore::MemSession final : public Session {
       return OkStatus();
     }
     key = state_->next_waiter++;
-    state_->waiters.emplace(key, State::Waiter{id_, std::string(queue), std::move(wanted), outcome});
+    state_->waiters[std::string(queue)].emplace(key,
+                                                State::Waiter{id_, std::string(queue), std::move(wanted), outcome});
     return std::nullopt;
   }
 
