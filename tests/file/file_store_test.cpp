@@ -745,6 +745,9 @@ TEST_F(FileStoreTest, AForkedChildsWaitFailsAndLeavesTheParentsWaits) {
   std::vector<std::string> ids{e.id};
   Outcomes done;
   auto handle = waiter->async_wait_any_gone("fork", ids, done.Callback(0));
+  // Fork once the store's new thread is idle in epoll_wait, not while it is
+  // starting (holding locks of the runtime, which the child would inherit held).
+  std::this_thread::sleep_for(kStillBlocked);
   auto result = testing::RunInChild(
       [&]() -> int {
         Outcomes in_child;
