@@ -7,6 +7,7 @@
 #include <signal.h>
 #include <spawn.h>
 #include <sys/file.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -16,11 +17,14 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <future>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <ostream>
 #include <set>
@@ -34,6 +38,8 @@
 #include "dlock/dlock.hpp"
 #include "dlock/store.hpp"
 #include "stores/file/layout.hpp"
+#include "support/child.hpp"
+#include "support/poll.hpp"
 
 extern char** environ;
 
@@ -630,6 +636,192 @@ TEST_F(FileStoreTest, ManyWaitersWakeTogether) {
   for (auto& w : waits) ASSERT_TRUE(w->Blocks());
   owner->close();
   for (auto& w : waits) EXPECT_EQ(w->Result(), OkStatus());
+}
+
+// --- asynchronous waits
+
+std::size_t ThreadCount() {
+  // ThreadSanitizer starts a thread of its own with the first thread made.
+  static const bool warm = [] {
+    std::thread([] {}).join();
+    return true;
+  }();
+  static_cast<void>(warm);
+  std::size_t n = 0;
+  for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator("/proc/self/task")) ++n;
+  return n;
+}
+
+// Counts the outcomes of many async waits.
+class Outcomes {
+ public:
+  std::function<void(Status)> Callback(int index) {
+    return [this, index](Status s) {
+      std::lock_guard<std::mutex> g(mu_);
+      got_.emplace_back(index, std::move(s));
+      cv_.notify_all();
+    };
+  }
+  // Waits (boundedly) until `count` outcomes arrived; returns all so far.
+  std::vector<std::pair<int, Status>> AtLeast(std::size_t count) {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait_for(lock, kPrompt, [&] { return got_.size() >= count; });
+    return got_;
+  }
+  std::size_t Count() {
+    std::lock_guard<std::mutex> g(mu_);
+    return got_.size();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<std::pair<int, Status>> got_;
+};
+
+// The waits of a store share one thread, whatever their number (issue 14:
+// at most 3 threads of a store's own), and it wakes each for its entry.
+TEST_F(FileStoreTest, FiveHundredAsyncWaitsAddAtMostOneThread) {
+  constexpr int kEntries = 10;
+  constexpr int kWaits = 500;
+  auto holder = NewSession();
+  auto waiter = NewSession();
+  std::vector<Entry> entries;
+  for (int i = 0; i < kEntries; ++i) entries.push_back(Append(*holder, "many"));
+  const std::size_t threads_before = ThreadCount();
+  Outcomes done;
+  std::vector<std::shared_ptr<void>> handles;
+  for (int i = 0; i < kWaits; ++i) {
+    std::vector<std::string> ids{entries[static_cast<std::size_t>(i % kEntries)].id};
+    handles.push_back(waiter->async_wait_any_gone("many", ids, done.Callback(i)));
+  }
+  EXPECT_LE(ThreadCount(), threads_before + 1) << "the waits took threads of their own";
+  std::this_thread::sleep_for(kStillBlocked);
+  EXPECT_EQ(done.Count(), 0u);
+  ASSERT_TRUE(holder->remove("many", entries[0].id, kNoDeadline).ok());
+  auto got = done.AtLeast(kWaits / kEntries);
+  ASSERT_EQ(got.size(), static_cast<std::size_t>(kWaits / kEntries));
+  for (const auto& [index, status] : got) {
+    EXPECT_EQ(index % kEntries, 0) << index;
+    EXPECT_EQ(status, OkStatus()) << index;
+  }
+  EXPECT_LE(ThreadCount(), threads_before + 1);
+  handles.clear();
+  EXPECT_EQ(done.Count(), static_cast<std::size_t>(kWaits)) << "every cancelled wait heard kCancelled";
+  // Blocking waits use the same thread.
+  std::vector<std::string> ids{entries[1].id};
+  EXPECT_EQ(waiter->wait_any_gone("many", ids, std::chrono::steady_clock::now() + 10ms, {}).code(),
+            ErrorCode::kDeadlineExceeded);
+  EXPECT_LE(ThreadCount(), threads_before + 1);
+}
+
+// The store's thread starts with its first wait and ends with the store and
+// its sessions.
+TEST_F(FileStoreTest, TheWaitingThreadEndsWithTheStoreAndItsSessions) {
+  auto holder = NewSession();
+  Entry e = Append(*holder, "thread");
+  const std::size_t threads_before = ThreadCount();
+  auto other = OpenStoreAt(dir_.path());
+  auto waiter = NewSession(other.get());
+  Outcomes done;
+  std::vector<std::string> ids{e.id};
+  auto handle = waiter->async_wait_any_gone("thread", ids, done.Callback(0));
+  EXPECT_EQ(ThreadCount(), threads_before + 1);
+  other.reset();  // the session keeps the thread
+  EXPECT_EQ(ThreadCount(), threads_before + 1);
+  handle.reset();
+  EXPECT_EQ(done.Count(), 1u);
+  waiter.reset();
+  EXPECT_TRUE(testing::Eventually([&] { return ThreadCount() == threads_before; }));
+}
+
+// A child forked without exec has the store's epoll set but not its thread:
+// a wait there fails at once instead of hanging, and what the child drops
+// leaves the parent's waits alone.
+TEST_F(FileStoreTest, AForkedChildsWaitFailsAndLeavesTheParentsWaits) {
+  auto holder = NewSession();
+  auto waiter = NewSession();
+  Entry e = Append(*holder, "fork");
+  std::vector<std::string> ids{e.id};
+  Outcomes done;
+  auto handle = waiter->async_wait_any_gone("fork", ids, done.Callback(0));
+  // Fork once the store's new thread is idle in epoll_wait, not while it is
+  // starting (holding locks of the runtime, which the child would inherit held).
+  std::this_thread::sleep_for(kStillBlocked);
+  auto result = testing::RunInChild(
+      [&]() -> int {
+        Outcomes in_child;
+        auto mine = waiter->async_wait_any_gone("fork", ids, in_child.Callback(1));
+        auto got = in_child.AtLeast(1);
+        if (got.size() != 1 || got[0].second.code() != ErrorCode::kUnavailable) return 3;
+        handle.reset();  // the child's copy of the parent's wait
+        waiter.reset();
+        return 0;
+      },
+      std::chrono::seconds(30));
+  EXPECT_EQ(result, "exit 0");
+  std::this_thread::sleep_for(kStillBlocked);
+  EXPECT_EQ(done.Count(), 0u);
+  ASSERT_TRUE(holder->remove("fork", e.id, kNoDeadline).ok());
+  auto got = done.AtLeast(1);
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].second, OkStatus());
+}
+
+// Each pending wait holds a descriptor per entry it waits for. Out of
+// descriptors, a new wait ends at once with kUnavailable (it never hangs or
+// spins), and waits work again once descriptors are back.
+TEST_F(FileStoreTest, OutOfDescriptorsAWaitEndsWithUnavailable) {
+  auto holder = NewSession();
+  Entry e = Append(*holder, "fds");
+  const std::string dir = dir_.path();
+  auto result = testing::RunInChild(
+      [&]() -> int {
+        auto store = OpenUrl("file://" + dir);
+        if (!store.ok()) return 10;
+        auto waiter = (*store)->open_session(kNoDeadline);
+        if (!waiter.ok()) return 11;
+        std::vector<std::string> ids{e.id};
+        // Starts the store's thread, so that it is not what runs short.
+        std::vector<std::shared_ptr<void>> handles;
+        std::atomic<int> ok{0}, unavailable{0}, other{0};
+        auto count = [&](Status s) {
+          if (s.ok()) {
+            ++ok;
+          } else if (s.code() == ErrorCode::kUnavailable) {
+            ++unavailable;
+          } else if (s.code() != ErrorCode::kCancelled) {
+            ++other;
+          }
+        };
+        handles.push_back((*waiter)->async_wait_any_gone("fds", ids, count));
+        rlimit low{};
+        getrlimit(RLIMIT_NOFILE, &low);
+        int highest = 0;
+        for (int fd = 0; fd < 4096; ++fd) {
+          if (fcntl(fd, F_GETFD) != -1) highest = fd;
+        }
+        low.rlim_cur = static_cast<rlim_t>(highest + 20);
+        if (setrlimit(RLIMIT_NOFILE, &low) != 0) return 12;
+        // The limit bounds descriptor numbers: the free ones below it go first.
+        for (int i = 0; i < 5000 && unavailable.load() == 0; ++i) {
+          handles.push_back((*waiter)->async_wait_any_gone("fds", ids, count));
+        }
+        if (unavailable.load() == 0) return 13;  // never ran out
+        if (ok.load() != 0 || other.load() != 0) return 14;
+        if ((*waiter)->wait_any_gone("fds", ids, kNoDeadline, {}).code() != ErrorCode::kUnavailable) return 15;
+        const int pending = static_cast<int>(handles.size()) - unavailable.load();
+        handles.clear();  // gives the descriptors back
+        Outcomes done;
+        auto again = (*waiter)->async_wait_any_gone("fds", ids, done.Callback(0));
+        if (done.Count() != 0) return 16;  // not an error this time: it waits
+        again.reset();
+        return pending > 0 ? 0 : 17;
+      },
+      std::chrono::seconds(60));
+  EXPECT_EQ(result, "exit 0");
+  // The entry is still there and still waitable here.
+  EXPECT_EQ(Ids(List(*holder, "fds")), std::vector<std::string>{e.id});
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <filesystem>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -43,6 +44,52 @@ TEST(Faults, EachReleaseWakesExactlyOneWaiter) {
   threads.clear();
   // kWaiters handoffs; a herd would wake every waiter on every release.
   EXPECT_EQ(store->op_count("wake") - wakes_before, static_cast<std::uint64_t>(kWaiters));
+}
+
+// mem:// waits are records in the store, not threads; an injected fault or
+// delay for "wait" applies to the asynchronous form too, on the calling thread.
+TEST(Faults, MemAsyncWaitsTakeNoThreadAndHonourInjectedFaults) {
+  auto thread_count = [] {
+    std::size_t n = 0;
+    for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator("/proc/self/task")) ++n;
+    return n;
+  };
+  ManualWorld w;
+  auto& [clock, store, a, b] = w;
+  std::shared_ptr<Session> holder = a.session().value();
+  std::shared_ptr<Session> waiter = b.session().value();
+  EntrySpec spec;
+  spec.kind = "lock";
+  spec.attempt_id = "a1";
+  auto appended = holder->append("mem-async", spec, kNoDeadline);
+  ASSERT_TRUE(appended.ok());
+  std::vector<std::string> ids{appended->entry.id};
+  constexpr int kWaits = 200;
+  std::atomic<int> ok{0};
+  std::atomic<int> unavailable{0};
+  auto count = [&](Status s) {
+    if (s.ok()) ++ok;
+    if (s.code() == ErrorCode::kUnavailable) ++unavailable;
+  };
+  const std::size_t threads_before = thread_count();
+  const std::uint64_t wakes_before = store->op_count("wake");
+  std::vector<std::shared_ptr<void>> handles;
+  for (int i = 0; i < kWaits; ++i) handles.push_back(waiter->async_wait_any_gone("mem-async", ids, count));
+  EXPECT_EQ(thread_count(), threads_before);
+  store->fail_next("wait", UnavailableError("injected"));
+  auto failed = waiter->async_wait_any_gone("mem-async", ids, count);
+  EXPECT_EQ(unavailable.load(), 1) << "the injected failure did not reach the asynchronous wait";
+  // A delayed wait registers once the clock has moved past the delay.
+  store->delay_next("wait", 2s);
+  std::shared_ptr<void> delayed;
+  std::jthread registering([&] { delayed = waiter->async_wait_any_gone("mem-async", ids, count); });
+  ASSERT_TRUE(Eventually([&] { return store->op_count("delayed") == 1u; }));
+  clock->advance(2s);
+  registering.join();
+  EXPECT_EQ(ok.load(), 0);
+  ASSERT_TRUE(holder->remove("mem-async", ids[0], kNoDeadline).ok());
+  EXPECT_EQ(ok.load(), kWaits + 1) << "every wait is completed by the remove, on its thread";
+  EXPECT_EQ(store->op_count("wake") - wakes_before, static_cast<std::uint64_t>(kWaits + 1));
 }
 
 TEST(Faults, ManualClockDrivesTimeouts) {

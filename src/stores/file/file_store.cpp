@@ -39,7 +39,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
-#include <poll.h>
+#include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/file.h>
 #include <sys/random.h>
@@ -48,18 +48,23 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cerrno>
+#include <condition_variable>
 #include <cstdlib>
 #include <ctime>
 #include <limits>
 #include <map>
+#include <optional>
+#include <stop_token>
 #include <system_error>
 #include <thread>
 #include <utility>
 #include <vector>
 
 #include "stores/file/layout.hpp"
+#include "stores/one_outcome.hpp"
 
 namespace dlock::internal {
 namespace {
@@ -124,12 +129,235 @@ std::string EscapeUrlPath(const std::string& path) {
   return out;
 }
 
+// The one thread of a store that waits for FIFOs (see "Waiting threads").
+// Shared by the store, its sessions and their wait handles; the thread
+// starts with the first wait and ends when the store and its sessions are
+// gone (StoreDir's destructor calls stop()).
+class FifoWatcher : public std::enable_shared_from_this<FifoWatcher> {
+ public:
+  FifoWatcher() = default;
+  FifoWatcher(const FifoWatcher&) = delete;
+  FifoWatcher& operator=(const FifoWatcher&) = delete;
+
+  // Watches `fifos` for `session`'s wait; `outcome` gets OK from the thread
+  // once one of them wakes. Returns the wait's key (never 0), or kUnavailable
+  // when the thread or the epoll set cannot be had (out of descriptors,
+  // threads or memory).
+  Result<std::uint64_t> add(std::string session, std::vector<UniqueFd> fifos, std::shared_ptr<OneOutcome> outcome)
+      DLOCK_EXCLUDES(mu_) {
+    MutexLock lock(mu_);
+    if (stopping_) return UnavailableError("the store is closing");
+    if (auto s = start(); !s.ok()) return s;
+    const std::uint64_t key = next_key_++;
+    for (std::size_t i = 0; i < fifos.size(); ++i) {
+      // One-shot: a FIFO reports once (POLLHUP stays raised), and a wait
+      // taken out by someone else is never reported again.
+      epoll_event event{};
+      event.events = EPOLLIN | EPOLLONESHOT;
+      event.data.u64 = key;
+      if (epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, fifos[i].get(), &event) != 0) {
+        int err = errno;
+        for (std::size_t j = 0; j < i; ++j) epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, fifos[j].get(), nullptr);
+        return UnavailableError("cannot watch a FIFO (epoll_ctl): " + ErrnoText(err));
+      }
+    }
+    // Added under mu_: the thread cannot take the wait out (and close its
+    // FIFOs) before every one of them is in the set.
+    waits_.emplace(key, Wait{std::move(session), std::move(fifos), std::move(outcome)});
+    return key;
+  }
+
+  // Takes a wait out (its FIFOs closed); its outcome is the caller's.
+  void remove(std::uint64_t key) DLOCK_EXCLUDES(mu_) {
+    std::optional<Wait> taken;
+    {
+      MutexLock lock(mu_);
+      auto it = waits_.find(key);
+      if (it == waits_.end()) return;
+      taken = std::move(it->second);
+      waits_.erase(it);
+    }
+    unwatch(*taken);
+  }
+
+  // Ends every wait of `session` with kSessionLost, on this thread.
+  void end_session(const std::string& session, const std::string& why) DLOCK_EXCLUDES(mu_) {
+    std::vector<Wait> ended;
+    {
+      MutexLock lock(mu_);
+      for (auto it = waits_.begin(); it != waits_.end();) {
+        if (it->second.session != session) {
+          ++it;
+          continue;
+        }
+        ended.push_back(std::move(it->second));
+        it = waits_.erase(it);
+      }
+    }
+    for (Wait& w : ended) {
+      unwatch(w);
+      w.outcome->complete(SessionLostError(why));
+    }
+  }
+
+  // Ends the thread; waits still pending (their sessions outlived by their
+  // handles, against the contract) end with kSessionLost.
+  void stop() DLOCK_EXCLUDES(mu_) {
+    std::thread thread;
+    bool ours = true;
+    std::map<std::uint64_t, Wait> left;
+    {
+      MutexLock lock(mu_);
+      stopping_ = true;
+      thread = std::move(thread_);
+      ours = started_by_ == getpid();
+      left.swap(waits_);
+      if (wake_) wake_->signal();
+    }
+    if (thread.joinable()) {
+      // From a completion on the thread itself (it dropped the last session):
+      // it sees stopping_ when it returns and ends on its own. In a child
+      // forked without exec the thread does not exist: joining would hang.
+      if (!ours || thread.get_id() == std::this_thread::get_id()) {
+        thread.detach();
+      } else {
+        thread.join();
+      }
+    }
+    if (!ours) return;  // the waits are the parent's, and so is the epoll set
+    for (auto& [key, w] : left) {
+      unwatch(w);
+      w.outcome->complete(SessionLostError("the store was closed while waiting"));
+    }
+  }
+
+ private:
+  struct Wait {
+    std::string session;
+    std::vector<UniqueFd> fifos;
+    std::shared_ptr<OneOutcome> outcome;
+  };
+
+  // Creates the epoll set and the thread, once.
+  Status start() DLOCK_REQUIRES(mu_) {
+    // A child forked without exec has the epoll set of its parent and not
+    // its thread: an error, rather than a wait nobody serves.
+    if (thread_.joinable() && started_by_ != getpid()) {
+      return UnavailableError("this file store was opened before fork(); open it again in the child");
+    }
+    if (thread_.joinable()) return OkStatus();
+    if (!epoll_.valid()) {
+      epoll_ = UniqueFd(epoll_create1(EPOLL_CLOEXEC));
+      if (!epoll_.valid()) return UnavailableError("cannot wait for FIFOs (epoll_create1): " + ErrnoText(errno));
+    }
+    if (!wake_) {
+      auto signal = EventSignal::create();
+      if (!signal.ok()) return signal.status();
+      epoll_event event{};
+      event.events = EPOLLIN;
+      event.data.u64 = 0;  // keys of waits start at 1
+      if (epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, signal->fd(), &event) != 0) {
+        return UnavailableError("cannot wait for FIFOs (epoll_ctl): " + ErrnoText(errno));
+      }
+      wake_.emplace(std::move(*signal));
+    }
+    try {
+      // The thread keeps the watcher (and so the epoll set) alive until it ends.
+      thread_ = std::thread([self = shared_from_this()] { self->run(); });
+      started_by_ = getpid();
+    } catch (const std::system_error& e) {
+      return UnavailableError(std::string("cannot start the file store's waiting thread: ") + e.what());
+    }
+    return OkStatus();
+  }
+
+  void run() DLOCK_EXCLUDES(mu_) {
+    int epoll_fd;
+    {
+      MutexLock lock(mu_);
+      epoll_fd = epoll_.get();  // constant from here on: closed only with the watcher
+    }
+    std::array<epoll_event, 64> events{};
+    for (;;) {
+      int n = epoll_wait(epoll_fd, events.data(), static_cast<int>(events.size()), -1);
+      const int err = errno;
+      if (n < 0 && err == EINTR) continue;
+      std::vector<Wait> woken;
+      std::map<std::uint64_t, Wait> failed;
+      {
+        MutexLock lock(mu_);
+        if (stopping_) return;
+        if (n < 0) {
+          // Cannot happen with a valid set; end every wait rather than spin.
+          stopping_ = true;
+          failed.swap(waits_);
+        }
+        for (int i = 0; i < n; ++i) take(events[static_cast<std::size_t>(i)].data.u64, woken);
+      }
+      for (auto& [key, w] : failed) {
+        unwatch(w);
+        w.outcome->complete(UnavailableError("epoll_wait: " + ErrnoText(err)));
+      }
+      if (n < 0) return;
+      // POLLHUP: an owner closed its FIFO (released, or its process died);
+      // POLLIN: a remover deleted the entry and wrote a byte.
+      for (Wait& w : woken) {
+        unwatch(w);
+        w.outcome->complete(OkStatus());
+      }
+    }
+  }
+
+  // Moves the wait an event names (if still there) into `woken`.
+  void take(std::uint64_t key, std::vector<Wait>& woken) DLOCK_REQUIRES(mu_) {
+    if (key == 0) {
+      wake_->drain();
+      return;
+    }
+    auto it = waits_.find(key);
+    if (it == waits_.end()) return;  // cancelled or ended meanwhile
+    woken.push_back(std::move(it->second));
+    waits_.erase(it);
+  }
+
+  // Takes a wait's FIFOs out of the set before closing them: a registration
+  // lives as long as its open file description, which a child forked
+  // without exec may share.
+  void unwatch(Wait& w) DLOCK_EXCLUDES(mu_) {
+    int epoll_fd;
+    {
+      MutexLock lock(mu_);
+      // Not in a child forked without exec: the set is its parent's.
+      epoll_fd = started_by_ == getpid() ? epoll_.get() : -1;
+    }
+    if (epoll_fd >= 0) {
+      for (UniqueFd& fd : w.fifos) epoll_ctl(epoll_fd, EPOLL_CTL_DEL, fd.get(), nullptr);
+    }
+    w.fifos.clear();
+  }
+
+  Mutex mu_;
+  bool stopping_ DLOCK_GUARDED_BY(mu_) = false;
+  UniqueFd epoll_ DLOCK_GUARDED_BY(mu_);
+  std::optional<EventSignal> wake_ DLOCK_GUARDED_BY(mu_);
+  std::thread thread_ DLOCK_GUARDED_BY(mu_);
+  pid_t started_by_ DLOCK_GUARDED_BY(mu_) = 0;
+  std::uint64_t next_key_ DLOCK_GUARDED_BY(mu_) = 1;
+  std::map<std::uint64_t, Wait> waits_ DLOCK_GUARDED_BY(mu_);
+};
+
 // What every session of one store shares.
 struct StoreDir {
   std::string path;  // absolute, for messages
   UniqueFd root;
   std::shared_ptr<Clock> clock;
   std::atomic<std::uint64_t> sessions_opened{0};
+  const std::shared_ptr<FifoWatcher> watcher = std::make_shared<FifoWatcher>();
+
+  StoreDir() = default;
+  StoreDir(const StoreDir&) = delete;
+  StoreDir& operator=(const StoreDir&) = delete;
+  ~StoreDir() { watcher->stop(); }
 
   std::string path_of(std::string_view relative) const {
     return path + (path.ends_with('/') ? "" : "/") + std::string(relative);
@@ -393,8 +621,7 @@ Result<EntryName> ParseId(std::string_view id) {
 
 class FileSession final : public Session {
  public:
-  FileSession(std::shared_ptr<StoreDir> dir, std::string id, EventSignal closed_event)
-      : dir_(std::move(dir)), id_(std::move(id)), closed_event_(std::move(closed_event)) {}
+  FileSession(std::shared_ptr<StoreDir> dir, std::string id) : dir_(std::move(dir)), id_(std::move(id)) {}
   ~FileSession() override { close(); }
 
   std::string id() const override { return id_; }
@@ -500,25 +727,32 @@ class FileSession final : public Session {
     return ReadQueue(*dir_, QueueDirName(queue), options.with_owners);
   }
 
+  // The asynchronous wait with the caller blocked on its outcome, the
+  // deadline (on the store's clock: a hand-moved one notifies on advance) or
+  // `stop`; then the wait is cancelled.
   Status wait_any_gone(std::string_view queue, std::span<const std::string> ids, Clock::time_point deadline,
                        std::stop_token stop) override {
-    if (auto s = CheckQueueName(queue); !s.ok()) return s;
-    if (ids.empty()) return InvalidArgumentError("wait_any_gone needs at least one entry id");
-    std::vector<EntryName> names;
-    for (const std::string& id : ids) {
-      auto parsed = ParseId(id);
-      if (!parsed.ok()) return parsed.status();
-      names.push_back(std::move(*parsed));
-    }
-    if (closed()) return closed_error();
-    // Arm first, then test: an entry that goes after its FIFO is open wakes
-    // the poll, one that went before shows in the test.
-    std::vector<UniqueFd> fifos;
-    auto armed = arm(names, fifos);
-    if (!armed.ok() || !*armed) return armed.status();  // an error, or one is gone already
-    auto gone = any_gone_now(QueueDirName(queue), ids, names, fifos);
-    if (!gone.ok() || *gone) return gone.status();
-    return await_fifos(queue, fifos, deadline, stop);
+    auto sync = std::make_shared<BlockedWait>();
+    std::shared_ptr<void> handle = async_wait_any_gone(queue, ids, [sync](Status s) { sync->set(std::move(s)); });
+    std::shared_ptr<void> on_advance = dir_->clock->on_advance([sync] { sync->poke(); });
+    if (auto s = sync->await(*dir_->clock, deadline, stop)) return *s;
+    handle.reset();  // kCancelled, unless an outcome came first
+    if (auto s = sync->result(); s && s->code() != ErrorCode::kCancelled) return *s;
+    if (stop.stop_requested()) return CancelledError("waiting in queue " + std::string(queue) + " was cancelled");
+    return DeadlineExceededError("deadline passed waiting for an entry of queue " + std::string(queue) + " to go");
+  }
+
+  // Arms the entries' FIFOs and hands them to the store's FifoWatcher; an
+  // outcome known at once (gone already, an error) is delivered here.
+  std::shared_ptr<void> async_wait_any_gone(std::string_view queue, std::span<const std::string> ids,
+                                            std::function<void(Status)> done) override {
+    auto outcome = std::make_shared<OneOutcome>(std::move(done));
+    std::uint64_t key = 0;
+    if (Status s = start_wait(queue, ids, outcome, key); key == 0) outcome->complete(std::move(s));
+    return std::shared_ptr<void>(nullptr, [watcher = dir_->watcher, key, outcome](void*) {
+      if (key != 0) watcher->remove(key);
+      outcome->cancel();
+    });
   }
 
   Status remove(std::string_view queue, std::string_view id, Clock::time_point) override DLOCK_EXCLUDES(mu_) {
@@ -592,7 +826,7 @@ class FileSession final : public Session {
     // holder has been told (store.hpp). No lock is held while they hear it.
     subscribers_.notify(SessionState::kClosed);
     for (auto& [id, owned] : doomed) ReleaseEntry(*dir_, *owned);
-    closed_event_.signal();  // wakes this session's waiters
+    dir_->watcher->end_session(id_, "session " + id_ + " of " + dir_->path + " was closed while waiting");
   }
 
  private:
@@ -631,56 +865,68 @@ class FileSession final : public Session {
     return false;
   }
 
-  // Polls the armed FIFOs until one wakes, or the deadline, a stop request
-  // or close() ends the wait.
-  Status await_fifos(std::string_view queue, const std::vector<UniqueFd>& fifos, Clock::time_point deadline,
-                     const std::stop_token& stop) const {
-    // Shared, so that a late signal never writes to a closed, maybe reused,
-    // descriptor.
-    auto signal = EventSignal::create();
-    if (!signal.ok()) return signal.status();
-    auto wake_me = std::make_shared<const EventSignal>(std::move(*signal));
-    std::stop_callback on_stop(stop, [wake_me] { wake_me->signal(); });
-    // A hand-moved clock never passes the deadline during ppoll: re-check on advance.
-    std::shared_ptr<void> on_advance = dir_->clock->on_advance([wake_me] { wake_me->signal(); });
-
-    std::vector<pollfd> pollfds;
-    for (const UniqueFd& fd : fifos) pollfds.push_back({fd.get(), POLLIN, 0});
-    pollfds.push_back({wake_me->fd(), POLLIN, 0});
-    pollfds.push_back({closed_event_.fd(), POLLIN, 0});
-    for (;;) {
-      if (stop.stop_requested()) return CancelledError("waiting in queue " + std::string(queue) + " was cancelled");
-      if (closed()) return closed_error();
-      Clock::time_point now = dir_->clock->now();
-      if (now >= deadline) {
-        return DeadlineExceededError("deadline passed waiting for an entry of queue " + std::string(queue) + " to go");
-      }
-      timespec timeout{};
-      int ready = ppoll(pollfds.data(), pollfds.size(), poll_timeout(deadline, now, timeout), nullptr);
-      if (ready < 0) {
-        if (errno == EINTR) continue;
-        return UnavailableError("poll: " + ErrnoText(errno));
-      }
-      for (std::size_t i = 0; i < fifos.size(); ++i) {
-        // POLLHUP: the owner closed it (released, or its process died);
-        // POLLIN: a remover deleted the entry and wrote a byte.
-        if (pollfds[i].revents != 0) return OkStatus();
-      }
-      wake_me->drain();
+  // Registers a wait (`key` set), or returns its outcome if it has one at
+  // once (`key` stays 0): arm first, then test, so that an entry that goes
+  // after its FIFO is open wakes the watcher, and one that went before shows
+  // in the test.
+  Status start_wait(std::string_view queue, std::span<const std::string> ids,
+                    const std::shared_ptr<OneOutcome>& outcome, std::uint64_t& key) DLOCK_EXCLUDES(mu_) {
+    if (auto s = CheckQueueName(queue); !s.ok()) return s;
+    if (ids.empty()) return InvalidArgumentError("wait_any_gone needs at least one entry id");
+    std::vector<EntryName> names;
+    for (const std::string& id : ids) {
+      auto parsed = ParseId(id);
+      if (!parsed.ok()) return parsed.status();
+      names.push_back(std::move(*parsed));
     }
+    if (closed()) return closed_error();
+    std::vector<UniqueFd> fifos;
+    auto armed = arm(names, fifos);                     // EMFILE/ENFILE: kUnavailable, never a wait without its FIFOs
+    if (!armed.ok() || !*armed) return armed.status();  // an error, or one is gone already
+    auto gone = any_gone_now(QueueDirName(queue), ids, names, fifos);
+    if (!gone.ok() || *gone) return gone.status();
+    // Under mu_, so that close() (which sets closed_ first) ends this wait
+    // if it comes after.
+    MutexLock lock(mu_);
+    if (closed_) return closed_error();
+    auto added = dir_->watcher->add(id_, std::move(fifos), outcome);
+    if (!added.ok()) return added.status();
+    key = *added;
+    return OkStatus();
   }
 
-  // ppoll's timeout until `deadline` in `storage`; nullptr (no timeout) for
-  // kNoDeadline. Capped at a day so the conversion cannot overflow: the
-  // caller's loop waits again.
-  static const timespec* poll_timeout(Clock::time_point deadline, Clock::time_point now, timespec& storage) {
-    if (deadline == kNoDeadline) return nullptr;
-    auto left = std::min<Clock::duration>(deadline - now, std::chrono::hours(24));
-    auto seconds = std::chrono::duration_cast<std::chrono::seconds>(left);
-    storage.tv_sec = static_cast<time_t>(seconds.count());
-    storage.tv_nsec = static_cast<long>(std::chrono::duration_cast<std::chrono::nanoseconds>(left - seconds).count());
-    return &storage;
-  }
+  // Where a blocking wait_any_gone waits for its asynchronous wait.
+  class BlockedWait {
+   public:
+    void set(Status s) DLOCK_EXCLUDES(mu_) {
+      MutexLock lock(mu_);
+      result_ = std::move(s);
+      changed_.notify_all();
+    }
+    void poke() DLOCK_EXCLUDES(mu_) {
+      MutexLock lock(mu_);
+      changed_.notify_all();
+    }
+    // The outcome, or nullopt when the deadline passed or `stop` came first.
+    std::optional<Status> await(const Clock& clock, Clock::time_point deadline, const std::stop_token& stop)
+        DLOCK_EXCLUDES(mu_) {
+      MutexLock lock(mu_);
+      clock.wait_until(changed_, lock.native(), stop, deadline, [&] {
+        mu_.assert_held();  // wait_until runs it under the lock
+        return result_.has_value();
+      });
+      return result_;
+    }
+    std::optional<Status> result() DLOCK_EXCLUDES(mu_) {
+      MutexLock lock(mu_);
+      return result_;
+    }
+
+   private:
+    Mutex mu_;
+    std::condition_variable_any changed_;
+    std::optional<Status> result_ DLOCK_GUARDED_BY(mu_);
+  };
 
   bool closed() const DLOCK_EXCLUDES(mu_) {
     MutexLock lock(mu_);
@@ -690,7 +936,6 @@ class FileSession final : public Session {
 
   const std::shared_ptr<StoreDir> dir_;
   const std::string id_;
-  const EventSignal closed_event_;  // readable once close() has run
   // Atomic: read without mu_ by state(); written under mu_ by close().
   std::atomic<SessionState> state_{SessionState::kConnected};
   ListenerList<SessionState> subscribers_;  // locks itself
@@ -706,10 +951,8 @@ class FileStore final : public Store {
   std::string url() const override { return "file://" + EscapeUrlPath(dir_->path); }
 
   Result<std::shared_ptr<Session>> open_session(Clock::time_point) override {
-    auto closed_event = EventSignal::create();
-    if (!closed_event.ok()) return closed_event.status();
     std::string id = "pid " + std::to_string(getpid()) + " #" + std::to_string(++dir_->sessions_opened);
-    return std::shared_ptr<Session>(std::make_shared<FileSession>(dir_, std::move(id), std::move(*closed_event)));
+    return std::shared_ptr<Session>(std::make_shared<FileSession>(dir_, std::move(id)));
   }
 
  private:

@@ -1,13 +1,22 @@
-// The in-process store. One mutex guards everything; every change that a
-// waiter could be waiting for notifies one condition variable. Session
+// The in-process store. One mutex guards everything. Waits are records in
+// the state: whatever removes an entry or ends a session takes out the
+// waits that now have an outcome and completes them after letting go of the
+// mutex, on its own thread (no thread of the store's). Blocking calls wait
+// on one condition variable that every such change notifies. Session
 // listeners are called without the mutex held, in order, before the change
 // they announce becomes visible to other sessions (expiry: listeners first,
 // then the entries go).
+//
+// Injected delays (delay_next) hold the calling thread back, for the
+// asynchronous forms too: the delay runs inline before the request (or the
+// wait's registration) as it does for the blocking form, so a test sees the
+// same slow store whichever form the engine calls.
 #include "dlock/mem_store.hpp"
 
 #include "core/listeners.hpp"
 #include "core/serial_delivery.hpp"
 #include "core/thread_annotations.hpp"
+#include "stores/one_outcome.hpp"
 
 #include <algorithm>
 #include <condition_variable>
@@ -43,6 +52,19 @@ struct MemStore::State {
   std::map<std::string, int, std::less<>> lost_replies DLOCK_GUARDED_BY(mu);
   std::map<std::string, std::deque<Clock::duration>, std::less<>> delays DLOCK_GUARDED_BY(mu);
   std::map<std::string, std::uint64_t, std::less<>> ops DLOCK_GUARDED_BY(mu);
+
+  // A pending async_wait_any_gone.
+  struct Waiter {
+    std::string session;
+    std::string queue;
+    std::vector<std::string> ids;
+    std::shared_ptr<internal::OneOutcome> outcome;
+  };
+  std::uint64_t next_waiter DLOCK_GUARDED_BY(mu) = 1;
+  // By queue, so that a removal looks only at the waiters of its queue.
+  std::map<std::string, std::map<std::uint64_t, Waiter>, std::less<>> waiters DLOCK_GUARDED_BY(mu);
+  // Outcomes taken out under mu, to be delivered after it is let go.
+  using Settled = std::vector<std::pair<std::shared_ptr<internal::OneOutcome>, Status>>;
 
   // Counts `op` and returns an injected failure for it, if any.
   Status inject(std::string_view op) DLOCK_REQUIRES(mu) {
@@ -118,6 +140,47 @@ struct MemStore::State {
     if (it == queues.end()) return false;
     return std::any_of(it->second.begin(), it->second.end(), [&](const StoredEntry& e) { return e.entry.id == id; });
   }
+  bool ended(const std::string& session) const DLOCK_REQUIRES(mu) {
+    auto it = sessions.find(session);
+    return it == sessions.end() || it->second.state == SessionState::kLost || it->second.state == SessionState::kClosed;
+  }
+  bool any_gone(std::string_view queue, const std::vector<std::string>& ids) const DLOCK_REQUIRES(mu) {
+    return std::any_of(ids.begin(), ids.end(), [&](const std::string& id) {
+      mu.assert_held();  // called by any_of right here
+      return !present(queue, id);
+    });
+  }
+  // Takes out every waiter (of `queue` only, if given) that has an outcome now.
+  Settled settle(std::optional<std::string_view> queue = std::nullopt) DLOCK_REQUIRES(mu) {
+    Settled out;
+    auto first = queue ? waiters.find(*queue) : waiters.begin();
+    auto last = queue && first != waiters.end() ? std::next(first) : waiters.end();
+    for (auto q = first; q != last;) {
+      settle_queue(q->second, out);
+      q = q->second.empty() ? waiters.erase(q) : std::next(q);
+    }
+    changed.notify_all();
+    return out;
+  }
+  void settle_queue(std::map<std::uint64_t, Waiter>& in_queue, Settled& out) DLOCK_REQUIRES(mu) {
+    for (auto it = in_queue.begin(); it != in_queue.end();) {
+      const Waiter& w = it->second;
+      if (ended(w.session)) {
+        out.emplace_back(w.outcome, SessionLostError("session " + w.session + " ended while waiting"));
+      } else if (any_gone(w.queue, w.ids)) {
+        ++ops["wake"];
+        out.emplace_back(w.outcome, OkStatus());
+      } else {
+        ++it;
+        continue;
+      }
+      it = in_queue.erase(it);
+    }
+  }
+  // Completes what settle() took out; never with mu held.
+  static void deliver(Settled settled) {
+    for (auto& [outcome, status] : settled) outcome->complete(std::move(status));
+  }
   // Removes every entry of `session`.
   void drop_entries_of(const std::string& session) DLOCK_REQUIRES(mu) {
     for (auto it = queues.begin(); it != queues.end();) {
@@ -135,6 +198,7 @@ void MemStore::transition(const std::shared_ptr<State>& state, std::string_view 
                           const std::function<void(State&)>& then) {
   std::shared_ptr<internal::SerialDelivery> delivery;
   internal::ListenerList<SessionState> listeners;
+  State::Settled ended_waits;
   {
     internal::MutexLock g(state->mu);
     auto it = state->sessions.find(id);
@@ -144,14 +208,19 @@ void MemStore::transition(const std::shared_ptr<State>& state, std::string_view 
     it->second.state = next;
     delivery = it->second.delivery;
     listeners = it->second.listeners;
-    state->changed.notify_all();
+    ended_waits = state->settle();  // the session's own waits end with it; also notifies
   }
+  State::deliver(std::move(ended_waits));
   delivery->run([state, listeners, next, then] {
     listeners.notify(next);
     if (then) {
-      internal::MutexLock g(state->mu);
-      then(*state);
-      state->changed.notify_all();
+      State::Settled woken;
+      {
+        internal::MutexLock g(state->mu);
+        then(*state);
+        woken = state->settle();
+      }
+      State::deliver(std::move(woken));
     }
   });
 }
@@ -227,37 +296,52 @@ class MemStore::MemSession final : public Session {
     return out;
   }
 
+  // The asynchronous wait, blocked on: it ends on the outcome, the deadline
+  // (on the store's clock, which notifies `changed` when moved by hand) or
+  // `stop`, and then cancels the wait.
   Status wait_any_gone(std::string_view queue, std::span<const std::string> ids, Clock::time_point deadline,
                        std::stop_token stop) override {
-    if (Status s = CheckQueue(queue); !s.ok()) return s;
-    if (ids.empty()) return InvalidArgumentError("wait_any_gone needs at least one entry id");
-    internal::MutexLock lock(state_->mu);
-    state_->delay(lock.native(), "wait");
-    if (Status s = state_->inject("wait"); !s.ok()) return s;
-    auto gone = [&] {
-      state_->mu.assert_held();  // run under the lock, here and by wait_until
-      return std::any_of(ids.begin(), ids.end(), [&](const std::string& id) {
-        state_->mu.assert_held();  // called by any_of right here
-        return !state_->present(queue, id);
-      });
-    };
-    auto ended = [&] {
-      state_->mu.assert_held();  // run under the lock, here and by wait_until
-      auto it = state_->sessions.find(id_);
-      return it == state_->sessions.end() || it->second.state == SessionState::kLost ||
-             it->second.state == SessionState::kClosed;
-    };
-    if (ended()) return state_->usable(id_);
-    // A suspended session keeps waiting: a real store's watch survives a
-    // reconnect within the session.
-    state_->clock->wait_until(state_->changed, lock.native(), stop, deadline, [&] { return gone() || ended(); });
-    if (ended()) return SessionLostError("session " + id_ + " ended while waiting");
-    if (gone()) {
-      ++state_->ops["wake"];
-      return OkStatus();
+    auto result = std::make_shared<std::optional<Status>>();  // read and written under state_->mu
+    std::shared_ptr<void> handle = async_wait_any_gone(queue, ids, [state = state_, result](Status s) {
+      internal::MutexLock g(state->mu);
+      *result = std::move(s);
+      state->changed.notify_all();
+    });
+    {
+      internal::MutexLock lock(state_->mu);
+      // A suspended session keeps waiting: a real store's watch survives a
+      // reconnect within the session.
+      state_->clock->wait_until(state_->changed, lock.native(), stop, deadline, [&] { return result->has_value(); });
+      if (result->has_value()) return **result;
     }
+    handle.reset();  // kCancelled, unless an outcome came first
+    internal::MutexLock lock(state_->mu);
+    if (result->has_value() && (*result)->code() != ErrorCode::kCancelled) return **result;
     if (stop.stop_requested()) return CancelledError("wait cancelled");
     return DeadlineExceededError("deadline passed waiting in " + std::string(queue));
+  }
+
+  // A waiter in the state, completed by whatever removes an entry or ends a
+  // session (State::settle). Faults and delays injected for "wait" apply
+  // here, on the calling thread.
+  std::shared_ptr<void> async_wait_any_gone(std::string_view queue, std::span<const std::string> ids,
+                                            std::function<void(Status)> done) override {
+    auto outcome = std::make_shared<internal::OneOutcome>(std::move(done));
+    std::weak_ptr<State> weak = state_;
+    std::uint64_t key = 0;
+    std::optional<Status> now = register_wait(queue, ids, outcome, key);
+    if (now) outcome->complete(std::move(*now));
+    return std::shared_ptr<void>(nullptr, [weak, queue = std::string(queue), key, outcome](void*) {
+      if (auto state = weak.lock(); state && key != 0) {
+        internal::MutexLock g(state->mu);
+        auto it = state->waiters.find(queue);
+        if (it != state->waiters.end()) {
+          it->second.erase(key);
+          if (it->second.empty()) state->waiters.erase(it);
+        }
+      }
+      outcome->cancel();
+    });
   }
 
   Status remove(std::string_view queue, std::string_view id, Clock::time_point) override {
@@ -267,13 +351,16 @@ class MemStore::MemSession final : public Session {
     if (Status s = state_->inject("remove"); !s.ok()) return s;
     if (Status s = state_->usable(id_); !s.ok()) return s;
     auto it = state_->queues.find(queue);
+    State::Settled woken;
     if (it != state_->queues.end()) {
       std::erase_if(it->second, [&](const State::StoredEntry& e) { return e.entry.id == id; });
       if (it->second.empty()) state_->queues.erase(it);
-      state_->changed.notify_all();
+      woken = state_->settle(queue);
     }
-    if (state_->lose_reply("remove")) return UnavailableError("reply to remove lost (injected)");
-    return OkStatus();
+    Status out = state_->lose_reply("remove") ? UnavailableError("reply to remove lost (injected)") : OkStatus();
+    lock.unlock();
+    State::deliver(std::move(woken));
+    return out;
   }
 
   Result<std::optional<Entry>> find_own(std::string_view queue, std::string_view attempt_id,
@@ -303,6 +390,27 @@ class MemStore::MemSession final : public Session {
   }
 
  private:
+  // Registers a wait under `key`, or returns its outcome if it has one at
+  // once (then `key` stays 0).
+  std::optional<Status> register_wait(std::string_view queue, std::span<const std::string> ids,
+                                      const std::shared_ptr<internal::OneOutcome>& outcome, std::uint64_t& key) {
+    if (Status s = CheckQueue(queue); !s.ok()) return s;
+    if (ids.empty()) return InvalidArgumentError("wait_any_gone needs at least one entry id");
+    internal::MutexLock lock(state_->mu);
+    state_->delay(lock.native(), "wait");
+    if (Status s = state_->inject("wait"); !s.ok()) return s;
+    if (state_->ended(id_)) return state_->usable(id_);
+    std::vector<std::string> wanted(ids.begin(), ids.end());
+    if (state_->any_gone(queue, wanted)) {
+      ++state_->ops["wake"];
+      return OkStatus();
+    }
+    key = state_->next_waiter++;
+    state_->waiters[std::string(queue)].emplace(key,
+                                                State::Waiter{id_, std::string(queue), std::move(wanted), outcome});
+    return std::nullopt;
+  }
+
   const std::shared_ptr<State> state_;
   const std::string id_;
 };
