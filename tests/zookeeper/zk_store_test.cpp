@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <condition_variable>
+#include <filesystem>
 #include <regex>
 
 #include "stores/zookeeper/zk_names.hpp"
@@ -353,6 +354,55 @@ TEST_F(ZkStoreTest, WaitWakesWhenTheOwnerSessionExpires) {
               zktest::Seconds(took));
   // No upper bound on `took` but the wait's own 30 s deadline: a loaded
   // machine may take its time (bounded work, not bounded time).
+}
+
+// The threads of this process now.
+std::size_t ThreadCount() {
+  std::size_t n = 0;
+  for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator("/proc/self/task")) ++n;
+  return n;
+}
+
+// Waits cost no thread: the C client's two and the session thread serve any
+// number (the default async_wait_any_gone took a thread each).
+TEST_F(ZkStoreTest, FiveHundredAsyncWaitsOnOneSessionAddNoThreads) {
+  constexpr int kEntries = 100, kWaitsPerEntry = 5;
+  auto holder = NewSession();
+  auto waiter = NewSession();
+  ASSERT_TRUE(holder && waiter);
+  std::vector<Entry> entries;
+  for (int i = 0; i < kEntries; ++i) {
+    auto a = holder->append("many/" + std::to_string(i % 10), Spec("lock"), In(20s));
+    ASSERT_TRUE(a.ok()) << a.status().message();
+    entries.push_back(a->entry);
+  }
+  const std::size_t before = ThreadCount();
+  std::mutex mu;
+  std::vector<int> outcomes(kEntries * kWaitsPerEntry, 0);
+  std::atomic<int> ok{0};
+  std::vector<std::shared_ptr<void>> handles;
+  for (int i = 0; i < kEntries * kWaitsPerEntry; ++i) {
+    const Entry& e = entries[static_cast<std::size_t>(i % kEntries)];
+    std::vector<std::string> ids{e.id};
+    handles.push_back(waiter->async_wait_any_gone("many/" + std::to_string(i % kEntries % 10), ids, [&, i](Status s) {
+      std::lock_guard<std::mutex> g(mu);
+      ++outcomes[static_cast<std::size_t>(i)];
+      if (s.ok()) ++ok;
+    }));
+  }
+  // Every watch is set once a wait on the last entry wakes on its removal.
+  ASSERT_TRUE(holder->remove("many/" + std::to_string((kEntries - 1) % 10), entries.back().id, In(20s)).ok());
+  ASSERT_TRUE(Eventually([&] { return ok.load() >= kWaitsPerEntry; }));
+  EXPECT_LE(ThreadCount(), before + 2) << "threads started for waits";
+  for (int i = 0; i + 1 < kEntries; ++i) {
+    ASSERT_TRUE(
+        holder->remove("many/" + std::to_string(i % 10), entries[static_cast<std::size_t>(i)].id, In(20s)).ok());
+  }
+  ASSERT_TRUE(Eventually([&] { return ok.load() == kEntries * kWaitsPerEntry; }));
+  EXPECT_LE(ThreadCount(), before + 2);
+  handles.clear();  // after the outcomes: no second one
+  std::lock_guard<std::mutex> g(mu);
+  for (int n : outcomes) EXPECT_EQ(n, 1);
 }
 
 // ----------------------------------------------------------------- sessions

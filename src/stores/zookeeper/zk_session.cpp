@@ -90,6 +90,7 @@ void StderrLog(const char* message) { std::fprintf(stderr, "zookeeper: %s\n", me
 // ------------------------------------------------------------ requests
 
 struct Batch;
+struct AsyncWaiter;
 
 // One request's reply, filled by its completion callback (before
 // Core::finish; read once Core::await has seen the batch done).
@@ -115,7 +116,7 @@ struct Slot {
 // these two: it cannot tell that a slot's `batch->core` is the Core whose
 // method runs.
 struct Batch {
-  enum class Purpose { kRequest, kHeartbeat, kProbe };
+  enum class Purpose { kRequest, kHeartbeat, kProbe, kArm };
   explicit Batch(Core* c, Purpose p = Purpose::kRequest) : core(c), purpose(p) {}
 
   Core* const core;
@@ -125,6 +126,10 @@ struct Batch {
   std::size_t size = 0;
   Clock::time_point sent;
   std::condition_variable_any cv;
+  // kArm: the waiter whose watches these are, and for each request its path
+  // and whether it is an exists (else a getData).
+  std::shared_ptr<AsyncWaiter> waiter;
+  std::vector<std::pair<std::string, bool>> arms;
 
   Slot& operator[](std::size_t i) { return slots[i]; }
 
@@ -135,26 +140,34 @@ struct Batch {
 
 Slot* AsSlot(const void* data) { return static_cast<Slot*>(const_cast<void*>(data)); }
 
-// A wait_any_gone call in progress. Lives on the waiting thread's stack and
-// is registered with the core (Core::add_waiter) for the duration. `fired_`
-// and `gone_` are guarded by that Core's mutex, and private, so that only
-// Core's methods touch them, with the mutex held (the analysis cannot name
-// another object's private mutex here).
-struct Waiter {
-  std::condition_variable_any cv;
-  std::vector<std::string> paths;  // set before add_waiter, constant after
+// A wait_any_gone in progress (ZkSession::async_wait_any_gone), owned by its
+// handle and, until its outcome is decided, by the core. The session thread
+// sets its watches and calls `done_`; watch events and replies (completion
+// thread) only decide the outcome. The private fields are guarded by that
+// Core's mutex, and private, so that only Core's methods touch them, with
+// the mutex held (the analysis cannot name another object's private mutex
+// here).
+struct AsyncWaiter {
+  AsyncWaiter(std::vector<std::string> p, std::string w, std::function<void(Status)> d)
+      : paths(std::move(p)), what(std::move(w)), done_(std::move(d)) {}
+
+  const std::vector<std::string> paths;  // sorted, unique
+  const std::string what;                // for error messages
+  std::condition_variable_any cv;        // the blocking form and cancel wait on it
 
  private:
   friend class Core;
-  std::set<std::string> fired_;  // watches that fired without a delete; re-arm
-  bool gone_ = false;            // a watched entry was deleted
-};
-
-// The waiting thread's own progress through a wait_any_gone call (no lock).
-struct ArmState {
-  std::set<std::string> armed;  // paths with a watch set in this session
-  bool tried = false;           // a round of arming was sent
-  Clock::time_point retry_at{};
+  std::function<void(Status)> done_;
+  std::set<std::string> armed_;   // paths with a watch set in this session
+  std::set<std::string> hidden_;  // getData forbidden by an ACL: watched with exists
+  bool registered_ = false;       // in the core's maps
+  bool arming_ = false;           // a round of watches is in flight
+  bool tried_ = false;            // a round of watches was answered
+  Clock::time_point retry_at_{};  // the next round, after connection trouble
+  std::optional<Status> outcome_;
+  bool claimed_ = false;    // someone calls, or called, done_
+  bool delivered_ = false;  // done_ has returned
+  std::thread::id delivering_;
 };
 
 // A std::shared_mutex the thread-safety analysis can see: submissions share
@@ -247,15 +260,18 @@ class Core : public std::enable_shared_from_this<Core> {
   // deadline already past still gets its answer.
   Clock::time_point reply_deadline(Clock::time_point deadline) const DLOCK_EXCLUDES(mu_);
 
-  // --- Watches (wait_any_gone). add_waiter registers `w` for its paths
-  // unless the session has ended (then it says why); remove_waiter undoes it.
-  Status add_waiter(Waiter& w) DLOCK_EXCLUDES(mu_);
-  void remove_waiter(Waiter& w) DLOCK_EXCLUDES(mu_);
-  // Sleeps until `w` has paths to (re-)arm, which it puts in `to_arm` and
-  // returns nullopt; or returns the call's outcome: OK once a watched entry
-  // is gone, or why the wait ended (session ended, stop, deadline).
-  std::optional<Status> wait_to_arm(Waiter& w, ArmState& st, Clock::time_point deadline, std::stop_token stop,
-                                    const std::string& what, std::vector<std::string>& to_arm) DLOCK_EXCLUDES(mu_);
+  // --- Watches (wait_any_gone). add_waiter registers `w` unless the
+  // session has ended (then it says why, and `w` stays out); the session
+  // thread then sets its watches and, once the outcome is decided, calls its
+  // completion. cancel decides kCancelled if nothing else came first, and
+  // returns once the completion has run (at once if it runs on this very
+  // thread). await_waiter is the blocking form's wait: the outcome, or
+  // what ended the wait (session ended, stop, deadline).
+  Status add_waiter(const std::shared_ptr<AsyncWaiter>& w) DLOCK_EXCLUDES(mu_);
+  void cancel(const std::shared_ptr<AsyncWaiter>& w) DLOCK_EXCLUDES(mu_);
+  // Calls w's completion with `why` on this thread, unless it was claimed.
+  void complete_now(const std::shared_ptr<AsyncWaiter>& w, Status why) DLOCK_EXCLUDES(mu_);
+  Status await_waiter(AsyncWaiter& w, Clock::time_point deadline, std::stop_token stop) DLOCK_EXCLUDES(mu_);
 
   // --- Callbacks from the C client (completion thread).
   static void on_global_event(zhandle_t* zh, int type, int state, const char* path, void* ctx);
@@ -267,7 +283,7 @@ class Core : public std::enable_shared_from_this<Core> {
 
  private:
   // What the session thread does next, besides notes and closing.
-  enum class Tick { kSleep, kAgain, kProbe, kHeartbeat };
+  enum class Tick { kSleep, kAgain, kProbe, kHeartbeat, kArm };
 
   // The session thread's steps.
   using Listener = std::shared_ptr<std::function<void(SessionState)>>;
@@ -277,6 +293,12 @@ class Core : public std::enable_shared_from_this<Core> {
   Tick next_tick_connecting(Clock::time_point now, Clock::time_point& next) DLOCK_REQUIRES(mu_);
   Tick next_tick_open(Clock::time_point now, Clock::time_point& next) DLOCK_REQUIRES(mu_);
   void send_control(Batch::Purpose purpose) DLOCK_EXCLUDES(mu_);
+  // Sends a round of watches for each waiter that needs one now.
+  void send_arms() DLOCK_EXCLUDES(mu_);
+  // Decides every waiter with why the session ended.
+  void end_waiters() DLOCK_REQUIRES(mu_);
+  // Calls w's completion once, unless someone else claimed it first.
+  void deliver(const std::shared_ptr<AsyncWaiter>& w) DLOCK_EXCLUDES(mu_);
 
   // Callbacks.
   void on_session_state(zhandle_t* zh, int zstate) DLOCK_EXCLUDES(mu_);
@@ -286,6 +308,15 @@ class Core : public std::enable_shared_from_this<Core> {
   void on_batch_done(Batch& b) DLOCK_REQUIRES(mu_);
   void on_probe(const Batch& b) DLOCK_REQUIRES(mu_);
   void on_heartbeat(const Batch& b) DLOCK_REQUIRES(mu_);
+  void on_armed(const Batch& b) DLOCK_REQUIRES(mu_);
+
+  // Waiters. decide sets w's outcome (if it has none), takes w out of the
+  // maps and queues its completion for the session thread.
+  void decide(AsyncWaiter& w, Status outcome) DLOCK_REQUIRES(mu_);
+  void unregister(AsyncWaiter& w) DLOCK_REQUIRES(mu_);
+  // Queues `w` for a round of watches and wakes the session thread.
+  void want_arm(AsyncWaiter& w) DLOCK_REQUIRES(mu_);
+  Status error_locked(int rc, std::string_view op, std::string_view path) DLOCK_REQUIRES(mu_);
 
   // State changes.
   void note(SessionState s) DLOCK_REQUIRES(mu_);
@@ -322,8 +353,15 @@ class Core : public std::enable_shared_from_this<Core> {
   Phase phase_ DLOCK_GUARDED_BY(mu_) = Phase::kConnecting;
   SessionState state_ DLOCK_GUARDED_BY(mu_) = SessionState::kConnected;  // meaningful once kOpen
   std::uint64_t state_gen_ DLOCK_GUARDED_BY(mu_) = 0;                    // bumps on every change
-  std::unordered_map<std::string, std::vector<Waiter*>> watch_map_ DLOCK_GUARDED_BY(mu_);
-  std::unordered_set<Waiter*> waiters_ DLOCK_GUARDED_BY(mu_);
+  // Waiters with no outcome yet (the core's reference), by path, and those
+  // that need a round of watches.
+  std::unordered_map<AsyncWaiter*, std::shared_ptr<AsyncWaiter>> waiters_ DLOCK_GUARDED_BY(mu_);
+  std::unordered_map<std::string, std::vector<AsyncWaiter*>> watch_map_ DLOCK_GUARDED_BY(mu_);
+  std::unordered_set<AsyncWaiter*> to_arm_ DLOCK_GUARDED_BY(mu_);
+  // Completions for the session thread to run, without mu_: never on the C
+  // client's completion thread, where a completion that dropped the last
+  // reference to the session would join that very thread.
+  std::deque<std::function<void()>> ready_ DLOCK_GUARDED_BY(mu_);
   std::condition_variable_any connect_cv_;  // await_open waits on it
 
   struct Sub {
@@ -421,8 +459,9 @@ void Core::init() {
 
 // --- The session thread.
 //
-// One step at a time, in this order: deliver the oldest state change; close
-// a lost or closed handle; then the timers of the current phase (connect
+// One step at a time, in this order: deliver the oldest state change; run
+// the completions of waits; close a lost or closed handle; end the waits of
+// an ended session; then the timers of the current phase (connect
 // deadline and probe; lost-timer and heartbeats); else sleep until the next
 // timer or a wake-up. Anything sent or delivered happens without mu_.
 void Core::run(std::stop_token stop) {
@@ -444,27 +483,45 @@ void Core::run(std::stop_token stop) {
       lk.lock();
       continue;
     }
+    if (!ready_.empty()) {
+      // 2. Completions of waits, also without our lock.
+      std::deque<std::function<void()>> ready;
+      ready.swap(ready_);
+      lk.unlock();
+      for (auto& fn : ready) fn();
+      ready.clear();  // what they captured goes without our lock too
+      lk.lock();
+      continue;
+    }
     if (close_needed_ && !close_claimed_) {
-      // 2. A lost or closed handle goes at once, after the notes before it.
+      // 3. A lost or closed handle goes at once, after the notes before it.
       lk.unlock();
       close_handle();
       lk.lock();
+      continue;
+    }
+    if ((phase_ == Phase::kEnded || phase_ == Phase::kFailed) && !waiters_.empty()) {
+      end_waiters();  // their completions run at step 2, before the thread can stop
       continue;
     }
     if (stop.stop_requested()) break;
     Clock::time_point next = kNoDeadline;
     const Tick tick = next_tick(next);
     if (tick == Tick::kAgain) continue;  // the state changed (failed or lost): notes first
-    if (tick == Tick::kProbe || tick == Tick::kHeartbeat) {
+    if (tick != Tick::kSleep) {
       lk.unlock();
-      send_control(tick == Tick::kProbe ? Batch::Purpose::kProbe : Batch::Purpose::kHeartbeat);
+      if (tick == Tick::kArm) {
+        send_arms();
+      } else {
+        send_control(tick == Tick::kProbe ? Batch::Purpose::kProbe : Batch::Purpose::kHeartbeat);
+      }
       lk.lock();
       continue;
     }
     wake_ = false;
     clock_->wait_until(cv_, lk.native(), stop, next, [&] {
       mu_.assert_held();  // the predicate runs inside wait_until, with the lock taken back
-      return wake_ || !notes_.empty() || (close_needed_ && !close_claimed_);
+      return wake_ || !notes_.empty() || !ready_.empty() || (close_needed_ && !close_claimed_);
     });
   }
 }
@@ -504,7 +561,7 @@ Core::Tick Core::next_tick_connecting(Clock::time_point now, Clock::time_point& 
 }
 
 Core::Tick Core::next_tick_open(Clock::time_point now, Clock::time_point& next) {
-  // 3. The lost-timer. The leader expires the session no earlier than
+  // The lost-timer. The leader expires the session no earlier than
   // `timeout_` after its last touch of it, which was no earlier than
   // basis_. We declare the loss a margin before that point, so that a
   // holder has time to stop before the leader can hand its locks on.
@@ -514,7 +571,15 @@ Core::Tick Core::next_tick_open(Clock::time_point now, Clock::time_point& next) 
     return Tick::kAgain;
   }
   next = lost;
-  // 4. Heartbeats (syncs, one at a time) move basis_ forward; none while
+  // Watches to set, on a connection that is up (through a suspension the
+  // C client keeps those set, and sets them again when it reconnects).
+  if (state_ == SessionState::kConnected && !to_arm_.empty()) {
+    Clock::time_point arm_at = kNoDeadline;
+    for (const AsyncWaiter* w : to_arm_) arm_at = std::min(arm_at, w->retry_at_);
+    if (now >= arm_at) return Tick::kArm;
+    next = std::min(next, arm_at);
+  }
+  // Heartbeats (syncs, one at a time) move basis_ forward; none while
   // suspended (a chain holds on one connection only).
   if (state_ != SessionState::kConnected || hb_in_flight_) return Tick::kSleep;
   Clock::time_point hb_at = hb_now_ ? now : hb_answered_ + HeartbeatPause(timeout_);
@@ -566,13 +631,17 @@ void Core::send(const std::shared_ptr<Batch>& b) {
     b->pending_ = static_cast<int>(b->size);
     inflight_.emplace(b.get(), b);
   }
-  ReaderLock zl(zh_mu_);
-  b->sent = clock_->now();
-  for (std::size_t i = 0; i < b->size; ++i) {
-    // Back to back, without waiting: the server answers them in this order.
-    int rc = zh_ ? b->ops[i](zh_, &b->slots[i]) : ZCLOSING;
-    if (rc != ZOK) finish(&b->slots[i], rc, /*from_server=*/false);  // refused locally: no callback will come
+  std::vector<std::pair<std::size_t, int>> refused;  // no callback will come for these
+  {
+    ReaderLock zl(zh_mu_);
+    b->sent = clock_->now();
+    for (std::size_t i = 0; i < b->size; ++i) {
+      // Back to back, without waiting: the server answers them in this order.
+      int rc = zh_ ? b->ops[i](zh_, &b->slots[i]) : ZCLOSING;
+      if (rc != ZOK) refused.emplace_back(i, rc);
+    }
   }
+  for (auto [i, rc] : refused) finish(&b->slots[i], rc, /*from_server=*/false);
 }
 
 Status Core::await(Batch& b, Clock::time_point until, const std::string& what) {
@@ -611,6 +680,8 @@ void Core::on_batch_done(Batch& b) {
     cv_.notify_all();
   } else if (b.purpose == Batch::Purpose::kProbe) {
     on_probe(b);
+  } else if (b.purpose == Batch::Purpose::kArm) {
+    on_armed(b);
   }
 }
 
@@ -789,14 +860,16 @@ void Core::on_disconnected() {
 void Core::on_path_event(int type, const char* path) {
   MutexLock g(mu_);
   auto it = watch_map_.find(path);
-  if (it == watch_map_.end()) return;  // nobody waits any more: the watch was left to fire
-  for (Waiter* w : it->second) {
+  if (it == watch_map_.end()) return;                     // nobody waits any more: the watch was left to fire
+  const std::vector<AsyncWaiter*> watching = it->second;  // decide() edits the map
+  for (AsyncWaiter* w : watching) {
     if (type == ZOO_DELETED_EVENT) {
-      w->gone_ = true;
+      decide(*w, OkStatus());
     } else {
-      w->fired_.insert(it->first);  // changed/created/not-watching: look again
+      // Changed data, or a watch the server dropped: spent, set it again.
+      w->armed_.erase(path);
+      want_arm(*w);
     }
-    w->cv.notify_all();
   }
 }
 
@@ -811,7 +884,7 @@ void Core::wake_all() {
   wake_ = true;
   cv_.notify_all();
   connect_cv_.notify_all();
-  for (Waiter* w : waiters_) w->cv.notify_all();
+  for (auto& [p, w] : waiters_) w->cv.notify_all();
   for (auto& [p, b] : inflight_) b->cv.notify_all();
 }
 
@@ -866,6 +939,11 @@ Status Core::usable() {
 }
 
 Status Core::error(int rc, std::string_view op, std::string_view path) {
+  MutexLock g(mu_);
+  return error_locked(rc, op, path);
+}
+
+Status Core::error_locked(int rc, std::string_view op, std::string_view path) {
   std::string what = std::string(op) + " " + std::string(path);
   std::string z = zerror(rc);
   if (ConnectionTrouble(rc)) {
@@ -875,7 +953,6 @@ Status Core::error(int rc, std::string_view op, std::string_view path) {
     case ZSESSIONEXPIRED:
     case ZCLOSING:
     case ZINVALIDSTATE: {
-      MutexLock g(mu_);
       Status why = ended();
       if (!why.ok() && why.code() == ErrorCode::kSessionLost) return why;
       return SessionLostError("ZooKeeper session " + Hex(sid_) + " ended during " + what + " (" + z + ")");
@@ -1026,57 +1103,138 @@ void Core::remove_subscriber(std::uint64_t key) {
 }
 
 // --- Watches.
-Status Core::add_waiter(Waiter& w) {
+//
+// A waiter sets a watch on each of its entries (one round trip, from the
+// session thread), with getData or, where an ACL forbids reading, with
+// exists. Every waiter of a path is woken by one C-client watcher (the C
+// client keeps one per path, function and context), which fires, unobserved,
+// when the entry goes after nobody waits any more, and costs nothing until
+// then. Through a suspension the watches stay set: the C client sets them
+// again when it reconnects within the session.
+Status Core::add_waiter(const std::shared_ptr<AsyncWaiter>& w) {
   MutexLock g(mu_);
   if (Status s = ended(); !s.ok()) return s;
-  waiters_.insert(&w);
-  for (const auto& p : w.paths) watch_map_[p].push_back(&w);
+  waiters_.emplace(w.get(), w);
+  for (const auto& p : w->paths) watch_map_[p].push_back(w.get());
+  w->registered_ = true;
+  want_arm(*w);
   return OkStatus();
 }
 
-void Core::remove_waiter(Waiter& w) {
-  MutexLock g(mu_);
-  waiters_.erase(&w);
+void Core::want_arm(AsyncWaiter& w) {
+  if (!w.registered_ || w.arming_) return;  // on_armed looks again
+  to_arm_.insert(&w);
+  wake_ = true;
+  cv_.notify_all();
+}
+
+void Core::unregister(AsyncWaiter& w) {
+  if (!w.registered_) return;
+  w.registered_ = false;
+  to_arm_.erase(&w);
   for (const auto& p : w.paths) {
     auto it = watch_map_.find(p);
     if (it == watch_map_.end()) continue;
     std::erase(it->second, &w);
-    // The C client keeps one watcher per (path, function, context); it
-    // fires, unobserved, when the entry goes, and costs nothing until then.
     if (it->second.empty()) watch_map_.erase(it);
   }
+  waiters_.erase(&w);  // may drop the core's reference: last
 }
 
-std::optional<Status> Core::wait_to_arm(Waiter& w, ArmState& st, Clock::time_point deadline, std::stop_token stop,
-                                        const std::string& what, std::vector<std::string>& to_arm) {
-  MutexLock lk(mu_);
-  while (true) {
-    if (w.gone_) return OkStatus();
-    if (Status s = ended(); !s.ok()) return s;
-    // A watch that fired without a delete is spent: arm it again.
-    for (const auto& p : w.fired_) st.armed.erase(p);
-    w.fired_.clear();
-    if (stop.stop_requested()) return CancelledError(what);
-    const Clock::time_point now = clock_->now();
-    const bool connected = phase_ == Phase::kOpen && state_ == SessionState::kConnected;
-    const bool unarmed = st.armed.size() < w.paths.size();
-    if (connected && unarmed && now >= st.retry_at) {
-      for (const auto& p : w.paths) {
-        if (!st.armed.count(p)) to_arm.push_back(p);
-      }
-      return std::nullopt;
+void Core::decide(AsyncWaiter& w, Status outcome) {
+  if (w.outcome_) return;
+  w.outcome_ = std::move(outcome);
+  auto it = waiters_.find(&w);
+  if (it != waiters_.end()) {
+    ready_.emplace_back([this, sp = it->second] { deliver(sp); });
+    wake_ = true;
+    cv_.notify_all();
+  }
+  w.cv.notify_all();
+  unregister(w);
+}
+
+void Core::end_waiters() {
+  const Status why = ended();
+  std::vector<std::shared_ptr<AsyncWaiter>> all;
+  all.reserve(waiters_.size());
+  for (auto& [p, w] : waiters_) all.push_back(w);
+  for (auto& w : all) decide(*w, why);
+}
+
+void Core::deliver(const std::shared_ptr<AsyncWaiter>& w) {
+  std::function<void(Status)> fn;
+  Status outcome;
+  {
+    MutexLock g(mu_);
+    if (w->claimed_) return;  // cancelled (and so completed) meanwhile
+    w->claimed_ = true;
+    w->delivering_ = std::this_thread::get_id();
+    fn = std::move(w->done_);
+    outcome = *w->outcome_;
+  }
+  try {
+    if (fn) fn(std::move(outcome));
+  } catch (...) {  // `done` must not throw (store.hpp); the session thread survives it
+  }
+  fn = nullptr;
+  MutexLock g(mu_);
+  w->delivered_ = true;
+  w->cv.notify_all();
+}
+
+void Core::cancel(const std::shared_ptr<AsyncWaiter>& w) { complete_now(w, CancelledError(w->what)); }
+
+void Core::complete_now(const std::shared_ptr<AsyncWaiter>& w, Status why) {
+  std::function<void(Status)> fn;
+  {
+    MutexLock lk(mu_);
+    decide(*w, why);
+    if (w->claimed_) {
+      // Completed, or being completed: on this thread (inside the
+      // completion) return at once, else wait until the completion returns.
+      if (w->delivering_ == std::this_thread::get_id()) return;
+      w->cv.wait(lk.native(), [&] {
+        mu_.assert_held();  // the predicate runs inside wait, with the lock taken back
+        return w->delivered_;
+      });
+      return;
     }
-    // Past the deadline, but never before one try while connected.
-    if (now >= deadline && (st.tried || !connected)) return DeadlineExceededError(what);
-    // Sleep until a watch fires, the session changes, stop, or the
-    // deadline. Through a suspension the watches stay set: the C client
-    // restores them when it reconnects within the session.
-    Clock::time_point until = deadline;
-    if (connected && unarmed) until = std::min(until, st.retry_at);
+    // Not called yet: `why`, here and now, whatever was decided.
+    w->claimed_ = true;
+    w->delivering_ = std::this_thread::get_id();
+    fn = std::move(w->done_);
+  }
+  try {
+    if (fn) fn(std::move(why));
+  } catch (...) {  // `done` must not throw (store.hpp)
+  }
+  fn = nullptr;
+  MutexLock g(mu_);
+  w->delivered_ = true;
+  w->cv.notify_all();
+}
+
+Status Core::await_waiter(AsyncWaiter& w, Clock::time_point deadline, std::stop_token stop) {
+  MutexLock lk(mu_);
+  // A round of watches may overrun the deadline by a round trip, as a request.
+  const Clock::time_point reply_by =
+      std::max(deadline, DeadlineAfter(clock_->now(), std::max<Clock::duration>(timeout_ / 3, milliseconds(200))));
+  while (true) {
+    if (w.outcome_) return *w.outcome_;
+    if (Status s = ended(); !s.ok()) return s;
+    if (stop.stop_requested()) return CancelledError(w.what);
+    const bool connected = phase_ == Phase::kOpen && state_ == SessionState::kConnected;
+    // Past the deadline, but never before one round of watches while
+    // connected: an entry already gone is found even so.
+    const Clock::time_point now = clock_->now();
+    const bool past = now >= deadline;
+    if (past && (w.tried_ || !connected || now >= reply_by)) return DeadlineExceededError(w.what);
     const std::uint64_t gen = state_gen_;
-    clock_->wait_until(w.cv, lk.native(), stop, until, [&] {
+    const bool tried = w.tried_;
+    clock_->wait_until(w.cv, lk.native(), stop, past ? reply_by : deadline, [&] {
       mu_.assert_held();  // the predicate runs inside wait_until, with the lock taken back
-      return w.gone_ || !w.fired_.empty() || state_gen_ != gen;
+      return w.outcome_.has_value() || state_gen_ != gen || w.tried_ != tried;
     });
   }
 }
@@ -1196,6 +1354,76 @@ void AddDelete(Batch& b, std::string path) {
   b.ops.push_back(
       [path = std::move(path)](zhandle_t* zh, Slot* s) { return zoo_adelete(zh, path.c_str(), -1, OnVoid, s); });
 }
+
+}  // namespace
+
+// A round of watches for each waiter due one (see "Watches").
+void Core::send_arms() {
+  std::vector<std::shared_ptr<Batch>> batches;
+  {
+    MutexLock g(mu_);
+    if (phase_ != Phase::kOpen || state_ != SessionState::kConnected) return;
+    const Clock::time_point now = clock_->now();
+    for (auto it = to_arm_.begin(); it != to_arm_.end();) {
+      AsyncWaiter& w = **it;
+      if (w.retry_at_ > now) {
+        ++it;
+        continue;
+      }
+      auto b = std::make_shared<Batch>(this, Batch::Purpose::kArm);
+      b->waiter = waiters_.at(&w);
+      for (const auto& p : w.paths) {
+        if (w.armed_.count(p)) continue;
+        const bool with_exists = w.hidden_.count(p) > 0;
+        // getData with a watch is the check and the watch in one atomic
+        // step, and leaves no watch behind when the entry is already gone.
+        // exists() needs no permission, but on a missing node it leaves a
+        // watch for its creation until the session ends: only for hidden ones.
+        if (with_exists) {
+          AddExists(*b, p, &Core::on_node_event, this);
+        } else {
+          AddGet(*b, p, &Core::on_node_event, this);
+        }
+        b->arms.emplace_back(p, with_exists);
+      }
+      w.arming_ = true;
+      it = to_arm_.erase(it);
+      batches.push_back(std::move(b));
+    }
+  }
+  for (const auto& b : batches) send(b);
+}
+
+void Core::on_armed(const Batch& b) {
+  AsyncWaiter& w = *b.waiter;
+  w.arming_ = false;
+  if (w.outcome_) return;
+  w.tried_ = true;
+  w.cv.notify_all();
+  for (std::size_t i = 0; i < b.size; ++i) {
+    if (b.slots[i].rc == ZNONODE) return decide(w, OkStatus());  // already gone
+  }
+  bool trouble = false;
+  for (std::size_t i = 0; i < b.size; ++i) {
+    const auto& [path, with_exists] = b.arms[i];
+    const int rc = b.slots[i].rc;
+    if (rc == ZOK) {
+      w.armed_.insert(path);
+    } else if (rc == ZNOAUTH && !with_exists) {
+      w.hidden_.insert(path);  // again at once, with exists
+    } else if (ConnectionTrouble(rc)) {
+      trouble = true;
+    } else {
+      return decide(w, error_locked(rc, with_exists ? "exists" : "getData", path));
+    }
+  }
+  // A failed round is sent again once the connection is back; the short
+  // pause only matters if the C client has not noticed the trouble yet.
+  if (trouble) w.retry_at_ = DeadlineAfter(clock_->now(), milliseconds(20));
+  if (w.armed_.size() < w.paths.size()) want_arm(w);
+}
+
+namespace {
 
 std::string LastComponent(const std::string& path) {
   auto slash = path.rfind('/');
@@ -1388,104 +1616,65 @@ Result<Appended> ZkSession::append(std::string_view queue, const EntrySpec& spec
 
 namespace {
 
-// What one request per path found while setting watches.
-struct ArmOutcome {
-  bool gone = false;                // a watched entry is already gone
-  bool trouble = false;             // connection trouble: some paths are not armed
-  std::vector<std::string> hidden;  // getData forbidden by an ACL (getData only)
+// The watched paths of a wait, sorted and unique, and its description.
+Result<std::pair<std::vector<std::string>, std::string>> WaitPaths(const Config& cfg, std::string_view queue,
+                                                                   std::span<const std::string> ids) {
+  if (Status s = ValidateQueueName(queue); !s.ok()) return s;
+  if (ids.empty()) return InvalidArgumentError("wait_any_gone needs at least one entry id");
+  const std::string base = QueuePath(cfg.chroot, queue);
+  std::vector<std::string> paths;
+  for (const auto& id : ids) {
+    if (Status s = ValidateEntryId(id); !s.ok()) return s;
+    paths.push_back(base + "/" + id);
+  }
+  std::sort(paths.begin(), paths.end());
+  paths.erase(std::unique(paths.begin(), paths.end()), paths.end());
+  std::string what = "waiting for " + std::string(queue) + "/" + ids.front() +
+                     (ids.size() > 1 ? " (and " + std::to_string(ids.size() - 1) + " more)" : "");
+  return std::make_pair(std::move(paths), std::move(what));
+}
+
+// The handle of an asynchronous wait: destroying it cancels the wait.
+class WaitHandle {
+ public:
+  WaitHandle(std::shared_ptr<Core> core, std::shared_ptr<AsyncWaiter> w) : core_(std::move(core)), w_(std::move(w)) {}
+  WaitHandle(const WaitHandle&) = delete;
+  WaitHandle& operator=(const WaitHandle&) = delete;
+  ~WaitHandle() { core_->cancel(w_); }
+
+ private:
+  const std::shared_ptr<Core> core_;
+  const std::shared_ptr<AsyncWaiter> w_;
 };
-
-// Sets a watch on each of `paths` (one round trip), with getData or, where
-// an ACL forbids reading, with exists; adds the paths armed to `st.armed`.
-Result<ArmOutcome> ArmWatches(Core& c, const std::vector<std::string>& paths, bool with_exists,
-                              Clock::time_point deadline, const std::string& what, ArmState& st) {
-  const char* op = with_exists ? "exists" : "getData";
-  auto b = c.new_batch();
-  for (const auto& p : paths) {
-    if (with_exists) {
-      AddExists(*b, p, &Core::on_node_event, &c);
-    } else {
-      AddGet(*b, p, &Core::on_node_event, &c);
-    }
-  }
-  c.send(b);
-  if (Status s = c.await(*b, c.reply_deadline(deadline), what); !s.ok()) return DeadlineExceededError(what);
-  ArmOutcome out;
-  for (std::size_t i = 0; i < paths.size(); ++i) {
-    int rc = (*b)[i].rc;
-    if (rc == ZNONODE) {
-      out.gone = true;
-      return out;
-    }
-    if (rc == ZOK) {
-      st.armed.insert(paths[i]);
-    } else if (rc == ZNOAUTH && !with_exists) {
-      out.hidden.push_back(paths[i]);
-    } else if (ConnectionTrouble(rc)) {
-      out.trouble = true;
-    } else {
-      return c.error(rc, op, paths[i]);
-    }
-  }
-  return out;
-}
-
-// Arms the watches on `to_arm`. True if a watched entry is already gone.
-Result<bool> ArmRound(Core& c, const std::vector<std::string>& to_arm, Clock::time_point deadline,
-                      const std::string& what, ArmState& st) {
-  st.tried = true;
-  // getData with a watch is the check and the watch in one atomic step,
-  // and leaves no watch behind when the entry is already gone.
-  auto got = ArmWatches(c, to_arm, /*with_exists=*/false, deadline, what, st);
-  if (!got.ok()) return got.status();
-  if (got->gone) return true;
-  bool trouble = got->trouble;
-  if (!got->hidden.empty()) {
-    // exists() needs no permission, but on a missing node it leaves a watch
-    // for its creation until the session ends; only this rare path uses it.
-    auto seen = ArmWatches(c, got->hidden, /*with_exists=*/true, deadline, what, st);
-    if (!seen.ok()) return seen.status();
-    if (seen->gone) return true;
-    trouble = trouble || seen->trouble;
-  }
-  // A failed arm is retried once the connection is back; the short pause
-  // only matters if the C client has not noticed the trouble yet.
-  if (trouble) st.retry_at = DeadlineAfter(c.clock().now(), milliseconds(20));
-  return false;
-}
 
 }  // namespace
 
+std::shared_ptr<void> ZkSession::async_wait_any_gone(std::string_view queue, std::span<const std::string> ids,
+                                                     std::function<void(Status)> done) {
+  auto paths = WaitPaths(core_->cfg(), queue, ids);
+  if (!paths.ok()) {
+    done(paths.status());
+    return std::make_shared<int>(0);  // nothing left to cancel
+  }
+  auto w = std::make_shared<AsyncWaiter>(std::move(paths->first), std::move(paths->second), std::move(done));
+  if (Status s = core_->add_waiter(w); !s.ok()) {
+    core_->complete_now(w, std::move(s));
+    return std::make_shared<int>(0);
+  }
+  return std::make_shared<WaitHandle>(core_, std::move(w));
+}
+
+// The asynchronous wait, blocked on: its outcome, or the deadline or stop,
+// which cancel it.
 Status ZkSession::wait_any_gone(std::string_view queue, std::span<const std::string> ids, Clock::time_point deadline,
                                 std::stop_token stop) {
-  if (Status s = ValidateQueueName(queue); !s.ok()) return s;
-  if (ids.empty()) return InvalidArgumentError("wait_any_gone needs at least one entry id");
-  Core& c = *core_;
-  const std::string base = QueuePath(c.cfg().chroot, queue);
-  Waiter w;
-  for (const auto& id : ids) {
-    if (Status s = ValidateEntryId(id); !s.ok()) return s;
-    w.paths.push_back(base + "/" + id);
-  }
-  std::sort(w.paths.begin(), w.paths.end());
-  w.paths.erase(std::unique(w.paths.begin(), w.paths.end()), w.paths.end());
-  if (Status s = c.add_waiter(w); !s.ok()) return s;
-  struct Unregister {
-    Core& c;
-    Waiter& w;
-    ~Unregister() { c.remove_waiter(w); }
-  } unregister{c, w};
-
-  const std::string what = "waiting for " + std::string(queue) + "/" + ids.front() +
-                           (ids.size() > 1 ? " (and " + std::to_string(ids.size() - 1) + " more)" : "");
-  ArmState st;
-  while (true) {
-    std::vector<std::string> to_arm;
-    if (std::optional<Status> outcome = c.wait_to_arm(w, st, deadline, stop, what, to_arm)) return *outcome;
-    auto gone = ArmRound(c, to_arm, deadline, what, st);
-    if (!gone.ok()) return gone.status();
-    if (*gone) return OkStatus();
-  }
+  auto paths = WaitPaths(core_->cfg(), queue, ids);
+  if (!paths.ok()) return paths.status();
+  auto w = std::make_shared<AsyncWaiter>(std::move(paths->first), std::move(paths->second), nullptr);
+  if (Status s = core_->add_waiter(w); !s.ok()) return s;
+  Status outcome = core_->await_waiter(*w, deadline, std::move(stop));
+  core_->cancel(w);
+  return outcome;
 }
 
 Result<std::vector<Entry>> ZkSession::list(std::string_view queue, const ListOptions& options,
