@@ -80,6 +80,14 @@ class ZkSession final : public Session {
                                   Clock::time_point deadline) override;
   Status wait_any_gone(std::string_view queue, std::span<const std::string> ids, Clock::time_point deadline,
                        std::stop_token stop) override;
+  void async_append(std::string_view queue, const EntrySpec& spec, Clock::time_point deadline,
+                    std::function<void(Result<Appended>)> done) override;
+  void async_list(std::string_view queue, const ListOptions& options, Clock::time_point deadline,
+                  std::function<void(Result<std::vector<Entry>>)> done) override;
+  void async_remove(std::string_view queue, std::string_view id, Clock::time_point deadline,
+                    std::function<void(Status)> done) override;
+  void async_find_own(std::string_view queue, std::string_view attempt_id, Clock::time_point deadline,
+                      std::function<void(Result<std::optional<Entry>>)> done) override;
   std::shared_ptr<void> async_wait_any_gone(std::string_view queue, std::span<const std::string> ids,
                                             std::function<void(Status)> done) override;
   Status remove(std::string_view queue, std::string_view id, Clock::time_point deadline) override;
