@@ -405,6 +405,50 @@ TEST_F(ZkStoreTest, FiveHundredAsyncWaitsOnOneSessionAddNoThreads) {
   for (int n : outcomes) EXPECT_EQ(n, 1);
 }
 
+// An asynchronous request holds no thread, so the session thread keeps its
+// reply deadline, on the session's clock: here the connection stays up but
+// silent, and the clock passes the deadline long before the C client gives
+// the connection up (two thirds of the session timeout, in real time).
+TEST_F(ZkStoreTest, AsyncRequestsEndAtTheirDeadlineOnTheSessionsClock) {
+  testing::TcpProxy proxy(std::stoi(hosts_.substr(hosts_.rfind(':') + 1)));
+  auto clock = std::make_shared<ManualClock>();
+  auto store = OpenStoreOk(Url("session_timeout=12s", proxy.hosts()), {clock, std::chrono::milliseconds(10'000)});
+  ASSERT_TRUE(store);
+  auto s = store->open_session(kNoDeadline);
+  ASSERT_THAT(s.status(), IsOk());
+  std::this_thread::sleep_for(200ms);
+  proxy.partition();
+  std::mutex mu;
+  std::vector<Status> outcomes;
+  std::vector<SessionState> states;  // the session's state when each came
+  auto record = [&](Status st) {
+    SessionState now = (*s)->state();
+    std::lock_guard<std::mutex> g(mu);
+    outcomes.push_back(std::move(st));
+    states.push_back(now);
+  };
+  auto count = [&] {
+    std::lock_guard<std::mutex> g(mu);
+    return outcomes.size();
+  };
+  (*s)->async_list("q", {}, clock->now(), [&](Result<std::vector<Entry>> r) { record(r.status()); });
+  (*s)->async_remove("q", "lock-0000000001", clock->now(), record);
+  std::this_thread::sleep_for(300ms);
+  EXPECT_EQ(count(), 0u) << "a deadline on a clock that stands still passed";
+  clock->advance(4100ms);  // past the reply deadline: a third of the session timeout
+  ASSERT_TRUE(Eventually([&] { return count() == 2; }, 5s));
+  {
+    std::lock_guard<std::mutex> g(mu);
+    for (const Status& st : outcomes) EXPECT_THAT(st, StatusIs(ErrorCode::kUnavailable));
+    for (SessionState st : states) EXPECT_EQ(st, SessionState::kConnected) << "the C client gave up first";
+  }
+  proxy.heal();
+  proxy.reset();  // late replies, if any, make no second outcome
+  std::this_thread::sleep_for(300ms);
+  (*s)->close();
+  EXPECT_EQ(count(), 2u);
+}
+
 // ----------------------------------------------------------------- sessions
 
 TEST_F(ZkStoreTest, ConcurrentUseOfOneSession) {
