@@ -5,6 +5,7 @@
 
 #include <condition_variable>
 #include <filesystem>
+#include <future>
 #include <regex>
 
 #include "stores/zookeeper/zk_names.hpp"
@@ -447,6 +448,28 @@ TEST_F(ZkStoreTest, AsyncRequestsEndAtTheirDeadlineOnTheSessionsClock) {
   std::this_thread::sleep_for(300ms);
   (*s)->close();
   EXPECT_EQ(count(), 2u);
+}
+
+// The session thread sets the watches of waits; a subscriber (which runs on
+// it) that waits must not wait for itself.
+TEST_F(ZkStoreTest, ASubscriberMayWaitOnItsOwnSession) {
+  testing::TcpProxy proxy(std::stoi(hosts_.substr(hosts_.rfind(':') + 1)));
+  auto s = NewSession("session_timeout=8s", proxy.hosts());
+  ASSERT_TRUE(s);
+  auto a = s->append("q", Spec("lock"), In(10s));
+  ASSERT_TRUE(a.ok());
+  ASSERT_TRUE(s->remove("q", a->entry.id, In(10s)).ok());
+  std::promise<Status> waited;
+  std::atomic<bool> once{false};
+  auto sub = s->subscribe([&](SessionState state) {
+    if (state != SessionState::kConnected || once.exchange(true)) return;
+    std::vector<std::string> ids{a->entry.id};
+    waited.set_value(s->wait_any_gone("q", ids, In(30s), {}));  // gone already: OK at once
+  });
+  proxy.reset();  // the connection drops and comes back: kSuspended, kConnected
+  auto f = waited.get_future();
+  ASSERT_EQ(f.wait_for(20s), std::future_status::ready);
+  EXPECT_THAT(f.get(), IsOk());
 }
 
 // ----------------------------------------------------------------- sessions

@@ -1275,6 +1275,14 @@ Status Core::await_waiter(AsyncWaiter& w, Clock::time_point deadline, std::stop_
     const bool connected = phase_ == Phase::kOpen && state_ == SessionState::kConnected;
     // Past the deadline, but never before one round of watches while
     // connected: an entry already gone is found even so.
+    if (connected && to_arm_.count(&w) && thread_id_.load() == std::this_thread::get_id()) {
+      // Called on the session thread (by a subscriber), which sets watches:
+      // set this one here, or nothing would until the deadline.
+      lk.unlock();
+      send_arms();
+      lk.lock();
+      continue;
+    }
     const Clock::time_point now = clock_->now();
     const bool past = now >= deadline;
     if (past && (w.tried_ || !connected || now >= reply_by)) return DeadlineExceededError(w.what);
