@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <condition_variable>
+#include <filesystem>
+#include <future>
 #include <regex>
 
 #include "stores/zookeeper/zk_names.hpp"
@@ -353,6 +355,121 @@ TEST_F(ZkStoreTest, WaitWakesWhenTheOwnerSessionExpires) {
               zktest::Seconds(took));
   // No upper bound on `took` but the wait's own 30 s deadline: a loaded
   // machine may take its time (bounded work, not bounded time).
+}
+
+// The threads of this process now.
+std::size_t ThreadCount() {
+  std::size_t n = 0;
+  for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator("/proc/self/task")) ++n;
+  return n;
+}
+
+// Waits cost no thread: the C client's two and the session thread serve any
+// number (the default async_wait_any_gone took a thread each).
+TEST_F(ZkStoreTest, FiveHundredAsyncWaitsOnOneSessionAddNoThreads) {
+  constexpr int kEntries = 100, kWaitsPerEntry = 5;
+  auto holder = NewSession();
+  auto waiter = NewSession();
+  ASSERT_TRUE(holder && waiter);
+  std::vector<Entry> entries;
+  for (int i = 0; i < kEntries; ++i) {
+    auto a = holder->append("many/" + std::to_string(i % 10), Spec("lock"), In(20s));
+    ASSERT_TRUE(a.ok()) << a.status().message();
+    entries.push_back(a->entry);
+  }
+  const std::size_t before = ThreadCount();
+  std::mutex mu;
+  std::vector<int> outcomes(kEntries * kWaitsPerEntry, 0);
+  std::atomic<int> ok{0};
+  std::vector<std::shared_ptr<void>> handles;
+  for (int i = 0; i < kEntries * kWaitsPerEntry; ++i) {
+    const Entry& e = entries[static_cast<std::size_t>(i % kEntries)];
+    std::vector<std::string> ids{e.id};
+    handles.push_back(waiter->async_wait_any_gone("many/" + std::to_string(i % kEntries % 10), ids, [&, i](Status s) {
+      std::lock_guard<std::mutex> g(mu);
+      ++outcomes[static_cast<std::size_t>(i)];
+      if (s.ok()) ++ok;
+    }));
+  }
+  // Every watch is set once a wait on the last entry wakes on its removal.
+  ASSERT_TRUE(holder->remove("many/" + std::to_string((kEntries - 1) % 10), entries.back().id, In(20s)).ok());
+  ASSERT_TRUE(Eventually([&] { return ok.load() >= kWaitsPerEntry; }));
+  EXPECT_LE(ThreadCount(), before + 2) << "threads started for waits";
+  for (int i = 0; i + 1 < kEntries; ++i) {
+    ASSERT_TRUE(
+        holder->remove("many/" + std::to_string(i % 10), entries[static_cast<std::size_t>(i)].id, In(20s)).ok());
+  }
+  ASSERT_TRUE(Eventually([&] { return ok.load() == kEntries * kWaitsPerEntry; }));
+  EXPECT_LE(ThreadCount(), before + 2);
+  handles.clear();  // after the outcomes: no second one
+  std::lock_guard<std::mutex> g(mu);
+  for (int n : outcomes) EXPECT_EQ(n, 1);
+}
+
+// An asynchronous request holds no thread, so the session thread keeps its
+// reply deadline, on the session's clock: here the connection stays up but
+// silent, and the clock passes the deadline long before the C client gives
+// the connection up (two thirds of the session timeout, in real time).
+TEST_F(ZkStoreTest, AsyncRequestsEndAtTheirDeadlineOnTheSessionsClock) {
+  testing::TcpProxy proxy(std::stoi(hosts_.substr(hosts_.rfind(':') + 1)));
+  auto clock = std::make_shared<ManualClock>();
+  auto store = OpenStoreOk(Url("session_timeout=12s", proxy.hosts()), {clock, std::chrono::milliseconds(10'000)});
+  ASSERT_TRUE(store);
+  auto s = store->open_session(kNoDeadline);
+  ASSERT_THAT(s.status(), IsOk());
+  std::this_thread::sleep_for(200ms);
+  proxy.partition();
+  std::mutex mu;
+  std::vector<Status> outcomes;
+  std::vector<SessionState> states;  // the session's state when each came
+  auto record = [&](Status st) {
+    SessionState now = (*s)->state();
+    std::lock_guard<std::mutex> g(mu);
+    outcomes.push_back(std::move(st));
+    states.push_back(now);
+  };
+  auto count = [&] {
+    std::lock_guard<std::mutex> g(mu);
+    return outcomes.size();
+  };
+  (*s)->async_list("q", {}, clock->now(), [&](Result<std::vector<Entry>> r) { record(r.status()); });
+  (*s)->async_remove("q", "lock-0000000001", clock->now(), record);
+  std::this_thread::sleep_for(300ms);
+  EXPECT_EQ(count(), 0u) << "a deadline on a clock that stands still passed";
+  clock->advance(4100ms);  // past the reply deadline: a third of the session timeout
+  ASSERT_TRUE(Eventually([&] { return count() == 2; }, 5s));
+  {
+    std::lock_guard<std::mutex> g(mu);
+    for (const Status& st : outcomes) EXPECT_THAT(st, StatusIs(ErrorCode::kUnavailable));
+    for (SessionState st : states) EXPECT_EQ(st, SessionState::kConnected) << "the C client gave up first";
+  }
+  proxy.heal();
+  proxy.reset();  // late replies, if any, make no second outcome
+  std::this_thread::sleep_for(300ms);
+  (*s)->close();
+  EXPECT_EQ(count(), 2u);
+}
+
+// The session thread sets the watches of waits; a subscriber (which runs on
+// it) that waits must not wait for itself.
+TEST_F(ZkStoreTest, ASubscriberMayWaitOnItsOwnSession) {
+  testing::TcpProxy proxy(std::stoi(hosts_.substr(hosts_.rfind(':') + 1)));
+  auto s = NewSession("session_timeout=8s", proxy.hosts());
+  ASSERT_TRUE(s);
+  auto a = s->append("q", Spec("lock"), In(10s));
+  ASSERT_TRUE(a.ok());
+  ASSERT_TRUE(s->remove("q", a->entry.id, In(10s)).ok());
+  std::promise<Status> waited;
+  std::atomic<bool> once{false};
+  auto sub = s->subscribe([&](SessionState state) {
+    if (state != SessionState::kConnected || once.exchange(true)) return;
+    std::vector<std::string> ids{a->entry.id};
+    waited.set_value(s->wait_any_gone("q", ids, In(30s), {}));  // gone already: OK at once
+  });
+  proxy.reset();  // the connection drops and comes back: kSuspended, kConnected
+  auto f = waited.get_future();
+  ASSERT_EQ(f.wait_for(20s), std::future_status::ready);
+  EXPECT_THAT(f.get(), IsOk());
 }
 
 // ----------------------------------------------------------------- sessions
