@@ -3,9 +3,13 @@
 //
 // Connections of one Store:
 //  - a small pool of command connections (appends, lists, removes, checks);
-//  - one subscriber connection, owned by the Subscriber's thread;
+//  - one subscriber connection, owned by the Subscriber's thread, which also
+//    runs every wait (async_wait_any_gone: a waiter object, no thread each;
+//    the blocking wait_any_gone blocks on one);
 //  - one keep-alive connection per session, owned by its keep-alive thread,
 //    so that a slow request (or a WAIT for replicas) never delays a renewal.
+// Requests (append, list, remove, find_own) run where they are called, their
+// async_ forms too (Session's defaults): see docs/notes.md, "Redis".
 //
 // Session lease accounting. A session's entries live while its *mirror* in
 // their queue exists (redis_scripts.hpp). Each mirror, like the session key,
@@ -339,6 +343,15 @@ class StoreCore {
     if (sub_) sub_->poke();
   }
 
+  void quiesce_waiters(const void* owner) DLOCK_EXCLUDES(sub_mu_) {
+    Subscriber* sub = nullptr;
+    {
+      MutexLock lk(sub_mu_);
+      sub = sub_.get();  // lives as long as the store
+    }
+    if (sub) sub->quiesce(owner);
+  }
+
  private:
   // The source of the script whose SHA1 is `sha`.
   const std::string& source_of(const std::string& sha) const {
@@ -581,39 +594,70 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
     return std::optional<Entry>(std::move(e));
   }
 
+  // The wait is a Subscriber waiter; its `done` runs on the subscriber
+  // thread (or inline, for an argument or session error, or on the thread
+  // that destroys the handle, with kCancelled).
+  std::shared_ptr<void> async_wait_any_gone(std::string_view queue, std::span<const std::string> ids,
+                                            std::function<void(Status)> done) {
+    Status early;
+    if (early = ValidateLockName(queue); early.ok() && ids.empty()) {
+      early = InvalidArgumentError("wait_any_gone needs at least one entry id");
+    }
+    if (early.ok()) early = usable(false);
+    if (!early.ok()) {
+      done(std::move(early));
+      return std::make_shared<int>(0);  // nothing to cancel
+    }
+    Subscriber::WaitSpec spec;
+    spec.queue = std::string(queue);
+    const QueueKeys k = KeysFor(spec.queue, cfg_.endpoint.db);
+    spec.channel = k.channel;
+    spec.ids.assign(ids.begin(), ids.end());
+    spec.owner = this;
+    spec.session = [this] { return usable(false); };
+    // Raw `this`: ~RedisSession quiesces the subscriber before the core can go.
+    spec.check = [this, k](const std::string& q, const std::vector<std::string>& which) { return check(q, k, which); };
+    spec.done = std::move(done);
+    return store_->subscriber().start(std::move(spec));
+  }
+
+  // The blocking form: the asynchronous wait, and a deadline and stop token
+  // on top (the handle cancels what they end).
   Status wait_any_gone(std::string_view queue, std::span<const std::string> ids, Clock::time_point deadline,
                        std::stop_token stop) {
-    if (auto s = ValidateLockName(queue); !s.ok()) return s;
-    if (ids.empty()) return InvalidArgumentError("wait_any_gone needs at least one entry id");
-    if (auto s = usable(false); !s.ok()) return s;
-    const std::string q(queue);
-    const QueueKeys k = KeysFor(q, cfg_.endpoint.db);
-    std::vector<std::string> watch(ids.begin(), ids.end());
-    auto session = [this] { return usable(false); };
-    auto check = [this, q, k, deadline](const std::string&,
-                                        const std::vector<std::string>& which) -> Result<CheckResult> {
-      // If this session has confirmed entries in the queue, its lease there
-      // must exist: ask on the way.
-      const std::vector<std::string> relied = relied_entries(q);
-      const bool relies = !relied.empty();
-      std::vector<std::string> args = {k.base, k.channel, relies ? sid_ : std::string()};
-      args.insert(args.end(), which.begin(), which.end());
-      auto r = store_->script(ScriptId::kCheckGone, {k.zset}, args, store_->io_deadline(deadline));
-      if (!r.ok()) {
-        on_request_failed(r.status());
-        return r.status();
-      }
-      if (!r->is_array() || r->size() < 2) return InternalError("redis store: malformed reply to check");
-      if (relies && ElementInt(r->element(1)) == 0 && still_relied(q, relied)) {
-        lose("the session's lease in queue " + q + " is gone from the server");
-      }
-      CheckResult out;
-      out.soonest_ttl_ms = ElementInt(r->element(0));
-      for (std::size_t i = 2; i < r->size(); ++i) out.gone.emplace_back(ElementStr(r->element(i)));
-      return out;
+    struct Box {
+      Mutex mu;
+      std::condition_variable_any cv;
+      std::optional<Status> outcome DLOCK_GUARDED_BY(mu);
     };
-    return store_->subscriber().wait(q, k.channel, watch, deadline, std::move(stop), session, check);
+    auto box = std::make_shared<Box>();
+    auto handle = async_wait_any_gone(queue, ids, [box](Status s) {
+      MutexLock lk(box->mu);
+      box->outcome = std::move(s);
+      box->cv.notify_all();
+    });
+    // A hand-moved clock wakes this wait to re-read its deadline.
+    auto advanced = cfg_.clock->on_advance([box] {
+      MutexLock lk(box->mu);
+      box->cv.notify_all();
+    });
+    {
+      MutexLock lk(box->mu);
+      cfg_.clock->wait_until(box->cv, lk.native(), stop, deadline, [&] {
+        box->mu.assert_held();
+        return box->outcome.has_value();
+      });
+      if (box->outcome) return *box->outcome;
+    }
+    handle.reset();  // runs `done`: kCancelled, or an outcome that came first
+    MutexLock lk(box->mu);
+    if (box->outcome && box->outcome->code() != ErrorCode::kCancelled) return *box->outcome;
+    if (stop.stop_requested()) return CancelledError("waiting on queue " + std::string(queue) + ": cancelled");
+    return DeadlineExceededError("waiting on queue " + std::string(queue));
   }
+
+  // Before the core can go: no check of the subscriber's calls into it any more.
+  void quiesce_waits() { store_->quiesce_waiters(this); }
 
   // Every subscriber hears kClosed, and has returned, before the entries
   // are removed (deliver() runs cleanup() after the notice). From inside a
@@ -656,6 +700,31 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
       return std::any_of(ids.begin(), ids.end(), [](const auto& p) { return p.second.relied_on(); });
     }
   };
+  // A wait's check of `queue` (on the subscriber thread). If this session
+  // has confirmed entries in the queue, its lease there must exist: asked on
+  // the way; one found gone loses the session (told by the keep-alive).
+  Result<CheckResult> check(const std::string& q, const QueueKeys& k, const std::vector<std::string>& which) {
+    const std::vector<std::string> relied = relied_entries(q);
+    const bool relies = !relied.empty();
+    std::vector<std::string> args = {k.base, k.channel, relies ? sid_ : std::string()};
+    args.insert(args.end(), which.begin(), which.end());
+    // No deadline of the wait's own: bounded like a renewal's cadence.
+    auto r = store_->script(ScriptId::kCheckGone, {k.zset}, args,
+                            store_->io_deadline(cfg_.clock->now() + cfg_.renew_every()));
+    if (!r.ok()) {
+      on_request_failed(r.status());
+      return r.status();
+    }
+    if (!r->is_array() || r->size() < 2) return InternalError("redis store: malformed reply to check");
+    if (relies && ElementInt(r->element(1)) == 0 && still_relied(q, relied)) {
+      lose_later("the session's lease in queue " + q + " is gone from the server");
+    }
+    CheckResult out;
+    out.soonest_ttl_ms = ElementInt(r->element(0));
+    for (std::size_t i = 2; i < r->size(); ++i) out.gone.emplace_back(ElementStr(r->element(i)));
+    return out;
+  }
+
   std::string lost_reason() const DLOCK_EXCLUDES(mu_) {
     MutexLock lk(mu_);
     return lost_reason_.empty() ? std::string() : " (" + lost_reason_ + ")";
@@ -833,6 +902,19 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
     transition(SessionState::kLost);
   }
 
+  // lose(), from a thread that must not run the listeners (the subscriber
+  // thread): the state is kLost at once, and the keep-alive tells it.
+  void lose_later(std::string reason) DLOCK_EXCLUDES(notice_mu_, mu_) {
+    {
+      MutexLock lk(mu_);
+      if (lost_reason_.empty()) lost_reason_ = std::move(reason);
+    }
+    if (enqueue(SessionState::kLost, /*cleanup=*/false) == 0) return;
+    MutexLock lk(mu_);
+    poke_ = true;
+    cv_.notify_all();
+  }
+
   void stop_keep_alive() noexcept DLOCK_EXCLUDES(mu_) {
     stop_.request_stop();
     if (interrupt_) interrupt_->signal();
@@ -950,6 +1032,12 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
   };
 
   void keep_alive() DLOCK_EXCLUDES(mu_, notice_mu_) {
+    keep_renewing();
+    // What lose_later() (or a lose() that crossed it) queued.
+    deliver(0, /*wait=*/false);
+  }
+
+  void keep_renewing() DLOCK_EXCLUDES(mu_, notice_mu_) {
     std::unique_ptr<Conn> conn;  // the thread's own: a slow request never delays a renewal
     std::stop_token st = stop_.get_token();
     const Clock& clock = *cfg_.clock;
@@ -962,6 +1050,7 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
         return poke_;
       });
       if (st.stop_requested()) break;
+      if (state_.load() == SessionState::kLost) break;  // lose_later()
       Clock::time_point now = clock.now();
       if (now >= compute_lost_at()) {
         // No renewal got through in time: the server may end the lease soon.
@@ -1118,7 +1207,10 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
 class RedisSession final : public Session {
  public:
   explicit RedisSession(std::shared_ptr<SessionCore> core) : core_(std::move(core)) {}
-  ~RedisSession() override { core_->close(); }
+  ~RedisSession() override {
+    core_->close();
+    core_->quiesce_waits();
+  }
 
   std::string id() const override { return core_->id(); }
   SessionState state() const noexcept override { return core_->state(); }
@@ -1135,6 +1227,10 @@ class RedisSession final : public Session {
   Status wait_any_gone(std::string_view queue, std::span<const std::string> ids, Clock::time_point deadline,
                        std::stop_token stop) override {
     return core_->wait_any_gone(queue, ids, deadline, std::move(stop));
+  }
+  std::shared_ptr<void> async_wait_any_gone(std::string_view queue, std::span<const std::string> ids,
+                                            std::function<void(Status)> done) override {
+    return core_->async_wait_any_gone(queue, ids, std::move(done));
   }
   Status remove(std::string_view queue, std::string_view id, Clock::time_point deadline) override {
     return core_->remove(queue, id, deadline);
