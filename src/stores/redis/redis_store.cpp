@@ -630,19 +630,19 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
                         [anchor = anchor_, store, p, spec, done = std::move(done)](Result<CoreScripted> r) {
                           if (!r.ok()) {
                             // The entry may exist: it stays tracked until find_own says.
-                            WithCore(*anchor, [&](SessionCore& c) { c.on_request_failed(r.status()); });
+                            with_core(*anchor, [&](SessionCore& c) { c.on_request_failed(r.status()); });
                             return done(r.status());
                           }
                           if (!store->short_of_replicas(r->acked) || Fenced(r->reply)) {
                             Result<Appended> out = SessionLostError("redis session closed while appending");
-                            WithCore(*anchor, [&](SessionCore& c) { out = c.finish_append(*p, spec, r->reply); });
+                            with_core(*anchor, [&](SessionCore& c) { out = c.finish_append(*p, spec, r->reply); });
                             return done(std::move(out));
                           }
                           // Not as durable as asked for: take the entry back before anyone
                           // counts on it (see append()).
                           bool alive = false;
                           std::string sid;
-                          WithCore(*anchor, [&](SessionCore& c) {
+                          with_core(*anchor, [&](SessionCore& c) {
                             alive = true;
                             sid = c.sid_;
                             c.mark_removing(p->q, p->id);
@@ -653,7 +653,7 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
                                               store->one_more_round_trip(), /*wait=*/false,
                                               [anchor, p, acked, done](Result<CoreScripted> u) {
                                                 Status out = SessionLostError("redis session closed while appending");
-                                                WithCore(*anchor, [&](SessionCore& c) {
+                                                with_core(*anchor, [&](SessionCore& c) {
                                                   if (u.ok()) {
                                                     out = c.append_undone(*p, acked);
                                                   } else {
@@ -796,7 +796,7 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
         [anchor = anchor_, store, q, k, attempt, basis, sid = sid_, done = std::move(done)](Result<CoreScripted> r) {
           const Status closed = SessionLostError("redis session closed while finding its entry");
           if (!r.ok()) {
-            WithCore(*anchor, [&](SessionCore& c) {
+            with_core(*anchor, [&](SessionCore& c) {
               c.untrack(*q, [](const std::string&, const Tracked&) { return false; });  // drop an empty track
               c.on_request_failed(r.status());
             });
@@ -805,13 +805,13 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
           const bool found = r->reply.is_array() && r->reply.size() > 0;
           if (!found || !store->short_of_replicas(r->acked)) {
             Result<std::optional<Entry>> out = closed;
-            WithCore(*anchor, [&](SessionCore& c) { out = c.finish_find_own(*q, attempt, basis, r->reply); });
+            with_core(*anchor, [&](SessionCore& c) { out = c.finish_find_own(*q, attempt, basis, r->reply); });
             return done(std::move(out));
           }
           // Found, but not as durable as a fresh append would be: taken back.
           const std::string entry(ElementStr(r->reply.element(0)));
           bool alive = false;
-          WithCore(*anchor, [&](SessionCore& c) {
+          with_core(*anchor, [&](SessionCore& c) {
             alive = true;
             c.mark_removing(*q, entry);
           });
@@ -821,7 +821,7 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
                               store->one_more_round_trip(), /*wait=*/false,
                               [anchor, q, attempt, acked, closed, done](Result<CoreScripted> u) {
                                 Status out = closed;
-                                WithCore(*anchor, [&](SessionCore& c) {
+                                with_core(*anchor, [&](SessionCore& c) {
                                   if (u.ok()) {
                                     out = c.find_own_undone(*q, attempt, acked);
                                   } else {
@@ -917,7 +917,7 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
                          store_->io_deadline(deadline), /*wait=*/false,
                          [anchor = anchor_, owners, done = std::move(done)](Result<CoreScripted> r) {
                            if (!r.ok()) {
-                             WithCore(*anchor, [&](SessionCore& c) { c.on_request_failed(r.status()); });
+                             with_core(*anchor, [&](SessionCore& c) { c.on_request_failed(r.status()); });
                              return done(r.status());
                            }
                            done(ParseEntries(r->reply, 0, owners));
@@ -936,7 +936,7 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
     store_->async_script(
         ScriptId::kRemove, {k.zset}, {k.base, k.channel, entry, sid_}, store_->io_deadline(deadline),
         /*wait=*/true, [anchor = anchor_, q = std::move(q), entry, done = std::move(done)](Result<CoreScripted> r) {
-          WithCore(*anchor, [&](SessionCore& c) {
+          with_core(*anchor, [&](SessionCore& c) {
             if (!r.ok()) {
               c.on_request_failed(r.status());
             } else {
@@ -1456,7 +1456,7 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
 
   // Runs `fn` on the session `anchor` still reaches, if any.
   template <typename Fn>
-  static void WithCore(Anchor& anchor, Fn fn) DLOCK_EXCLUDES(anchor.mu) {
+  static void with_core(Anchor& anchor, Fn fn) DLOCK_EXCLUDES(anchor.mu) {
     MutexLock lk(anchor.mu);
     if (anchor.core) fn(*anchor.core);
   }
