@@ -44,9 +44,6 @@ class RequestLoop {
   // Queues `cmds`; `done` runs once, on the loop thread (no lock held).
   void submit(std::vector<Command> cmds, IoClock::time_point deadline, Done done) DLOCK_EXCLUDES(mu_);
 
-  // Whether the caller is the loop thread (inside a `done`).
-  bool on_loop_thread() const { return std::this_thread::get_id() == thread_.get_id(); }
-
  private:
   struct Job {
     std::vector<Command> cmds;
