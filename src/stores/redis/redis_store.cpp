@@ -2,10 +2,18 @@
 // redis_scripts.hpp for the key layout, redis_subscriber.hpp for waiting.
 //
 // Connections of one Store:
-//  - a small pool of command connections (appends, lists, removes, checks);
-//  - one subscriber connection, owned by the Subscriber's thread;
+//  - a small pool of command connections (blocking appends, lists, removes,
+//    and the waits' checks);
+//  - one subscriber connection, owned by the Subscriber's thread, which also
+//    runs every wait (async_wait_any_gone: a waiter object, no thread each;
+//    the blocking wait_any_gone blocks on one);
 //  - one keep-alive connection per session, owned by its keep-alive thread,
 //    so that a slow request (or a WAIT for replicas) never delays a renewal.
+//  - one request-loop connection, owned by the RequestLoop's thread, which
+//    carries the async_ requests of every session, pipelined
+//    (redis_loop.hpp); the blocking requests use the pool.
+// So a store runs at most one subscriber thread, one loop thread, and one
+// keep-alive thread per open session (a Client has one at a time).
 //
 // Session lease accounting. A session's entries live while its *mirror* in
 // their queue exists (redis_scripts.hpp). Each mirror, like the session key,
@@ -49,6 +57,7 @@
 #include "core/thread_annotations.hpp"
 #include "stores/redis/redis_conn.hpp"
 #include "stores/redis/redis_entries.hpp"
+#include "stores/redis/redis_loop.hpp"
 #include "stores/redis/redis_scripts.hpp"
 #include "stores/redis/redis_subscriber.hpp"
 
@@ -256,25 +265,97 @@ class StoreCore {
                                               IoClock::time_point deadline) {
     auto r = c.pipeline(cmds, deadline);
     if (!r.ok()) return r.status();
-    std::vector<std::size_t> again;
-    for (std::size_t i = 0; i < r->size(); ++i) {
-      if (cmds[i].size() >= 2 && cmds[i][0] == "EVALSHA" && IsNoScript((*r)[i])) again.push_back(i);
-    }
+    auto [again, retry] = noscript_retry(cmds, *r, resend_last);
     if (again.empty()) return r;
-    if (resend_last && again.back() != cmds.size() - 1) again.push_back(cmds.size() - 1);
+    auto r2 = c.pipeline(retry, deadline);
+    if (!r2.ok()) return r2.status();
+    for (std::size_t j = 0; j < again.size(); ++j) (*r)[again[j]] = std::move((*r2)[j]);
+    return r;
+  }
+
+  // The commands of `cmds` to send again after `replies` (see
+  // pipeline_scripts), and their indexes.
+  std::pair<std::vector<std::size_t>, std::vector<Command>> noscript_retry(const std::vector<Command>& cmds,
+                                                                           const std::vector<Reply>& replies,
+                                                                           bool resend_last) const {
+    std::vector<std::size_t> again;
+    for (std::size_t i = 0; i < replies.size(); ++i) {
+      if (cmds[i].size() >= 2 && cmds[i][0] == "EVALSHA" && IsNoScript(replies[i])) again.push_back(i);
+    }
     std::vector<Command> retry;
+    if (again.empty()) return {again, retry};
+    if (resend_last && again.back() != cmds.size() - 1) again.push_back(cmds.size() - 1);
     for (std::size_t i : again) {
       Command cmd = cmds[i];
-      if (IsNoScript((*r)[i])) {
+      if (IsNoScript(replies[i])) {
         cmd[0] = "EVAL";
         cmd[1] = source_of(cmd[1]);
       }
       retry.push_back(std::move(cmd));
     }
-    auto r2 = c.pipeline(retry, deadline);
-    if (!r2.ok()) return r2.status();
-    for (std::size_t j = 0; j < again.size(); ++j) (*r)[again[j]] = std::move((*r2)[j]);
-    return r;
+    return {again, retry};
+  }
+
+  // pipeline_scripts() on the request loop; `done` runs on its thread.
+  void async_pipeline_scripts(std::vector<Command> cmds, bool resend_last, IoClock::time_point deadline,
+                              RequestLoop::Done done) {
+    RequestLoop& rl = loop();
+    auto first = [this, &rl, cmds, resend_last, deadline,
+                  done = std::move(done)](Result<std::vector<Reply>> r) mutable {
+      if (!r.ok()) return done(std::move(r));
+      auto [again, retry] = noscript_retry(cmds, *r, resend_last);
+      if (again.empty()) return done(std::move(r));
+      // Shared: a std::function must be copyable, and replies are not.
+      auto replies = std::make_shared<std::vector<Reply>>(std::move(*r));
+      rl.submit(std::move(retry), deadline,
+                [replies, again = std::move(again), done = std::move(done)](Result<std::vector<Reply>> r2) {
+                  if (!r2.ok()) return done(r2.status());
+                  for (std::size_t j = 0; j < again.size(); ++j) (*replies)[again[j]] = std::move((*r2)[j]);
+                  done(std::move(*replies));
+                });
+    };
+    rl.submit(std::move(cmds), deadline, std::move(first));
+  }
+
+  // script_on() on the request loop.
+  void async_script(ScriptId id, const std::vector<std::string>& keys, const std::vector<std::string>& args,
+                    IoClock::time_point deadline, bool wait, std::function<void(Result<Scripted>)> done) {
+    Command cmd;
+    cmd.reserve(3 + keys.size() + args.size());
+    cmd.push_back("EVALSHA");
+    cmd.push_back(sha(id));
+    cmd.push_back(std::to_string(keys.size()));
+    cmd.insert(cmd.end(), keys.begin(), keys.end());
+    cmd.insert(cmd.end(), args.begin(), args.end());
+    std::vector<Command> cmds{std::move(cmd)};
+    wait = wait && cfg_.wait_replicas > 0;
+    if (wait) {
+      cmds.push_back(wait_command());
+      deadline += cfg_.wait_timeout;
+    }
+    async_pipeline_scripts(
+        std::move(cmds), /*resend_last=*/wait, deadline,
+        [id, wait, done = std::move(done)](Result<std::vector<Reply>> r) {
+          if (!r.ok()) return done(r.status());
+          Reply& first = (*r)[0];
+          if (first.is_error()) {
+            return done(ErrorReplyStatus(first.str(), "redis store: script " + std::string(ScriptName(id))));
+          }
+          Scripted out{std::move(first), -1};
+          if (wait) {
+            const Reply& w = (*r)[1];
+            if (w.is_error()) return done(ErrorReplyStatus(w.str(), "redis store: WAIT"));
+            out.acked = static_cast<int>(w.integer());
+          }
+          done(std::move(out));
+        });
+  }
+
+  // Made on first use; lives as long as the store.
+  RequestLoop& loop() DLOCK_EXCLUDES(sub_mu_) {
+    MutexLock lk(sub_mu_);
+    if (!loop_) loop_ = std::make_unique<RequestLoop>(cfg_.endpoint, cfg_.op_timeout);
+    return *loop_;
   }
 
   // WAIT for the writes made so far on `c`; how many replicas acknowledged.
@@ -339,6 +420,15 @@ class StoreCore {
     if (sub_) sub_->poke();
   }
 
+  void quiesce_waiters(const void* owner) DLOCK_EXCLUDES(sub_mu_) {
+    Subscriber* sub = nullptr;
+    {
+      MutexLock lk(sub_mu_);
+      sub = sub_.get();  // lives as long as the store
+    }
+    if (sub) sub->quiesce(owner);
+  }
+
  private:
   // The source of the script whose SHA1 is `sha`.
   const std::string& source_of(const std::string& sha) const {
@@ -357,9 +447,21 @@ class StoreCore {
   Pool pool_;
   Mutex sub_mu_;
   std::unique_ptr<Subscriber> sub_ DLOCK_GUARDED_BY(sub_mu_);
+  std::unique_ptr<RequestLoop> loop_ DLOCK_GUARDED_BY(sub_mu_);
 };
 
 // --- Sessions
+
+using CoreScripted = StoreCore::Scripted;
+
+class SessionCore;
+
+// What an asynchronous request's completion reaches its session through:
+// ~RedisSession empties it, so a reply that comes later touches nothing.
+struct Anchor {
+  Mutex mu;
+  SessionCore* core DLOCK_GUARDED_BY(mu) = nullptr;
+};
 
 class SessionCore : public std::enable_shared_from_this<SessionCore> {
  public:
@@ -371,6 +473,10 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
   }
 
   void start() {
+    {
+      MutexLock lk(anchor_->mu);
+      anchor_->core = this;
+    }
     auto self = shared_from_this();
     clock_subscription_ = cfg_.clock->on_advance([weak = weak_from_this()] {
       if (auto s = weak.lock()) {
@@ -410,33 +516,87 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
     return OkStatus();
   }
 
-  Result<Appended> append(std::string_view queue, const EntrySpec& spec, Clock::time_point deadline) {
+  // What an append sends: checked, tracked, ready.
+  struct AppendPlan {
+    std::string q;
+    QueueKeys k;
+    std::string id;
+    Clock::time_point basis;
+    std::vector<std::string> keys;
+    std::vector<std::string> args;
+  };
+  Result<AppendPlan> plan_append(std::string_view queue, const EntrySpec& spec) {
     if (auto s = ValidateLockName(queue); !s.ok()) return s;
     if (spec.kind.empty()) return InvalidArgumentError("entry kind is empty");
     if (spec.sequence && (*spec.sequence <= 0 || *spec.sequence >= kMaxSequence)) {
       return InvalidArgumentError("entry sequence " + std::to_string(*spec.sequence) + " is out of range");
     }
     if (auto s = usable(true); !s.ok()) return s;
-    const std::string q(queue);
-    const QueueKeys k = KeysFor(q, cfg_.endpoint.db);
-    const std::string id = RandomHex(16);
-    auto mirror = track(q, id, spec.attempt_id);
+    AppendPlan p;
+    p.q = std::string(queue);
+    p.k = KeysFor(p.q, cfg_.endpoint.db);
+    p.id = RandomHex(16);
+    auto mirror = track(p.q, p.id, spec.attempt_id);
     if (!mirror.ok()) return mirror.status();
-    std::vector<std::string> args = {k.base,
-                                     k.channel,
-                                     id,
-                                     spec.kind,
-                                     spec.attempt_id,
-                                     sid_,
-                                     EncodeOwnerRecord(spec.owner),
-                                     std::to_string(mirror->ms),
-                                     spec.sequence ? std::to_string(*spec.sequence) : std::string()};
+    p.basis = mirror->basis;
+    p.keys = {p.k.zset, p.k.counter, p.k.entry(p.id), p.k.mirror(sid_)};
+    p.args = {p.k.base,
+              p.k.channel,
+              p.id,
+              spec.kind,
+              spec.attempt_id,
+              sid_,
+              EncodeOwnerRecord(spec.owner),
+              std::to_string(mirror->ms),
+              spec.sequence ? std::to_string(*spec.sequence) : std::string()};
+    return p;
+  }
+
+  // The append's entry was taken back (too few replicas acknowledged it).
+  Status append_undone(const AppendPlan& p, int acked) {
+    untrack(p.q, [&](const std::string& tracked_id, const Tracked&) { return tracked_id == p.id; });
+    return AbortedError(store_->short_of_replicas_message(acked, "append to " + p.q) + "; the entry was removed again");
+  }
+
+  // What the append script's reply means (the entry not taken back).
+  Result<Appended> finish_append(const AppendPlan& p, const EntrySpec& spec, const Reply& r) {
+    if (Fenced(r)) {
+      untrack(p.q, [&](const std::string& tracked_id, const Tracked&) { return tracked_id == p.id; });
+      return AbortedError("redis store: append of attempt " + spec.attempt_id + " to " + p.q +
+                          " refused: find_own already settled that attempt");
+    }
+    Appended out;
+    std::int64_t seq = 0;
+    std::uint64_t token = 0;
+    if (!r.is_array() || r.size() < 2 || !ParseNumber(ElementStr(r.element(0)), seq) ||
+        !ParseNumber(ElementStr(r.element(1)), token)) {
+      return InternalError("redis store: malformed reply to append");
+    }
+    auto queue_now = ParseEntries(r, 2, false);
+    if (!queue_now.ok()) return queue_now.status();
+    confirm(p.q, p.id, spec.attempt_id, p.basis);
+    out.entry.id = p.id;
+    out.entry.kind = KnownKind(spec.kind);
+    out.entry.sequence = seq;
+    out.entry.token = token;
+    out.entry.attempt_id = spec.attempt_id;
+    out.entry.owner = spec.owner;
+    out.queue = std::move(*queue_now);
+    return out;
+  }
+
+  Result<Appended> append(std::string_view queue, const EntrySpec& spec, Clock::time_point deadline) {
+    auto plan = plan_append(queue, spec);
+    if (!plan.ok()) return plan.status();
+    const AppendPlan& p = *plan;
+    const std::string& q = p.q;
+    const QueueKeys& k = p.k;
+    const std::string& id = p.id;
     const auto io = store_->io_deadline(deadline);
     int acked = -1;
     bool undone = false;
     auto r = store_->pooled(io, [&](Conn& c) -> Result<Reply> {
-      auto s = store_->script_on(c, ScriptId::kAppend, {k.zset, k.counter, k.entry(id), k.mirror(sid_)}, args, io,
-                                 /*wait=*/true);
+      auto s = store_->script_on(c, ScriptId::kAppend, p.keys, p.args, io, /*wait=*/true);
       if (!s.ok()) return s.status();
       acked = s->acked;
       if (store_->short_of_replicas(acked) && !Fenced(s->reply)) {
@@ -455,33 +615,56 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
       on_request_failed(r.status());
       return r.status();  // the entry may exist: it stays tracked until find_own says
     }
-    if (undone) {
-      untrack(q, [&](const std::string& tracked_id, const Tracked&) { return tracked_id == id; });
-      return AbortedError(store_->short_of_replicas_message(acked, "append to " + q) + "; the entry was removed again");
-    }
-    if (Fenced(*r)) {
-      untrack(q, [&](const std::string& tracked_id, const Tracked&) { return tracked_id == id; });
-      return AbortedError("redis store: append of attempt " + spec.attempt_id + " to " + q +
-                          " refused: find_own already settled that attempt");
-    }
-    Appended out;
-    std::int64_t seq = 0;
-    std::uint64_t token = 0;
-    if (!r->is_array() || r->size() < 2 || !ParseNumber(ElementStr(r->element(0)), seq) ||
-        !ParseNumber(ElementStr(r->element(1)), token)) {
-      return InternalError("redis store: malformed reply to append");
-    }
-    auto queue_now = ParseEntries(*r, 2, false);
-    if (!queue_now.ok()) return queue_now.status();
-    confirm(q, id, spec.attempt_id, mirror->basis);
-    out.entry.id = id;
-    out.entry.kind = KnownKind(spec.kind);
-    out.entry.sequence = seq;
-    out.entry.token = token;
-    out.entry.attempt_id = spec.attempt_id;
-    out.entry.owner = spec.owner;
-    out.queue = std::move(*queue_now);
-    return out;
+    if (undone) return append_undone(p, acked);
+    return finish_append(p, spec, *r);
+  }
+
+  // append() on the request loop: the same steps, each a completion.
+  void async_append(std::string_view queue, const EntrySpec& spec, Clock::time_point deadline,
+                    std::function<void(Result<Appended>)> done) {
+    auto plan = plan_append(queue, spec);
+    if (!plan.ok()) return done(plan.status());
+    auto p = std::make_shared<const AppendPlan>(std::move(*plan));
+    StoreCore* store = store_.get();  // lives while the session does; ~RedisSession empties the anchor first
+    store->async_script(ScriptId::kAppend, p->keys, p->args, store->io_deadline(deadline), /*wait=*/true,
+                        [anchor = anchor_, store, p, spec, done = std::move(done)](Result<CoreScripted> r) {
+                          if (!r.ok()) {
+                            // The entry may exist: it stays tracked until find_own says.
+                            with_core(*anchor, [&](SessionCore& c) { c.on_request_failed(r.status()); });
+                            return done(r.status());
+                          }
+                          if (!store->short_of_replicas(r->acked) || Fenced(r->reply)) {
+                            Result<Appended> out = SessionLostError("redis session closed while appending");
+                            with_core(*anchor, [&](SessionCore& c) { out = c.finish_append(*p, spec, r->reply); });
+                            return done(std::move(out));
+                          }
+                          // Not as durable as asked for: take the entry back before anyone
+                          // counts on it (see append()).
+                          bool alive = false;
+                          std::string sid;
+                          with_core(*anchor, [&](SessionCore& c) {
+                            alive = true;
+                            sid = c.sid_;
+                            c.mark_removing(p->q, p->id);
+                          });
+                          if (!alive) return done(SessionLostError("redis session closed while appending"));
+                          const int acked = r->acked;
+                          store->async_script(ScriptId::kRemove, {p->k.zset}, {p->k.base, p->k.channel, p->id, sid},
+                                              store->one_more_round_trip(), /*wait=*/false,
+                                              [anchor, p, acked, done](Result<CoreScripted> u) {
+                                                Status out = SessionLostError("redis session closed while appending");
+                                                with_core(*anchor, [&](SessionCore& c) {
+                                                  if (u.ok()) {
+                                                    out = c.append_undone(*p, acked);
+                                                  } else {
+                                                    // The entry may exist: find_own settles it.
+                                                    c.on_request_failed(u.status());
+                                                    out = u.status();
+                                                  }
+                                                });
+                                                done(std::move(out));
+                                              });
+                        });
   }
 
   Result<std::vector<Entry>> list(std::string_view queue, const ListOptions& options, Clock::time_point deadline) {
@@ -564,11 +747,20 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
       on_request_failed(r.status());
       return r.status();
     }
-    if (undone) {
-      untrack(q, [&](const std::string&, const Tracked& t) { return t.attempt == attempt_id; });
-      return AbortedError(store_->short_of_replicas_message(acked, "entry found in " + q) + "; it was removed");
-    }
-    auto entries = ParseEntries(*r, 0, false);
+    if (undone) return find_own_undone(q, attempt_id, acked);
+    return finish_find_own(q, attempt_id, mirror->basis, *r);
+  }
+
+  // The entry find_own found was taken back (too few replicas acknowledged).
+  Status find_own_undone(const std::string& q, std::string_view attempt_id, int acked) {
+    untrack(q, [&](const std::string&, const Tracked& t) { return t.attempt == attempt_id; });
+    return AbortedError(store_->short_of_replicas_message(acked, "entry found in " + q) + "; it was removed");
+  }
+
+  // What the find_own script's reply means (the entry not taken back).
+  Result<std::optional<Entry>> finish_find_own(const std::string& q, std::string_view attempt_id,
+                                               Clock::time_point basis, const Reply& r) {
+    auto entries = ParseEntries(r, 0, false);
     if (!entries.ok()) return entries.status();
     if (entries->empty()) {
       // Not there: an earlier append with this attempt whose reply was lost
@@ -577,42 +769,182 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
       return std::optional<Entry>();
     }
     Entry e = std::move(entries->front());
-    confirm(q, e.id, std::string(attempt_id), mirror->basis);
+    confirm(q, e.id, std::string(attempt_id), basis);
     return std::optional<Entry>(std::move(e));
   }
 
+  // find_own() on the request loop. With wait_replicas, the WAIT goes in the
+  // script's pipeline (the script always writes: its fence), so it follows
+  // the script's writes on the same connection even when the request is
+  // sent again on a new one.
+  void async_find_own(std::string_view queue, std::string_view attempt_id, Clock::time_point deadline,
+                      std::function<void(Result<std::optional<Entry>>)> done) {
+    if (auto s = ValidateLockName(queue); !s.ok()) return done(s);
+    if (attempt_id.empty()) return done(InvalidArgumentError("attempt id is empty"));
+    if (auto s = usable(true); !s.ok()) return done(s);
+    auto q = std::make_shared<const std::string>(queue);
+    const QueueKeys k = KeysFor(*q, cfg_.endpoint.db);
+    auto mirror = track(*q, std::string(), std::string());  // no id yet
+    if (!mirror.ok()) return done(mirror.status());
+    StoreCore* store = store_.get();  // lives while the session does
+    std::string attempt(attempt_id);
+    const Clock::time_point basis = mirror->basis;
+    store->async_script(
+        ScriptId::kFindOwn, {k.zset, k.mirror(sid_)},
+        {k.base, k.channel, attempt, sid_, std::to_string(mirror->ms), std::to_string(cfg_.ttl.count())},
+        store->io_deadline(deadline), /*wait=*/true,
+        [anchor = anchor_, store, q, k, attempt, basis, sid = sid_, done = std::move(done)](Result<CoreScripted> r) {
+          const Status closed = SessionLostError("redis session closed while finding its entry");
+          if (!r.ok()) {
+            with_core(*anchor, [&](SessionCore& c) {
+              c.untrack(*q, [](const std::string&, const Tracked&) { return false; });  // drop an empty track
+              c.on_request_failed(r.status());
+            });
+            return done(r.status());
+          }
+          const bool found = r->reply.is_array() && r->reply.size() > 0;
+          if (!found || !store->short_of_replicas(r->acked)) {
+            Result<std::optional<Entry>> out = closed;
+            with_core(*anchor, [&](SessionCore& c) { out = c.finish_find_own(*q, attempt, basis, r->reply); });
+            return done(std::move(out));
+          }
+          // Found, but not as durable as a fresh append would be: taken back.
+          const std::string entry(ElementStr(r->reply.element(0)));
+          bool alive = false;
+          with_core(*anchor, [&](SessionCore& c) {
+            alive = true;
+            c.mark_removing(*q, entry);
+          });
+          if (!alive) return done(closed);
+          const int acked = r->acked;
+          store->async_script(ScriptId::kRemove, {k.zset}, {k.base, k.channel, entry, sid},
+                              store->one_more_round_trip(), /*wait=*/false,
+                              [anchor, q, attempt, acked, closed, done](Result<CoreScripted> u) {
+                                Status out = closed;
+                                with_core(*anchor, [&](SessionCore& c) {
+                                  if (u.ok()) {
+                                    out = c.find_own_undone(*q, attempt, acked);
+                                  } else {
+                                    c.untrack(*q, [](const std::string&, const Tracked&) { return false; });
+                                    c.on_request_failed(u.status());
+                                    out = u.status();
+                                  }
+                                });
+                                done(std::move(out));
+                              });
+        });
+  }
+
+  // The wait is a Subscriber waiter; its `done` runs on the subscriber
+  // thread (or inline, for an argument or session error, or on the thread
+  // that destroys the handle, with kCancelled).
+  std::shared_ptr<void> async_wait_any_gone(std::string_view queue, std::span<const std::string> ids,
+                                            std::function<void(Status)> done) {
+    Status early;
+    if (early = ValidateLockName(queue); early.ok() && ids.empty()) {
+      early = InvalidArgumentError("wait_any_gone needs at least one entry id");
+    }
+    if (early.ok()) early = usable(false);
+    if (!early.ok()) {
+      done(std::move(early));
+      return std::make_shared<int>(0);  // nothing to cancel
+    }
+    Subscriber::WaitSpec spec;
+    spec.queue = std::string(queue);
+    const QueueKeys k = KeysFor(spec.queue, cfg_.endpoint.db);
+    spec.channel = k.channel;
+    spec.ids.assign(ids.begin(), ids.end());
+    spec.owner = this;
+    spec.session = [this] { return usable(false); };
+    // Raw `this`: ~RedisSession quiesces the subscriber before the core can go.
+    spec.check = [this, k](const std::string& q, const std::vector<std::string>& which) { return check(q, k, which); };
+    spec.done = std::move(done);
+    return store_->subscriber().start(std::move(spec));
+  }
+
+  // The blocking form: the asynchronous wait, and a deadline and stop token
+  // on top (the handle cancels what they end).
   Status wait_any_gone(std::string_view queue, std::span<const std::string> ids, Clock::time_point deadline,
                        std::stop_token stop) {
-    if (auto s = ValidateLockName(queue); !s.ok()) return s;
-    if (ids.empty()) return InvalidArgumentError("wait_any_gone needs at least one entry id");
-    if (auto s = usable(false); !s.ok()) return s;
-    const std::string q(queue);
-    const QueueKeys k = KeysFor(q, cfg_.endpoint.db);
-    std::vector<std::string> watch(ids.begin(), ids.end());
-    auto session = [this] { return usable(false); };
-    auto check = [this, q, k, deadline](const std::string&,
-                                        const std::vector<std::string>& which) -> Result<CheckResult> {
-      // If this session has confirmed entries in the queue, its lease there
-      // must exist: ask on the way.
-      const std::vector<std::string> relied = relied_entries(q);
-      const bool relies = !relied.empty();
-      std::vector<std::string> args = {k.base, k.channel, relies ? sid_ : std::string()};
-      args.insert(args.end(), which.begin(), which.end());
-      auto r = store_->script(ScriptId::kCheckGone, {k.zset}, args, store_->io_deadline(deadline));
-      if (!r.ok()) {
-        on_request_failed(r.status());
-        return r.status();
-      }
-      if (!r->is_array() || r->size() < 2) return InternalError("redis store: malformed reply to check");
-      if (relies && ElementInt(r->element(1)) == 0 && still_relied(q, relied)) {
-        lose("the session's lease in queue " + q + " is gone from the server");
-      }
-      CheckResult out;
-      out.soonest_ttl_ms = ElementInt(r->element(0));
-      for (std::size_t i = 2; i < r->size(); ++i) out.gone.emplace_back(ElementStr(r->element(i)));
-      return out;
+    struct Box {
+      Mutex mu;
+      std::condition_variable_any cv;
+      std::optional<Status> outcome DLOCK_GUARDED_BY(mu);
     };
-    return store_->subscriber().wait(q, k.channel, watch, deadline, std::move(stop), session, check);
+    auto box = std::make_shared<Box>();
+    auto handle = async_wait_any_gone(queue, ids, [box](Status s) {
+      MutexLock lk(box->mu);
+      box->outcome = std::move(s);
+      box->cv.notify_all();
+    });
+    // A hand-moved clock wakes this wait to re-read its deadline.
+    auto advanced = cfg_.clock->on_advance([box] {
+      MutexLock lk(box->mu);
+      box->cv.notify_all();
+    });
+    {
+      MutexLock lk(box->mu);
+      cfg_.clock->wait_until(box->cv, lk.native(), stop, deadline, [&] {
+        box->mu.assert_held();
+        return box->outcome.has_value();
+      });
+      if (box->outcome) return *box->outcome;
+    }
+    handle.reset();  // runs `done`: kCancelled, or an outcome that came first
+    MutexLock lk(box->mu);
+    if (box->outcome && box->outcome->code() != ErrorCode::kCancelled) return *box->outcome;
+    if (stop.stop_requested()) return CancelledError("waiting on queue " + std::string(queue) + ": cancelled");
+    return DeadlineExceededError("waiting on queue " + std::string(queue));
+  }
+
+  // Before the core can go: no check of the subscriber's, and no reply of
+  // the request loop's, calls into it any more.
+  void quiesce() {
+    store_->quiesce_waiters(this);
+    MutexLock lk(anchor_->mu);
+    anchor_->core = nullptr;
+  }
+
+  // The asynchronous list and remove: on the request loop, with what the
+  // blocking forms do before and after the request done around it.
+  void async_list(std::string_view queue, const ListOptions& options, Clock::time_point deadline,
+                  std::function<void(Result<std::vector<Entry>>)> done) {
+    if (auto s = ValidateLockName(queue); !s.ok()) return done(s);
+    if (auto s = usable(true); !s.ok()) return done(s);
+    const QueueKeys k = KeysFor(queue, cfg_.endpoint.db);
+    const bool owners = options.with_owners;
+    store_->async_script(ScriptId::kList, {k.zset}, {k.base, k.channel, owners ? "1" : "0"},
+                         store_->io_deadline(deadline), /*wait=*/false,
+                         [anchor = anchor_, owners, done = std::move(done)](Result<CoreScripted> r) {
+                           if (!r.ok()) {
+                             with_core(*anchor, [&](SessionCore& c) { c.on_request_failed(r.status()); });
+                             return done(r.status());
+                           }
+                           done(ParseEntries(r->reply, 0, owners));
+                         });
+  }
+
+  void async_remove(std::string_view queue, std::string_view id, Clock::time_point deadline,
+                    std::function<void(Status)> done) {
+    if (auto s = ValidateLockName(queue); !s.ok()) return done(s);
+    if (id.empty()) return done(InvalidArgumentError("entry id is empty"));
+    if (auto s = usable(true); !s.ok()) return done(s);
+    std::string q(queue);
+    std::string entry(id);
+    const QueueKeys k = KeysFor(q, cfg_.endpoint.db);
+    mark_removing(q, entry);  // as remove(): before it is sent
+    store_->async_script(
+        ScriptId::kRemove, {k.zset}, {k.base, k.channel, entry, sid_}, store_->io_deadline(deadline),
+        /*wait=*/true, [anchor = anchor_, q = std::move(q), entry, done = std::move(done)](Result<CoreScripted> r) {
+          with_core(*anchor, [&](SessionCore& c) {
+            if (!r.ok()) {
+              c.on_request_failed(r.status());
+            } else {
+              c.untrack(q, [&](const std::string& tracked, const Tracked&) { return tracked == entry; });
+            }
+          });
+          done(r.ok() ? OkStatus() : r.status());
+        });
   }
 
   // Every subscriber hears kClosed, and has returned, before the entries
@@ -656,6 +988,31 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
       return std::any_of(ids.begin(), ids.end(), [](const auto& p) { return p.second.relied_on(); });
     }
   };
+  // A wait's check of `queue` (on the subscriber thread). If this session
+  // has confirmed entries in the queue, its lease there must exist: asked on
+  // the way; one found gone loses the session (told by the keep-alive).
+  Result<CheckResult> check(const std::string& q, const QueueKeys& k, const std::vector<std::string>& which) {
+    const std::vector<std::string> relied = relied_entries(q);
+    const bool relies = !relied.empty();
+    std::vector<std::string> args = {k.base, k.channel, relies ? sid_ : std::string()};
+    args.insert(args.end(), which.begin(), which.end());
+    // No deadline of the wait's own: bounded like a renewal's cadence.
+    auto r = store_->script(ScriptId::kCheckGone, {k.zset}, args,
+                            store_->io_deadline(cfg_.clock->now() + cfg_.renew_every()));
+    if (!r.ok()) {
+      on_request_failed(r.status());
+      return r.status();
+    }
+    if (!r->is_array() || r->size() < 2) return InternalError("redis store: malformed reply to check");
+    if (relies && ElementInt(r->element(1)) == 0 && still_relied(q, relied)) {
+      lose_later("the session's lease in queue " + q + " is gone from the server");
+    }
+    CheckResult out;
+    out.soonest_ttl_ms = ElementInt(r->element(0));
+    for (std::size_t i = 2; i < r->size(); ++i) out.gone.emplace_back(ElementStr(r->element(i)));
+    return out;
+  }
+
   std::string lost_reason() const DLOCK_EXCLUDES(mu_) {
     MutexLock lk(mu_);
     return lost_reason_.empty() ? std::string() : " (" + lost_reason_ + ")";
@@ -833,6 +1190,19 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
     transition(SessionState::kLost);
   }
 
+  // lose(), from a thread that must not run the listeners (the subscriber
+  // thread): the state is kLost at once, and the keep-alive tells it.
+  void lose_later(std::string reason) DLOCK_EXCLUDES(notice_mu_, mu_) {
+    {
+      MutexLock lk(mu_);
+      if (lost_reason_.empty()) lost_reason_ = std::move(reason);
+    }
+    if (enqueue(SessionState::kLost, /*cleanup=*/false) == 0) return;
+    MutexLock lk(mu_);
+    poke_ = true;
+    cv_.notify_all();
+  }
+
   void stop_keep_alive() noexcept DLOCK_EXCLUDES(mu_) {
     stop_.request_stop();
     if (interrupt_) interrupt_->signal();
@@ -950,6 +1320,12 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
   };
 
   void keep_alive() DLOCK_EXCLUDES(mu_, notice_mu_) {
+    keep_renewing();
+    // What lose_later() (or a lose() that crossed it) queued.
+    deliver(0, /*wait=*/false);
+  }
+
+  void keep_renewing() DLOCK_EXCLUDES(mu_, notice_mu_) {
     std::unique_ptr<Conn> conn;  // the thread's own: a slow request never delays a renewal
     std::stop_token st = stop_.get_token();
     const Clock& clock = *cfg_.clock;
@@ -962,6 +1338,7 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
         return poke_;
       });
       if (st.stop_requested()) break;
+      if (state_.load() == SessionState::kLost) break;  // lose_later()
       Clock::time_point now = clock.now();
       if (now >= compute_lost_at()) {
         // No renewal got through in time: the server may end the lease soon.
@@ -1077,9 +1454,17 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
     return "";
   }
 
+  // Runs `fn` on the session `anchor` still reaches, if any.
+  template <typename Fn>
+  static void with_core(Anchor& anchor, Fn fn) DLOCK_EXCLUDES(anchor.mu) {
+    MutexLock lk(anchor.mu);
+    if (anchor.core) fn(*anchor.core);
+  }
+
   const std::shared_ptr<StoreCore> store_;
   const Config& cfg_;
   const std::string sid_;
+  const std::shared_ptr<Anchor> anchor_ = std::make_shared<Anchor>();
 
   std::atomic<SessionState> state_{SessionState::kConnected};
   std::atomic<Clock::duration::rep> lost_at_{0};  // compute_lost_at(), readable without mu_
@@ -1118,7 +1503,10 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
 class RedisSession final : public Session {
  public:
   explicit RedisSession(std::shared_ptr<SessionCore> core) : core_(std::move(core)) {}
-  ~RedisSession() override { core_->close(); }
+  ~RedisSession() override {
+    core_->close();
+    core_->quiesce();
+  }
 
   std::string id() const override { return core_->id(); }
   SessionState state() const noexcept override { return core_->state(); }
@@ -1135,6 +1523,26 @@ class RedisSession final : public Session {
   Status wait_any_gone(std::string_view queue, std::span<const std::string> ids, Clock::time_point deadline,
                        std::stop_token stop) override {
     return core_->wait_any_gone(queue, ids, deadline, std::move(stop));
+  }
+  std::shared_ptr<void> async_wait_any_gone(std::string_view queue, std::span<const std::string> ids,
+                                            std::function<void(Status)> done) override {
+    return core_->async_wait_any_gone(queue, ids, std::move(done));
+  }
+  void async_append(std::string_view queue, const EntrySpec& spec, Clock::time_point deadline,
+                    std::function<void(Result<Appended>)> done) override {
+    core_->async_append(queue, spec, deadline, std::move(done));
+  }
+  void async_find_own(std::string_view queue, std::string_view attempt_id, Clock::time_point deadline,
+                      std::function<void(Result<std::optional<Entry>>)> done) override {
+    core_->async_find_own(queue, attempt_id, deadline, std::move(done));
+  }
+  void async_list(std::string_view queue, const ListOptions& options, Clock::time_point deadline,
+                  std::function<void(Result<std::vector<Entry>>)> done) override {
+    core_->async_list(queue, options, deadline, std::move(done));
+  }
+  void async_remove(std::string_view queue, std::string_view id, Clock::time_point deadline,
+                    std::function<void(Status)> done) override {
+    core_->async_remove(queue, id, deadline, std::move(done));
   }
   Status remove(std::string_view queue, std::string_view id, Clock::time_point deadline) override {
     return core_->remove(queue, id, deadline);

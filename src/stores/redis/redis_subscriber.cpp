@@ -6,28 +6,63 @@
 #include <algorithm>
 #include <cerrno>
 #include <exception>
+#include <thread>
 
 namespace dlock::internal::redis {
 
 struct Subscriber::Waiter {
+  // Fixed by start().
+  const void* owner = nullptr;
   std::vector<std::string> ids;
-  bool gone = false;             // an id of `ids` is gone
-  bool signaled = false;         // something changed: look again
-  bool checked = false;          // this waiter's own first check is done
+  SessionFn session;
+  CheckFn check;
+  // Guarded by mu_ from here on.
+  enum class Phase { kWaiting, kSettled, kDelivering, kDelivered };
+  Phase phase = Phase::kWaiting;
+  Channel* channel = nullptr;    // while kWaiting
+  bool checked = false;          // a check covering this waiter is done
   Clock::time_point retry_at{};  // when to retry a failed first check
-  Status error;                  // a failure that ends this wait
-  std::condition_variable_any cv;
+  Status outcome;                // once settled
+  std::function<void(Status)> done;
+  std::thread::id deliverer;  // while kDelivering
 };
 
 struct Subscriber::Channel {
   std::string name;
   std::string queue;
   ChanState state = ChanState::kIdle;
-  std::vector<Waiter*> waiters;
+  std::vector<std::shared_ptr<Waiter>> waiters;
   IoClock::time_point linger_until{};
-  // The shared re-check (see the header): when, and whether a waiter is on it.
+  // The shared re-check (see the header): when, and whether one is running.
   Clock::time_point next_check = Clock::time_point::max();
-  bool check_claimed = false;
+  bool check_running = false;
+  // Counts confirmed subscriptions: a check that crossed a re-subscription
+  // may have missed what was published while the connection was down.
+  std::uint64_t generation = 0;
+};
+
+// One check the subscriber thread runs, for the waiters of one channel.
+struct Subscriber::CheckJob {
+  Channel* channel = nullptr;
+  std::string queue;
+  std::vector<std::string> ids;
+  std::vector<std::shared_ptr<Waiter>> members;  // the waiters whose ids it covers
+  CheckFn check;                                 // a copy: the waiter may be settled meanwhile
+  std::uint64_t generation = 0;
+  bool recheck = false;  // some member had been checked before
+};
+
+// What start() returns: cancels on destruction.
+class Subscriber::Handle {
+ public:
+  Handle(Subscriber& sub, std::shared_ptr<Waiter> w) : sub_(sub), w_(std::move(w)) {}
+  Handle(const Handle&) = delete;
+  Handle& operator=(const Handle&) = delete;
+  ~Handle() { sub_.cancel(w_); }
+
+ private:
+  Subscriber& sub_;
+  std::shared_ptr<Waiter> w_;
 };
 
 // The connection and its keep-alive PINGs. Only the subscriber thread
@@ -91,10 +126,7 @@ void Subscriber::wake() const {
   if (wake_) wake_->signal();
 }
 
-void Subscriber::poke() {
-  MutexLock lk(mu_);
-  for (auto& [name, ch] : channels_) signal_all(*ch);
-}
+void Subscriber::poke() const { wake(); }
 
 SubscriberStats Subscriber::stats() const {
   MutexLock lk(mu_);
@@ -112,50 +144,49 @@ Clock::time_point Subscriber::next_check_at(Clock::time_point now, std::int64_t 
   return now + after;
 }
 
-void Subscriber::signal_all(Channel& ch) {
-  for (Waiter* w : ch.waiters) {
-    w->signaled = true;
-    w->cv.notify_all();
-  }
-}
-
 void Subscriber::mark_gone(Channel& ch, const std::vector<std::string>& gone) {
   if (gone.empty()) return;
-  for (Waiter* w : ch.waiters) {
-    if (w->gone) continue;
-    for (const auto& id : w->ids) {
-      if (std::find(gone.begin(), gone.end(), id) != gone.end()) {
-        w->gone = true;
-        w->cv.notify_all();
-        break;
-      }
+  std::vector<std::shared_ptr<Waiter>> hit;
+  for (const auto& w : ch.waiters) {
+    if (std::any_of(w->ids.begin(), w->ids.end(),
+                    [&](const std::string& id) { return std::find(gone.begin(), gone.end(), id) != gone.end(); })) {
+      hit.push_back(w);
     }
   }
+  for (const auto& w : hit) settle(w, OkStatus());
 }
 
 // --- Waits
 //
-// A wait registers a Waiter on its channel and sleeps on the Waiter's cv.
-// Each time it wakes, it first looks whether it is done (session lost, an id
-// gone, an error, cancelled, deadline), then whether it has a check to run:
-// its own first check once the channel is subscribed, or the queue's shared
-// re-check when that is due and no other waiter has claimed it. Checks run
-// without mu_.
+// A wait is a Waiter on its channel. It is settled (its outcome decided, and
+// taken off the channel) under mu_, by whoever learns the outcome; its
+// `done` then runs without mu_, on the thread that claims it in flush() (or
+// in cancel(), on the thread destroying the handle).
 
-Subscriber::Channel& Subscriber::join(const std::string& queue, const std::string& channel, Waiter& w) {
-  auto& slot = channels_[channel];
+std::shared_ptr<void> Subscriber::start(WaitSpec spec) {
+  auto w = std::make_shared<Waiter>();
+  w->owner = spec.owner;
+  w->ids = std::move(spec.ids);
+  w->session = std::move(spec.session);
+  w->check = std::move(spec.check);
+  w->done = std::move(spec.done);
+  auto handle = std::make_shared<Handle>(*this, w);
+  MutexLock lk(mu_);
+  auto& slot = channels_[spec.channel];
   if (!slot) {
     slot = std::make_unique<Channel>();
-    slot->name = channel;
-    slot->queue = queue;
+    slot->name = spec.channel;
+    slot->queue = std::move(spec.queue);
   }
-  slot->waiters.push_back(&w);
-  wake();  // the subscriber thread subscribes if not yet
-  return *slot;
+  slot->waiters.push_back(w);
+  w->channel = slot.get();
+  wake();  // the subscriber thread subscribes if not yet, or checks
+  return handle;
 }
 
 void Subscriber::leave(Channel& ch, Waiter& w) {
-  std::erase(ch.waiters, &w);
+  std::erase_if(ch.waiters, [&](const std::shared_ptr<Waiter>& o) { return o.get() == &w; });
+  w.channel = nullptr;
   if (ch.waiters.empty()) {
     // The subscriber thread keeps the subscription for a while, then drops it.
     ch.linger_until = IoClock::now() + opt_.linger;
@@ -163,109 +194,206 @@ void Subscriber::leave(Channel& ch, Waiter& w) {
   }
 }
 
-Status Subscriber::after_first_check(Channel& ch, Waiter& w, const Result<CheckResult>& r) {
-  ++stats_.checks;
-  if (r.ok()) {
-    w.checked = true;
-    mark_gone(ch, r->gone);
-    Clock::time_point next = next_check_at(opt_.clock->now(), r->soonest_ttl_ms);
-    // A sooner lease end than the channel knew of: every waiter re-reads
-    // when to wake.
-    if (next < ch.next_check) {
-      ch.next_check = next;
-      signal_all(ch);
-    }
-    return OkStatus();
+void Subscriber::settle(const std::shared_ptr<Waiter>& w, Status s) {
+  if (w->phase != Waiter::Phase::kWaiting) return;
+  // A lost session first: its own entries are gone too, whatever else went.
+  if (s.ok() && w->session) {
+    if (Status ls = w->session(); !ls.ok()) s = std::move(ls);
   }
-  if (r.status().code() == ErrorCode::kUnavailable) {
-    w.retry_at = opt_.clock->now() + opt_.retry_interval;  // keep waiting through the outage
-    return OkStatus();
-  }
-  return r.status();
+  w->outcome = std::move(s);
+  w->phase = Waiter::Phase::kSettled;
+  if (w->channel) leave(*w->channel, *w);
+  // Nothing calls into the session for it any more.
+  w->session = nullptr;
+  w->check = nullptr;
+  ready_.push_back(w);
 }
 
-std::vector<std::string> Subscriber::claim_recheck(Channel& ch) {
-  ch.check_claimed = true;
-  // The ids of every waiter still waiting; a waiter that has not made its
-  // first check yet makes it itself.
-  std::vector<std::string> all;
-  for (Waiter* o : ch.waiters) {
-    if (!o->checked || o->gone) continue;
-    for (const auto& id : o->ids) {
-      if (std::find(all.begin(), all.end(), id) == all.end()) all.push_back(id);
-    }
-  }
-  return all;
-}
-
-void Subscriber::after_recheck(Channel& ch, const Result<CheckResult>& r) {
-  ++stats_.checks;
-  ++stats_.fallback_checks;
-  ch.check_claimed = false;
-  if (r.ok()) {
-    mark_gone(ch, r->gone);
-    ch.next_check = next_check_at(opt_.clock->now(), r->soonest_ttl_ms);
-  } else {
-    ch.next_check = opt_.clock->now() + opt_.retry_interval;
-  }
-  // The re-check is free to claim again, at a new time.
-  signal_all(ch);
-}
-
-Status Subscriber::wait(const std::string& queue, const std::string& channel, const std::vector<std::string>& ids,
-                        Clock::time_point deadline, std::stop_token stop, const SessionFn& session,
-                        const CheckFn& check) {
-  Waiter w;
-  w.ids = ids;
+void Subscriber::flush() {
   MutexLock lk(mu_);
-  Channel& ch = join(queue, channel, w);
-  struct Leave {
-    Subscriber* self;
-    Channel* ch;
-    Waiter* w;
-    ~Leave() {
-      self->mu_.assert_held();  // declared after `lk`, so destroyed before it
-      self->leave(*ch, *w);
-    }
-  };
-  Leave leave{this, &ch, &w};
-  const Clock& clock = *opt_.clock;
-  for (;;) {
-    // A lost session first: its own entries are gone too, whatever else went.
-    if (Status s = session(); !s.ok()) return s;
-    if (w.gone) return OkStatus();
-    if (!w.error.ok()) return w.error;
-    if (stop.stop_requested()) return CancelledError("waiting on queue " + queue + ": cancelled");
-    Clock::time_point now = clock.now();
-    if (now >= deadline) return DeadlineExceededError("waiting on queue " + queue);
-    const bool subscribed = ch.state == ChanState::kSubscribed;
-
-    if (subscribed && !w.checked && now >= w.retry_at) {
-      // First check, after the subscription is confirmed: a release from now
-      // on is published to us; one before is seen by the check.
-      lk.unlock();
-      auto r = SafeCheck(check, queue, ids);
-      lk.lock();
-      if (Status s = after_first_check(ch, w, r); !s.ok()) return s;
-      continue;
-    }
-    if (subscribed && w.checked && !ch.check_claimed && now >= ch.next_check) {
-      // The queue's shared re-check, for every waiter on it at once.
-      std::vector<std::string> all = claim_recheck(ch);
-      lk.unlock();
-      auto r = SafeCheck(check, queue, all);
-      lk.lock();
-      after_recheck(ch, r);
-      continue;
-    }
-    // Nothing to do: sleep until a message, a poke, the deadline, or the
-    // next check this waiter may have to make.
-    Clock::time_point wake_at = deadline;
-    if (subscribed && !w.checked) wake_at = std::min(wake_at, w.retry_at);
-    if (subscribed && w.checked && !ch.check_claimed) wake_at = std::min(wake_at, ch.next_check);
-    w.signaled = false;
-    clock.wait_until(w.cv, lk.native(), stop, wake_at, [&] { return w.signaled || w.gone || !w.error.ok(); });
+  while (!ready_.empty()) {
+    std::shared_ptr<Waiter> w = std::move(ready_.back());
+    ready_.pop_back();
+    if (w->phase != Waiter::Phase::kSettled) continue;  // its handle's destructor delivered it
+    w->phase = Waiter::Phase::kDelivering;
+    w->deliverer = std::this_thread::get_id();
+    std::function<void(Status)> done = std::move(w->done);
+    Status outcome = w->outcome;
+    lk.unlock();
+    if (done) done(std::move(outcome));
+    done = nullptr;  // its captures go before the destructor may return
+    lk.lock();
+    w->phase = Waiter::Phase::kDelivered;
+    changed_.notify_all();
   }
+}
+
+void Subscriber::cancel(const std::shared_ptr<Waiter>& w) {
+  MutexLock lk(mu_);
+  switch (w->phase) {
+    case Waiter::Phase::kWaiting:
+      settle(w, CancelledError("waiting on queue " + (w->channel ? w->channel->queue : std::string()) + ": cancelled"));
+      [[fallthrough]];
+    case Waiter::Phase::kSettled: {
+      // Delivered here, before the destructor returns.
+      w->phase = Waiter::Phase::kDelivering;
+      w->deliverer = std::this_thread::get_id();
+      std::function<void(Status)> done = std::move(w->done);
+      Status outcome = w->outcome;
+      lk.unlock();
+      if (done) done(std::move(outcome));
+      done = nullptr;
+      lk.lock();
+      w->phase = Waiter::Phase::kDelivered;
+      changed_.notify_all();
+      return;
+    }
+    case Waiter::Phase::kDelivering:
+      // Inside its own `done` (or one delivered before it on this thread):
+      // waiting would deadlock.
+      if (w->deliverer == std::this_thread::get_id()) return;
+      while (w->phase != Waiter::Phase::kDelivered) changed_.wait(lk.native());
+      return;
+    case Waiter::Phase::kDelivered: return;
+  }
+}
+
+void Subscriber::quiesce(const void* owner) {
+  {
+    MutexLock lk(mu_);
+    std::vector<std::shared_ptr<Waiter>> orphans;
+    for (auto& [name, ch] : channels_) {
+      for (const auto& w : ch->waiters) {
+        if (w->owner == owner) orphans.push_back(w);
+      }
+    }
+    for (const auto& w : orphans) {
+      w->session = nullptr;  // the session is going: do not ask it
+      settle(w, SessionLostError("the waiting session was closed"));
+    }
+    // A check of this session's on the subscriber thread calls into it.
+    if (std::this_thread::get_id() != thread_.get_id()) {
+      while (checking_owner_ == owner) changed_.wait(lk.native());
+    }
+  }
+  flush();
+}
+
+// Settles every wait whose session ended (lost or closed). Each session is
+// asked once.
+void Subscriber::settle_ended_sessions() {
+  std::map<const void*, Status> verdicts;
+  std::vector<std::pair<std::shared_ptr<Waiter>, Status>> ended;
+  for (auto& [name, ch] : channels_) {
+    for (const auto& w : ch->waiters) {
+      auto [it, fresh] = verdicts.try_emplace(w->owner);
+      if (fresh && w->session) it->second = w->session();
+      if (!it->second.ok()) ended.emplace_back(w, it->second);
+    }
+  }
+  for (auto& [w, s] : ended) settle(w, s);
+}
+
+// The next check due, if any: a channel whose subscription is confirmed,
+// with a waiter not yet checked (and not backing off), or whose shared
+// re-check is due. One check covers every waiter of the channel.
+std::optional<Subscriber::CheckJob> Subscriber::next_job(Clock::time_point now) {
+  for (auto& [name, ch] : channels_) {
+    if (ch->state != ChanState::kSubscribed || ch->check_running || ch->waiters.empty()) continue;
+    const std::shared_ptr<Waiter>* first = nullptr;
+    bool any_checked = false;
+    for (const auto& w : ch->waiters) {
+      if (!w->checked && now >= w->retry_at && !first) first = &w;
+      any_checked = any_checked || w->checked;
+    }
+    const bool recheck = any_checked && now >= ch->next_check;
+    if (!first && !recheck) continue;
+    CheckJob job;
+    job.channel = ch.get();
+    job.queue = ch->queue;
+    job.members = ch->waiters;
+    job.check = first ? (*first)->check : ch->waiters.front()->check;
+    job.generation = ch->generation;
+    job.recheck = any_checked;
+    for (const auto& w : ch->waiters) {
+      for (const auto& id : w->ids) {
+        if (std::find(job.ids.begin(), job.ids.end(), id) == job.ids.end()) job.ids.push_back(id);
+      }
+    }
+    ch->check_running = true;
+    checking_owner_ = first ? (*first)->owner : ch->waiters.front()->owner;
+    return job;
+  }
+  return std::nullopt;
+}
+
+void Subscriber::after_check(const CheckJob& job, const Result<CheckResult>& r) {
+  ++stats_.checks;
+  if (job.recheck) ++stats_.fallback_checks;
+  checking_owner_ = nullptr;
+  changed_.notify_all();
+  Channel& ch = *job.channel;  // kept in channels_ while check_running
+  ch.check_running = false;
+  const Clock::time_point now = opt_.clock->now();
+  if (r.ok()) {
+    for (const auto& w : job.members) w->checked = true;
+    mark_gone(ch, r->gone);
+    ch.next_check = next_check_at(now, r->soonest_ttl_ms);
+    // Crossed a re-subscription: look again for what was published meanwhile.
+    if (ch.generation != job.generation) ch.next_check = now;
+    return;
+  }
+  ch.next_check = now + opt_.retry_interval;
+  const bool transient = r.status().code() == ErrorCode::kUnavailable;
+  for (const auto& w : job.members) {
+    if (w->checked || w->phase != Waiter::Phase::kWaiting) continue;
+    if (transient) {
+      w->retry_at = now + opt_.retry_interval;  // keep waiting through the outage
+    } else {
+      settle(w, r.status());
+    }
+  }
+}
+
+// Runs, on the subscriber thread, every check that is due, and settles what
+// they (and the sessions) say.
+void Subscriber::serve_waits() {
+  for (int guard = 0; guard < 1000; ++guard) {
+    std::optional<CheckJob> job;
+    {
+      MutexLock lk(mu_);
+      settle_ended_sessions();
+      job = next_job(opt_.clock->now());
+    }
+    flush();
+    if (!job) return;
+    auto r = SafeCheck(job->check, job->queue, job->ids);
+    job->check = nullptr;  // its captures go with the check
+    {
+      MutexLock lk(mu_);
+      after_check(*job, r);
+    }
+    flush();
+  }
+}
+
+// When the subscriber thread must next look at the waits (a retry, a
+// re-check), in real time.
+IoClock::time_point Subscriber::next_wait_event(IoClock::time_point io_now) {
+  Clock::time_point soonest = Clock::time_point::max();
+  Clock::time_point now = opt_.clock->now();
+  {
+    MutexLock lk(mu_);
+    for (auto& [name, ch] : channels_) {
+      if (ch->state != ChanState::kSubscribed || ch->check_running) continue;
+      for (const auto& w : ch->waiters) {
+        soonest = std::min(soonest, w->checked ? ch->next_check : w->retry_at);
+      }
+    }
+  }
+  if (soonest == Clock::time_point::max()) return IoClock::time_point::max();
+  if (soonest <= now) return io_now;
+  return io_now + std::min<Clock::duration>(soonest - now, std::chrono::seconds(60));
 }
 
 // --- The subscriber thread
@@ -376,11 +504,12 @@ void Subscriber::read_replies(Link& link) {
     auto r = link.conn->read_one(IoClock::now());
     if (!r.ok()) {
       drop(link);
-      return;
+      break;
     }
-    if (!r->has_value()) return;
+    if (!r->has_value()) break;
     handle_reply(link, **r);
   }
+  flush();  // the waits that a message settled
 }
 
 void Subscriber::handle_reply(Link& link, const Reply& reply) {
@@ -408,14 +537,16 @@ void Subscriber::handle_reply(Link& link, const Reply& reply) {
 }
 
 void Subscriber::fail_waiters(const Status& s, bool only_subscribing) {
-  MutexLock lk(mu_);
-  for (auto& [name, ch] : channels_) {
-    if (only_subscribing && ch->state != ChanState::kSubscribing) continue;
-    for (Waiter* w : ch->waiters) {
-      w->error = s;
-      w->cv.notify_all();
+  {
+    MutexLock lk(mu_);
+    std::vector<std::shared_ptr<Waiter>> failed;
+    for (auto& [name, ch] : channels_) {
+      if (only_subscribing && ch->state != ChanState::kSubscribing) continue;
+      failed.insert(failed.end(), ch->waiters.begin(), ch->waiters.end());
     }
+    for (const auto& w : failed) settle(w, s);
   }
+  flush();
 }
 
 void Subscriber::on_subscribed(const std::string& name) {
@@ -425,10 +556,10 @@ void Subscriber::on_subscribed(const std::string& name) {
   ch.state = ChanState::kSubscribed;
   // Waiters that checked under an earlier subscription may have missed
   // messages while it was down: re-check the queue now.
-  bool stale = std::any_of(ch.waiters.begin(), ch.waiters.end(), [](Waiter* w) { return w->checked; });
+  ++ch.generation;
+  bool stale = std::any_of(ch.waiters.begin(), ch.waiters.end(), [](const auto& w) { return w->checked; });
   if (stale) ch.next_check = opt_.clock->now();
-  // Waiters that have not checked yet may now.
-  signal_all(ch);
+  // Waiters that have not checked yet are checked on the thread's next turn.
 }
 
 void Subscriber::on_unsubscribed(const std::string& name) {
@@ -480,6 +611,8 @@ void Subscriber::run(std::stop_token st) {
       continue;
     }
     if (link.conn && ping(link, wake_at) == Step::kRestart) continue;  // the connection was dropped
+    serve_waits();
+    wake_at = std::min(wake_at, next_wait_event(IoClock::now()));
     if (await_input(link, wake_at) == Step::kStop) break;
   }
 }

@@ -8,13 +8,19 @@
 // to the waits registered for its channel. A message is the list of entry ids
 // removed from the queue; a wait whose ids are among them is done.
 //
+// A wait is an object, not a thread: start() registers it and returns a
+// handle; the subscriber thread completes it (its `done` runs there), and
+// destroying the handle cancels it on the destroying thread. The same thread
+// runs the waits' checks: once a channel's subscription is confirmed, one
+// check of the queue for the ids of every waiter not yet checked (a release
+// from then on is published to us; one before is seen by the check).
+//
 // What pub/sub cannot tell is that a holder crashed: its entries only stop
 // counting when its session's lease runs out on the server, and nothing is
-// published then. For that, each waited-on queue has one fallback re-check,
-// done by one of its waiters for all of them: it runs when the soonest lease
-// among the queue's sessions can have run out (the check script reports it),
-// and at the latest one TTL after the last check. Its prune publishes the
-// ids it removed, which wakes the other waiters.
+// published then. For that, each waited-on queue has one fallback re-check
+// for all its waiters: it runs when the soonest lease among the queue's
+// sessions can have run out (the check script reports it), and at the latest
+// one TTL after the last check. Its prune publishes the ids it removed.
 //
 // Messages published while the subscriber was disconnected are lost, so after
 // every re-subscription the queue is re-checked the same way.
@@ -72,46 +78,68 @@ class Subscriber {
   // kOk while the waiting session lives; kSessionLost once it is lost or closed.
   using SessionFn = std::function<Status()>;
 
+  struct WaitSpec {
+    std::string queue;
+    std::string channel;
+    std::vector<std::string> ids;
+    // The session waiting (for quiesce()); `session` and `check` call into it.
+    const void* owner = nullptr;
+    // Runs with mu_ held: must be quick and must not call back into the Subscriber.
+    SessionFn session;
+    // Runs on the subscriber thread without mu_.
+    CheckFn check;
+    // Called exactly once, without mu_: OK (an id is gone), the session's
+    // error, a check's error other than kUnavailable, or kCancelled.
+    std::function<void(Status)> done;
+  };
+
   explicit Subscriber(SubscriberOptions options);
   ~Subscriber();
   Subscriber(const Subscriber&) = delete;
   Subscriber& operator=(const Subscriber&) = delete;
 
-  // Blocks until an id of `ids` is gone from `queue` (OK), or `deadline`
-  // passes, `stop` is requested, or `session()` reports an error. Keeps waiting
-  // while the store is unreachable. `check` runs without mu_; `session` runs
-  // with it held, so it must be quick and must not call back into the Subscriber.
-  Status wait(const std::string& queue, const std::string& channel, const std::vector<std::string>& ids,
-              Clock::time_point deadline, std::stop_token stop, const SessionFn& session, const CheckFn& check)
-      DLOCK_EXCLUDES(mu_);
+  // Registers a wait; destroying the returned handle cancels it (`done` has
+  // run when the destructor returns, unless it runs inside that `done`).
+  // Keeps waiting while the store is unreachable. The handle must not
+  // outlive the Subscriber.
+  std::shared_ptr<void> start(WaitSpec spec) DLOCK_EXCLUDES(mu_);
 
-  // Wakes every wait so it re-reads its session (after a state change) and
-  // the clock (after a manual advance).
-  void poke() DLOCK_EXCLUDES(mu_);
+  // Wakes the subscriber thread so it re-reads every waiting session (after
+  // a state change) and the clock (after a manual advance).
+  void poke() const;
+
+  // Before the session `owner` goes away: its waits still registered end
+  // with kSessionLost, and no check of its runs any more when this returns.
+  void quiesce(const void* owner) DLOCK_EXCLUDES(mu_);
 
   SubscriberStats stats() const DLOCK_EXCLUDES(mu_);
 
  private:
-  // Waiter and Channel live in channels_ (or on a waiting thread's stack,
-  // reachable from channels_): every field of theirs is guarded by mu_. The
-  // analysis cannot name an outer class's mutex from a nested struct, so
-  // only channels_ carries the annotation.
+  // Waiter and Channel live in channels_ (a Waiter also in its handle):
+  // every field of theirs that changes is guarded by mu_. The analysis
+  // cannot name an outer class's mutex from a nested struct, so only
+  // channels_ carries the annotation.
   struct Waiter;
   struct Channel;
   struct Link;
   struct Plan;
+  struct CheckJob;
+  class Handle;
   enum class ChanState { kIdle, kSubscribing, kSubscribed, kUnsubscribing };
   // What the subscriber thread does after one of its steps.
   enum class Step { kGoOn, kRestart, kStop };
 
-  // Waits (see wait()).
-  Channel& join(const std::string& queue, const std::string& channel, Waiter& w) DLOCK_REQUIRES(mu_);
+  // Waits.
   void leave(Channel& ch, Waiter& w) DLOCK_REQUIRES(mu_);
-  Status after_first_check(Channel& ch, Waiter& w, const Result<CheckResult>& r) DLOCK_REQUIRES(mu_);
-  static std::vector<std::string> claim_recheck(Channel& ch);  // mu_ held
-  void after_recheck(Channel& ch, const Result<CheckResult>& r) DLOCK_REQUIRES(mu_);
+  void settle(const std::shared_ptr<Waiter>& w, Status s) DLOCK_REQUIRES(mu_);
+  void flush() DLOCK_EXCLUDES(mu_);
+  void cancel(const std::shared_ptr<Waiter>& w) DLOCK_EXCLUDES(mu_);
+  void settle_ended_sessions() DLOCK_REQUIRES(mu_);
+  std::optional<CheckJob> next_job(Clock::time_point now) DLOCK_REQUIRES(mu_);
+  void after_check(const CheckJob& job, const Result<CheckResult>& r) DLOCK_REQUIRES(mu_);
+  void serve_waits() DLOCK_EXCLUDES(mu_);
+  IoClock::time_point next_wait_event(IoClock::time_point io_now) DLOCK_EXCLUDES(mu_);
   void mark_gone(Channel& ch, const std::vector<std::string>& gone) DLOCK_REQUIRES(mu_);
-  static void signal_all(Channel& ch);  // mu_ held
   Clock::time_point next_check_at(Clock::time_point now, std::int64_t soonest_ms) const;
 
   // The subscriber thread (see run()).
@@ -137,6 +165,12 @@ class Subscriber {
 
   mutable Mutex mu_;
   std::map<std::string, std::unique_ptr<Channel>> channels_ DLOCK_GUARDED_BY(mu_);
+  // Settled waits whose `done` has not been claimed yet (see flush()).
+  std::vector<std::shared_ptr<Waiter>> ready_ DLOCK_GUARDED_BY(mu_);
+  // The session whose check the subscriber thread is running, if any.
+  const void* checking_owner_ DLOCK_GUARDED_BY(mu_) = nullptr;
+  // A `done` returned, or a check ended (with mu_).
+  std::condition_variable changed_;
   SubscriberStats stats_ DLOCK_GUARDED_BY(mu_);
   std::shared_ptr<void> clock_subscription_;  // set by the constructor, reset by the destructor
   std::jthread thread_;                       // last: stopped and joined first
