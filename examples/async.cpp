@@ -6,10 +6,10 @@
 #include <chrono>
 #include <coroutine>
 #include <cstdio>
+#include <deque>
 #include <future>
 #include <optional>
 #include <string>
-#include <vector>
 
 using namespace std::chrono_literals;
 
@@ -36,8 +36,7 @@ int main(int argc, char** argv) {
 
   // 1. Callbacks: 200 orders locked at once, no thread per wait. Each
   //    callback is called exactly once, on dlock's thread; keep it short.
-  std::vector<dlock::Mutex> orders;
-  orders.reserve(200);
+  std::deque<dlock::Mutex> orders;  // Mutex does not move: a deque keeps them in place
   for (int i = 0; i < 200; ++i) orders.emplace_back(client, "orders/" + std::to_string(i));
   std::atomic<int> charged{0};
   std::promise<void> all_done;

@@ -21,7 +21,8 @@
 // Threads: the callback runs, and the coroutine resumes, on the client's
 // dlock thread (one per Client, shared by every lock of that client), never
 // inside the call that starts the acquire. It must not block: the other
-// acquires of the client wait while it runs. A blocking lock call (lock(),
+// acquires of the client wait while it runs. An exception it throws is
+// caught and dropped (a Hold it was given is released as it goes). A blocking lock call (lock(),
 // acquire(), ...) made on that thread is refused with dlock::Error
 // (kFailedPrecondition), because it would wait for the thread it runs on;
 // releasing a Hold there is fine (one store round trip). Arguments that are

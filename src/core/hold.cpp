@@ -57,7 +57,7 @@ void HoldCore::on_entry_gone(const Status& waited) {
   // a cancel is our own release, and an unavailable store is a suspension
   // the session reports.
   if (!waited.ok()) return;
-  delivery_.run([self = shared_from_this()] { self->apply(HoldState::kLost); });
+  delivery_.post([self = shared_from_this()] { self->apply(HoldState::kLost); });
 }
 
 HoldCore::HoldCore(std::shared_ptr<ClientCore> client, std::shared_ptr<Session> session, std::string name,
@@ -106,7 +106,7 @@ std::stop_token HoldCore::lost_token() const noexcept {
 
 void HoldCore::on_session_state(SessionState s) {
   const HoldState next = FromSession(s);
-  delivery_.run([self = shared_from_this(), next] { self->apply(next); });
+  delivery_.post([self = shared_from_this(), next] { self->apply(next); });
 }
 
 void HoldCore::apply(HoldState next) {
@@ -136,10 +136,10 @@ void HoldCore::release() noexcept {
   }
   listeners_.clear();
   subscription.reset();
-  // Cancelled before our own removals would wake them, and on the executor:
-  // a cancel may wait for a completion that is itself waiting for a
-  // listener that called this release().
-  if (!watches.empty()) client_->executor().post([watches = std::move(watches)] {});
+  // Cancelled before our own removals would wake them (a cancel may wait
+  // for a completion running on a store thread; completions never wait for
+  // our listeners: on_entry_gone posts).
+  watches.clear();
   // Give back in reverse order of taking.
   for (auto it = entries_.rbegin(); it != entries_.rend(); ++it) {
     client_->remove_guaranteed(session_, it->queue, it->id);

@@ -56,7 +56,13 @@ class HoldCore : public std::enable_shared_from_this<HoldCore> {
   void on_session_state(SessionState s) DLOCK_EXCLUDES(mu_);
   // Moves to `next` and tells listeners; run through delivery_ only, so
   // that the session's notes and our own entries' removal are told in
-  // order, one at a time.
+  // order, one at a time. delivery_.post, not run: a listener may close the
+  // session, whose store thread then tells us kClosed and must not wait for
+  // that listener (it is waiting for the store thread). A note is handed
+  // over to another thread only while that thread is delivering for this
+  // hold: a listener closing the session (it hears kLost once it returns),
+  // a removal of our entry (the hold is lost already), or make() (no
+  // listener yet).
   void apply(HoldState next) DLOCK_EXCLUDES(mu_);
   // Watches our own entries: one removed by anyone else (an operator's
   // `dlock break`, a Redis client pruning) ends the hold.

@@ -23,12 +23,21 @@ namespace dlock::internal {
 // throws is skipped. Thread-safe.
 class SerialDelivery {
  public:
-  void run(std::function<void()> task) DLOCK_EXCLUDES(mu_) {
+  void run(std::function<void()> task) DLOCK_EXCLUDES(mu_) { deliver(std::move(task), true); }
+
+  // The same, except that while another thread is running tasks it hands
+  // `task` over to that thread and returns at once. For deliveries from
+  // several sources to one set of listeners that may call back into those
+  // sources: a thread that waited there could wait for itself.
+  void post(std::function<void()> task) DLOCK_EXCLUDES(mu_) { deliver(std::move(task), false); }
+
+ private:
+  void deliver(std::function<void()> task, bool wait_for_others) DLOCK_EXCLUDES(mu_) {
     MutexLock lock(mu_);
     queue_.push_back(std::move(task));
     const std::uint64_t ticket = ++posted_;
     if (running_) {
-      if (runner_ == std::this_thread::get_id()) return;  // from inside a task: runs next
+      if (runner_ == std::this_thread::get_id() || !wait_for_others) return;  // runs after the current one
       done_cv_.wait(lock.native(), [&] {
         mu_.assert_held();
         return done_ >= ticket;
@@ -54,7 +63,6 @@ class SerialDelivery {
     runner_ = std::thread::id();
   }
 
- private:
   Mutex mu_;
   std::condition_variable done_cv_;
   std::deque<std::function<void()>> queue_ DLOCK_GUARDED_BY(mu_);

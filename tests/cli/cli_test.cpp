@@ -283,6 +283,18 @@ TEST_P(CliTest, LostLockStopsTheCommandWithStatus4) {
   EXPECT_TRUE(Eventually([&] { return ::kill(-run, 0) != 0; }, 10s)) << "the command outlived its lost lock";
 }
 
+// A holder whose entry an operator removes (`dlock break`) is told: its
+// command is stopped and `dlock run` exits 4, on every store.
+TEST_P(CliTest, BreakingTheLockStopsTheCommandWithStatus4) {
+  const std::string started = dir_ + "/started";
+  pid_t run = Start({"run", "--url", url_, "--kill-after", "300ms", name_, "--", "sh", "-c",
+                     "touch " + started + "; exec sleep 120"});
+  ASSERT_TRUE(Eventually([&] { return std::filesystem::exists(started); }, 30s));
+  EXPECT_EQ(RunToEnd({"break", "--url", url_, name_}), 0);
+  EXPECT_EQ(Wait(run), 4);
+  EXPECT_TRUE(Eventually([&] { return ::kill(-run, 0) != 0; }, 10s)) << "the command outlived its broken lock";
+}
+
 // ---- Defects found in review (issue 11), each seen failing before its fix.
 
 // Item 11: --timeout 0 means one try, as for timeout(1)-style tools.

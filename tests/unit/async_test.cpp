@@ -300,6 +300,33 @@ TEST_P(AsyncTest, CancellationRacingWithTheGrantGivesOneOutcomeAndNoOrphan) {
   EXPECT_TRUE(Eventually([&] { return Entries(name) == 0u; }, kPrompt)) << Entries(name) << " entries left";
 }
 
+// A hold watches its own entry: removed by another client (the operator's
+// `dlock break`), the holder is told kLost at once, not at its session's end.
+TEST_P(AsyncTest, AHoldWhoseEntryIsRemovedByAnotherClientIsToldLost) {
+  Client a = NewClient();
+  Client b = NewClient();
+  const std::string name = UniqueName("broken");
+  Semaphore sem(a, name + "-sem", 2);
+  for (bool lease : {false, true}) {
+    std::optional<Hold> hold = lease ? sem.acquire(2, 5s) : Mutex(a, name).acquire(5s);
+    ASSERT_TRUE(hold);
+    std::atomic<int> told_lost{0};
+    auto sub = hold->on_state_change([&](HoldState s) { told_lost += s == HoldState::kLost; });
+    const std::string queue = lease ? name + "-sem/leases" : name;
+    auto listed = b.list_entries(queue, false);
+    ASSERT_TRUE(listed.ok());
+    ASSERT_EQ(listed->size(), lease ? 2u : 1u);
+    ASSERT_TRUE(b.remove_entry(queue, listed->front().id).ok());
+    EXPECT_TRUE(Eventually([&] { return told_lost.load() == 1; }, kPrompt)) << (lease ? "lease" : "mutex");
+    EXPECT_EQ(hold->state(), HoldState::kLost);
+    EXPECT_TRUE(hold->lost_token().stop_requested());
+    hold->release();
+    EXPECT_EQ(told_lost.load(), 1) << "told once";
+  }
+  EXPECT_TRUE(Mutex(b, name).acquire(5s)) << "the lock is free for others";
+  EXPECT_TRUE(Eventually([&] { return Entries(name) == 0u && Entries(name + "-sem/leases") == 0u; }, kPrompt));
+}
+
 TEST_P(AsyncTest, ABlockingCallOnTheDlockThreadIsRefused) {
   Client c = NewClient();
   const std::string name = UniqueName("refused");
