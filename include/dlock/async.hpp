@@ -63,7 +63,9 @@ using AcquireCallback = std::function<void(Result<std::optional<Hold>>)>;
 // What `co_await lock.async_acquire(timeout)` awaits: the acquire starts when
 // the coroutine suspends, and the coroutine resumes on the client's dlock
 // thread with the Hold or std::nullopt; an error is thrown as dlock::Error at
-// the co_await. Await it once.
+// the co_await. Await it once, and do not destroy a coroutine while it is
+// suspended here (nothing cancels the acquire when the frame goes: request
+// the stop instead, and let the coroutine resume with std::nullopt).
 class [[nodiscard]] AcquireAwaitable {
  public:
   explicit AcquireAwaitable(std::function<void(AcquireCallback)> start) : start_(std::move(start)) {}

@@ -143,9 +143,17 @@ void ClientCore::async_session(Clock::time_point deadline, std::function<void(Re
     if (!live) {
       openers_.emplace_back(deadline, std::move(done));
       if (opener_running_) return;
-      opener_running_ = true;
       if (opener_thread_.joinable()) opener_thread_.join();  // done: it cleared opener_running_ last
-      opener_thread_ = std::jthread([self = shared_from_this()] { self->open_sessions(); });
+      try {
+        opener_thread_ = std::jthread([self = shared_from_this()] { self->open_sessions(); });
+      } catch (const std::exception& e) {  // no thread to be had: these waiters hear it now
+        auto waiting = std::exchange(openers_, {});
+        g.unlock();
+        Status failed = UnavailableError(std::string("cannot start a thread to open a session: ") + e.what());
+        for (auto& w : waiting) executor_->post([done = std::move(w.second), failed] { done(failed); });
+        return;
+      }
+      opener_running_ = true;
       return;
     }
   }

@@ -99,16 +99,18 @@ class Executor::Queue : public std::enable_shared_from_this<Queue> {
   std::function<void()> next_task() DLOCK_EXCLUDES(mu_) {
     MutexLock lock(mu_);
     while (!stopped_) {
-      if (!ready_.empty()) {
-        std::function<void()> task = std::move(ready_.front());
-        ready_.pop_front();
-        return task;
-      }
+      // A due timer first: tasks that keep posting tasks must not starve
+      // the deadlines (review finding).
       const Clock::time_point now = clock_->now();
       if (!timers_.empty() && timers_.begin()->first.first <= now) {
         auto node = timers_.extract(timers_.begin());
         due_.erase(node.key().second);
         return std::move(node.mapped());
+      }
+      if (!ready_.empty()) {
+        std::function<void()> task = std::move(ready_.front());
+        ready_.pop_front();
+        return task;
       }
       const Clock::time_point wake = timers_.empty() ? kNoDeadline : timers_.begin()->first.first;
       clock_->wait_until(cv_, lock.native(), {}, wake, [&] {

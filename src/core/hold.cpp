@@ -57,7 +57,12 @@ void HoldCore::on_entry_gone(const Status& waited) {
   // a cancel is our own release, and an unavailable store is a suspension
   // the session reports.
   if (!waited.ok()) return;
-  delivery_.post([self = shared_from_this()] { self->apply(HoldState::kLost); });
+  // Told from the executor, never inside the store's completion: a release
+  // cancels this wait and may wait for the completion to return, and a
+  // listener may block (review finding: a listener that locked deadlocked
+  // with a release on the dlock thread).
+  client_->executor().post(
+      [self = shared_from_this()] { self->delivery_.post([self] { self->apply(HoldState::kLost); }); });
 }
 
 HoldCore::HoldCore(std::shared_ptr<ClientCore> client, std::shared_ptr<Session> session, std::string name,

@@ -115,8 +115,13 @@ class Acquisition : public Operation<Acquisition> {
     // a try's time to open a session.
     Clock::time_point deadline = req_.deadline;
     if (first && client_->now() >= deadline) deadline = DeadlineAfter(client_->now(), ClientCore::kRequestTimeout);
-    // While a session is opened, a deadline or stop ends the acquisition.
-    on_interrupt_ = [this] { finish(std::optional<Acquired>()); };
+    // While a session is opened, a deadline or stop ends the acquisition,
+    // except that the first pass is a try whatever the deadline: only a stop
+    // ends it (its open has a try's time; review finding: a 1 ns timeout on
+    // a client without a session never tried).
+    on_interrupt_ = [this, first] {
+      if (!first || stopped()) finish(std::optional<Acquired>());
+    };
     client_->async_session(deadline, [self = shared_from_this()](Result<std::shared_ptr<Session>> opened) {
       // Already on the executor.
       self->step([opened = std::move(opened)](Acquisition& a) mutable { a.on_session(std::move(opened)); })();

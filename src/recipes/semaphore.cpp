@@ -137,8 +137,10 @@ class SemaphoreAcquisition : public internal::Operation<SemaphoreAcquisition> {
     switch (failed.code()) {
       case ErrorCode::kUnavailable:
         if (expired()) return end_round(Round::kGaveUp);
-        return recover(session_, [failed](SemaphoreAcquisition& s, bool connected) {
-          if (connected && !s.expired()) return s.fit();
+        return recover(session_, [](SemaphoreAcquisition& s, bool connected) {
+          // Paced: a request that fails at once although the session says
+          // it is connected must not spin on the executor.
+          if (connected && !s.expired()) return s.pause([](SemaphoreAcquisition& t) { t.fit(); });
           s.end_round(s.expired() ? Round::kGaveUp : Round::kRetry);
         });
       case ErrorCode::kSessionLost: return end_round(expired() ? Round::kGaveUp : Round::kRetry);
@@ -248,20 +250,33 @@ std::optional<Lease> Semaphore::acquire(std::uint32_t count, Clock::duration tim
   return acquire_impl(count, timeout, std::move(stop), false);
 }
 
-void Semaphore::start(std::uint32_t count, Clock::duration timeout, std::stop_token stop, bool try_only,
-                      AcquireCallback done, std::shared_ptr<std::exception_ptr> failure) {
+namespace {
+
+// What Semaphore::start does, from copies: an awaitable may start after its
+// Semaphore is gone.
+void StartSemaphore(const Client& client, const std::string& name, std::uint32_t permits, std::uint32_t count,
+                    Clock::duration timeout, std::stop_token stop, bool try_only, AcquireCallback done,
+                    std::shared_ptr<std::exception_ptr> failure) {
   try_only = try_only || timeout <= Clock::duration::zero();  // one try, as for a TimedLockable
-  if (count == 0 || count > permits_) {
-    throw Error(InvalidArgumentError("cannot take " + std::to_string(count) + " of the " + std::to_string(permits_) +
-                                     " permits of " + name_));
+  if (count == 0 || count > permits) {
+    throw Error(InvalidArgumentError("cannot take " + std::to_string(count) + " of the " + std::to_string(permits) +
+                                     " permits of " + name));
   }
-  auto request = internal::MakeRequest(client_, name_ + "/locks", entry_kind::kLock, internal::ExclusiveRule, timeout,
+  auto request = internal::MakeRequest(client, name + "/locks", entry_kind::kLock, internal::ExclusiveRule, timeout,
                                        std::move(stop), try_only);
   request.thread = "semaphore";
   request.failure = std::move(failure);
-  std::make_shared<SemaphoreAcquisition>(internal::CoreOf(client_), name_, std::move(request), count, permits_,
+  std::make_shared<SemaphoreAcquisition>(internal::CoreOf(client), name, std::move(request), count, permits,
                                          std::move(done))
       ->start();
+}
+
+}  // namespace
+
+void Semaphore::start(std::uint32_t count, Clock::duration timeout, std::stop_token stop, bool try_only,
+                      AcquireCallback done, std::shared_ptr<std::exception_ptr> failure) {
+  StartSemaphore(client_, name_, permits_, count, timeout, std::move(stop), try_only, std::move(done),
+                 std::move(failure));
 }
 
 void Semaphore::async_acquire(std::uint32_t count, Clock::duration timeout, std::stop_token stop,
@@ -270,8 +285,9 @@ void Semaphore::async_acquire(std::uint32_t count, Clock::duration timeout, std:
 }
 
 AcquireAwaitable Semaphore::async_acquire(std::uint32_t count, Clock::duration timeout, std::stop_token stop) {
-  return AcquireAwaitable([this, count, timeout, stop = std::move(stop)](AcquireCallback done) {
-    start(count, timeout, stop, false, std::move(done));
+  return AcquireAwaitable([client = client_, name = name_, permits = permits_, count, timeout,
+                           stop = std::move(stop)](AcquireCallback done) {
+    StartSemaphore(client, name, permits, count, timeout, stop, false, std::move(done), nullptr);
   });
 }
 

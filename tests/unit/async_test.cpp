@@ -361,6 +361,24 @@ TEST_P(AsyncTest, APendingAcquireOutlivesItsLockObject) {
   EXPECT_TRUE(f.get());
 }
 
+// Review finding: the Semaphore's awaitable kept a pointer to its Semaphore,
+// which may be gone by the co_await.
+TEST_P(AsyncTest, AnAwaitableMayOutliveItsLockObject) {
+  Client c = NewClient();
+  const std::string name = UniqueName("awaitable");
+  auto sem = std::make_unique<Semaphore>(c, name, 2);
+  AcquireAwaitable awaitable = sem->async_acquire(2, 5s);
+  sem.reset();
+  std::promise<std::uint32_t> permits;
+  [](AcquireAwaitable a, std::promise<std::uint32_t>& out) -> Detached {
+    std::optional<Hold> h = co_await a;
+    out.set_value(h ? h->permits() : 0);
+  }(std::move(awaitable), permits);
+  auto f = permits.get_future();
+  ASSERT_EQ(f.wait_for(kPrompt), std::future_status::ready);
+  EXPECT_EQ(f.get(), 2u);
+}
+
 TEST_P(AsyncTest, SemaphoreWaitersAreServedInOrderWithTheirCounts) {
   Client a = NewClient();
   Client b = NewClient();

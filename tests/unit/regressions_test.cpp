@@ -124,6 +124,27 @@ TEST(Regressions, TinyPositiveTimeoutsStillTryOnce) {
   EXPECT_TRUE(sem.acquire(1, 1us).has_value()) << "Semaphore::acquire(1, 1us) on a free semaphore";
 }
 
+// Review finding (issue 14): on a client that has no session yet, the
+// deadline of a tiny timeout passed while the session was being opened for
+// the first pass, which then never tried.
+TEST(Regressions, TinyTimeoutsTryOnceOnAClientWithoutASession) {
+  auto store = MemStore::create();
+  int failures = 0;
+  for (int i = 0; i < 20; ++i) {
+    auto fresh = Client::with_store(store);
+    Mutex m(fresh, "review/tiny-fresh");
+    if (i % 2 == 0) {
+      failures += m.try_lock_for(1ns) ? 0 : 1;
+      if (m.owned_by_current_thread()) m.unlock();
+    } else {
+      failures += m.acquire(1ns).has_value() ? 0 : 1;
+    }
+  }
+  EXPECT_EQ(failures, 0) << failures << " of 20 tiny-timeout tries on a free lock returned without the lock";
+  auto fresh = Client::with_store(store);
+  EXPECT_TRUE(Semaphore(fresh, "review/tiny-fresh-sem", 1).acquire(1, 1us).has_value());
+}
+
 // ---------------------------------------------------------------------------
 // Finding: a downgraded read hold gets a fresh token (mem, file: the next
 // counter value; ZooKeeper: its own czxid) but the write entry's place in
