@@ -89,6 +89,12 @@ def table_rows(doc):
         if "rss_kb" in res:
             row["RSS MiB"] = _f(res["rss_kb"] / 1024, 1)
             row["threads"] = f"{res['threads']} ({res['dlock_threads']} dlock)"
+        many = res.get("many_locks") or {}
+        if "rss_kb_pending" in many:  # async-footprint: the many-locks part
+            row["scenario"] = f"{row['scenario']}/{many.get('locks')}"
+            row["RSS MiB"] = _f(many["rss_kb_pending"] / 1024, 1)
+            row["threads"] = f"{many['threads_pending']} ({many['dlock_threads']} dlock)"
+            row["time s"] = _f((many.get("grant_round") or {}).get("grant_all_s"), 3)
         rows.append(row)
     return rows
 

@@ -106,6 +106,11 @@ def main():
     rounds = 1 if q else 3
     waiter_counts = [10, 100] if q else [10, 100, 1000]
     footprint_locks = 50 if q else 1000
+    # async-footprint: acquires pending on many locks / on one lock. file://
+    # keeps descriptors per pending entry, so it gets fewer locks.
+    async_locks = {"file": 50 if q else 1000}
+    async_default_locks = 50 if q else 10000
+    async_on_one = 50 if q else 1000
     # Scenario shapes (the same for every store and peer).
     handoff = dict(procs=2, threads=1, hold_us=100)
     contended = dict(procs=4, threads=4, hold_us=20)
@@ -157,6 +162,8 @@ def main():
                         "--name", f"bench/waiters-{w}")
             if multi:
                 r.dlock("footprint", url, "footprint", "--locks", footprint_locks, "--seconds", secs)
+                r.dlock("async-footprint", url, "async-footprint", "--locks",
+                        async_locks.get(store, async_default_locks), "--on-one", async_on_one, timeout=1500)
     finally:
         for t in tmps:
             shutil.rmtree(t, ignore_errors=True)
@@ -167,7 +174,9 @@ def main():
         "machine": machine(),
         "shapes": {"seconds": secs, "cycle_rounds": rounds, "handoff": handoff, "contended": contended,
                    "waiters": {"counts": waiter_counts, "procs": 4, "pool": 10, "hold_us": 20},
-                   "footprint_locks": footprint_locks},
+                   "footprint_locks": footprint_locks,
+                   "async_footprint": {"locks": async_locks, "locks_default": async_default_locks,
+                                       "on_one": async_on_one}},
         "runs": r.runs,
     }
     rows = plot.table_rows(doc)

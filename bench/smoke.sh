@@ -23,6 +23,7 @@ run_store() {  # run_store URL [multi-process]
   check --url "$1" --scenario waiters --procs 2 --waiters 40 --pool 4
   if [ "${2:-}" = multi ]; then
     check --url "$1" --scenario footprint --locks 20
+    check --url "$1" --scenario async-footprint --locks 20 --on-one 20
   fi
 }
 
