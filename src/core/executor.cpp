@@ -2,6 +2,17 @@
 
 namespace dlock::internal {
 
+namespace {
+
+// The thread's entry point: a type of internal linkage, so that the
+// std::thread state instantiated for it stays out of the exported symbols.
+struct QueueThread {
+  std::shared_ptr<Executor::Queue> queue;
+  void operator()() const;
+};
+
+}  // namespace
+
 class Executor::Queue : public std::enable_shared_from_this<Queue> {
  public:
   explicit Queue(std::shared_ptr<Clock> clock) : clock_(std::move(clock)) {}
@@ -77,13 +88,7 @@ class Executor::Queue : public std::enable_shared_from_this<Queue> {
     }
   }
 
- private:
-  void start_locked() DLOCK_REQUIRES(mu_) {
-    if (thread_.joinable()) return;
-    thread_ = std::jthread([self = shared_from_this()] { self->run(); });
-    thread_id_ = thread_.get_id();
-  }
-
+  // The thread's loop (QueueThread runs it).
   void run() DLOCK_EXCLUDES(mu_) {
     while (true) {
       std::function<void()> task = next_task();
@@ -93,6 +98,13 @@ class Executor::Queue : public std::enable_shared_from_this<Queue> {
       } catch (...) {  // a task's failure must not end the others
       }
     }
+  }
+
+ private:
+  void start_locked() DLOCK_REQUIRES(mu_) {
+    if (thread_.joinable()) return;
+    thread_ = std::jthread(QueueThread{shared_from_this()});
+    thread_id_ = thread_.get_id();
   }
 
   // The next task due, or null once stopped.
@@ -133,6 +145,8 @@ class Executor::Queue : public std::enable_shared_from_this<Queue> {
   std::jthread thread_ DLOCK_GUARDED_BY(mu_);
   std::thread::id thread_id_ DLOCK_GUARDED_BY(mu_);
 };
+
+void QueueThread::operator()() const { queue->run(); }
 
 Executor::Executor(std::shared_ptr<Clock> clock) : queue_(std::make_shared<Queue>(std::move(clock))) {
   // A clock moved by hand may have made timers due.

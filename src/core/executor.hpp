@@ -46,10 +46,14 @@ class Executor {
 
   const Clock& clock() const noexcept;
 
- private:
   // Shared with the thread, which may outlive the Executor when the last
-  // owner of the Executor goes inside one of its tasks.
+  // owner of the Executor goes inside one of its tasks. (Named here only so
+  // that executor.cpp can give the thread an entry point of internal
+  // linkage: std::thread's type-erased state for a lambda of this class was
+  // exported from libdlock.so.)
   class Queue;
+
+ private:
   std::shared_ptr<Queue> queue_;
   std::shared_ptr<void> advanced_;
 };

@@ -335,13 +335,4 @@ void StartAcquire(const std::shared_ptr<ClientCore>& client, AcquireRequest requ
   std::make_shared<Acquisition>(client, std::move(request), std::move(done))->start();
 }
 
-AcquireOutcome AcquireEntry(ClientCore& client, const AcquireRequest& request) {
-  std::shared_ptr<ClientCore> shared = client.shared_from_this();
-  return WaitFor<std::optional<Acquired>>(client, [&](std::function<void(AcquireOutcome)> done, FailureSink failure) {
-    AcquireRequest r = request;
-    r.failure = std::move(failure);
-    StartAcquire(shared, std::move(r), std::move(done));
-  });
-}
-
 }  // namespace dlock::internal

@@ -78,10 +78,6 @@ using AcquireDone = std::function<void(AcquireOutcome)>;
 // store failed in a way waiting cannot fix).
 void StartAcquire(const std::shared_ptr<ClientCore>& client, AcquireRequest request, AcquireDone done);
 
-// StartAcquire, waited for. Refused (kFailedPrecondition) on the executor
-// thread, which would wait for itself.
-AcquireOutcome AcquireEntry(ClientCore& client, const AcquireRequest& request);
-
 // Blocks until `start(done, failure)` has called `done`, and rethrows what
 // the engine left in `failure`; refused on the executor thread of `client`.
 // Shared by every blocking recipe call.
