@@ -122,9 +122,15 @@ class Acquisition : public Operation<Acquisition> {
     on_interrupt_ = [this, first] {
       if (!first || stopped()) finish(std::optional<Acquired>());
     };
-    client_->async_session(deadline, [self = shared_from_this()](Result<std::shared_ptr<Session>> opened) {
+    // Weakly: until it finishes, arm() keeps this alive; after that, a
+    // reference here would keep the client alive for as long as the open
+    // takes, after the caller has let go of everything.
+    std::weak_ptr<Acquisition> weak = weak_from_this();
+    client_->async_session(deadline, [weak](Result<std::shared_ptr<Session>> opened) {
       // Already on the executor.
-      self->step([opened = std::move(opened)](Acquisition& a) mutable { a.on_session(std::move(opened)); })();
+      if (auto self = weak.lock()) {
+        self->step([opened = std::move(opened)](Acquisition& a) mutable { a.on_session(std::move(opened)); })();
+      }
     });
   }
 

@@ -9,8 +9,10 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include "dlock/dlock.hpp"
@@ -432,6 +434,77 @@ TEST(Regressions, LostTokenStopCallbackMayUnlockTheSemaphoreMutex) {
 TEST(Regressions, LostTokenStopCallbackNotTouchingTheObject) {
   EXPECT_EQ(RunInChild([] { return LostTokenCallbackScenario(false, false); }, std::chrono::seconds(15)), "exit 0");
   EXPECT_EQ(RunInChild([] { return LostTokenCallbackScenario(true, false); }, std::chrono::seconds(15)), "exit 0");
+}
+
+// ---------------------------------------------------------------------------
+// Finding (CI, chaos.redis-data under TSan): an acquire that gave up while
+// its session was being opened left the opener thread running, and that
+// thread kept the client alive: destroying the last Client and Mutex
+// returned at once, and the opener went on touching the store (closing and
+// opening sessions) while the process ran its exit handlers. After the
+// last handle goes, no dlock thread may still run.
+class GatedOpenStore final : public Store {
+ public:
+  explicit GatedOpenStore(std::shared_ptr<MemStore> inner) : inner_(std::move(inner)) {}
+  std::string url() const override { return inner_->url(); }
+  Result<std::shared_ptr<Session>> open_session(Clock::time_point d) override {
+    std::unique_lock lock(mu_);
+    entered_ = true;
+    cv_.notify_all();
+    cv_.wait(lock, [&] { return open_; });
+    lock.unlock();
+    auto s = inner_->open_session(d);
+    lock.lock();
+    returned_ = true;
+    return s;
+  }
+  void wait_entered() {
+    std::unique_lock lock(mu_);
+    cv_.wait(lock, [&] { return entered_; });
+  }
+  void open() {
+    std::lock_guard lock(mu_);
+    open_ = true;
+    cv_.notify_all();
+  }
+  bool returned() {
+    std::lock_guard lock(mu_);
+    return returned_;
+  }
+
+ private:
+  std::shared_ptr<MemStore> inner_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool entered_ = false, open_ = false, returned_ = false;
+};
+
+TEST(Regressions, DestroyingTheLastHandleWaitsForTheSessionOpener) {
+  auto gated = std::make_shared<GatedOpenStore>(MemStore::create());
+  std::optional<Client> client = Client::with_store(gated);
+  std::optional<Mutex> m;
+  m.emplace(*client, "review/opener-outlives");
+  std::stop_source stop;
+  std::thread acquirer([&] { EXPECT_FALSE(m->acquire(10s, stop.get_token()).has_value()); });
+  gated->wait_entered();  // the opener is inside open_session now
+  stop.request_stop();
+  acquirer.join();  // the acquire gave up; its session is still being opened
+
+  // Destroys every handle on another thread; the gate opens only once that
+  // has returned, or after a while if it is (rightly) waiting for the opener.
+  std::atomic<bool> destroyed{false};
+  bool opener_done_when_destroyed = false;
+  std::thread destroyer([&] {
+    m.reset();
+    client.reset();
+    opener_done_when_destroyed = gated->returned();
+    destroyed = true;
+  });
+  for (int i = 0; i < 50 && !destroyed; ++i) std::this_thread::sleep_for(10ms);
+  gated->open();
+  destroyer.join();
+  EXPECT_TRUE(opener_done_when_destroyed)
+      << "the last Client and Mutex were gone while a dlock thread was still opening a session";
 }
 
 }  // namespace
