@@ -1,12 +1,24 @@
 // The recipes on every store the run has: mem always, the others when the
 // test scripts pass their URLs in DLOCK_TEST_URLS. Each test asserts on what
 // a broken lock would get wrong: overlaps, order, tokens, leftover entries.
+//
+// Every test runs twice per store: through the blocking API it was written
+// with, and through the asynchronous one (issue 14: one engine under both
+// APIs, and the recipe suite over both), where each acquire takes the next
+// of the three asynchronous forms in turn: the callback, the future, the
+// coroutine. What only the blocking API has (reentrancy, downgrading a
+// Lockable) stays blocking in both runs.
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <coroutine>
+#include <exception>
+#include <future>
+#include <map>
 #include <mutex>
 #include <shared_mutex>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "dlock/dlock.hpp"
@@ -24,11 +36,161 @@ std::string UniqueName(const std::string& base) {
   return "test/" + base + "-" + std::to_string(::getpid()) + "-" + std::to_string(counter++);
 }
 
-class RecipeTest : public ::testing::TestWithParam<std::string> {
+enum class Api { kBlocking, kAsync };
+void PrintTo(Api api, std::ostream* os) { *os << (api == Api::kAsync ? "async" : "blocking"); }
+
+// The smallest coroutine type, as in the acceptance program: the awaitable
+// must work with any.
+struct Detached {
+  struct promise_type {
+    Detached get_return_object() { return {}; }
+    std::suspend_never initial_suspend() noexcept { return {}; }
+    std::suspend_never final_suspend() noexcept { return {}; }
+    void return_void() {}
+    void unhandled_exception() { std::terminate(); }
+  };
+};
+
+Detached AwaitInto(AcquireAwaitable acquire, std::shared_ptr<std::promise<std::optional<Hold>>> out) {
+  try {
+    out->set_value(co_await acquire);
+  } catch (...) {
+    out->set_exception(std::current_exception());
+  }
+}
+
+// Waits for one asynchronous acquire made in form `form % 3`. The promises
+// are shared: the dlock thread may still be inside set_value() when the
+// waiting thread wakes and returns.
+template <class CallbackForm, class FutureForm, class AwaitForm>
+std::optional<Hold> AwaitOutcome(unsigned form, const CallbackForm& callback, const FutureForm& future,
+                                 const AwaitForm& awaitable) {
+  switch (form % 3) {
+    case 0: {
+      auto done = std::make_shared<std::promise<Result<std::optional<Hold>>>>();
+      auto outcome = done->get_future();
+      callback([done](Result<std::optional<Hold>> r) { done->set_value(std::move(r)); });
+      Result<std::optional<Hold>> r = outcome.get();
+      if (!r.ok()) throw Error(r.status());
+      return std::move(r).value();
+    }
+    case 1: return future().get();
+    default: {
+      auto done = std::make_shared<std::promise<std::optional<Hold>>>();
+      auto outcome = done->get_future();
+      AwaitInto(awaitable(), done);
+      return outcome.get();
+    }
+  }
+}
+
+// One granted acquire, given back at the end of its scope or by release():
+// the Lockable's unlock for the blocking API, a Hold for the asynchronous one.
+class Turn {
+ public:
+  Turn(std::function<void()> unlock, std::function<std::optional<std::uint64_t>()> token)
+      : unlock_(std::move(unlock)), token_(std::move(token)) {}
+  explicit Turn(Hold hold) : hold_(std::move(hold)) {}
+  Turn(Turn&& other) noexcept
+      : unlock_(std::exchange(other.unlock_, nullptr)),
+        token_(std::move(other.token_)),
+        hold_(std::exchange(other.hold_, std::nullopt)) {}
+  Turn& operator=(Turn&&) = delete;
+  ~Turn() { release(); }
+  void release() {
+    if (auto unlock = std::exchange(unlock_, nullptr)) unlock();
+    if (hold_) hold_->release();
+  }
+  std::uint64_t token() const { return hold_ ? hold_->fencing_token() : token_().value(); }
+
+ private:
+  std::function<void()> unlock_;
+  std::function<std::optional<std::uint64_t>()> token_;
+  std::optional<Hold> hold_;
+};
+
+// How the blocking API names taking and giving back one kind of lock.
+template <class L>
+struct Lockable {  // Mutex, SemaphoreMutex, ReadWriteLock::Writer
+  static void lock(L& l) { l.lock(); }
+  static bool try_once(L& l) { return l.try_lock(); }
+  static bool lock_for(L& l, Clock::duration t, std::stop_token stop) { return l.lock_for(t, std::move(stop)); }
+  static void unlock(L& l) { l.unlock(); }
+};
+template <>
+struct Lockable<ReadWriteLock::Reader> {
+  using L = ReadWriteLock::Reader;
+  static void lock(L& l) { l.lock_shared(); }
+  static bool try_once(L& l) { return l.try_lock_shared(); }
+  static bool lock_for(L& l, Clock::duration t, std::stop_token stop) { return l.lock_shared_for(t, std::move(stop)); }
+  static void unlock(L& l) { l.unlock_shared(); }
+};
+
+class RecipeTest : public ::testing::TestWithParam<std::tuple<std::string, Api>> {
  protected:
-  void SetUp() override { fixture_ = testing::MakeFixture(GetParam()); }
+  void SetUp() override { fixture_ = testing::MakeFixture(std::get<0>(GetParam())); }
   Client NewClient() { return fixture_.new_client(); }
+  bool async() const { return std::get<1>(GetParam()) == Api::kAsync; }
+
+ public:
+  // --- Taking locks through the API under test.
+
+  // An acquire of a Hold: acquire() or an asynchronous form.
+  template <class L>
+  std::optional<Hold> AcquireHold(L& l, Clock::duration timeout, std::stop_token stop = {}) {
+    if (!async()) return l.acquire(timeout, std::move(stop));
+    return AwaitOutcome(
+        form_++, [&](AcquireCallback done) { l.async_acquire(timeout, stop, std::move(done)); },
+        [&] { return l.acquire_future(timeout, stop); }, [&] { return l.async_acquire(timeout, stop); });
+  }
+  std::optional<Lease> AcquireLease(Semaphore& s, std::uint32_t count, Clock::duration timeout) {
+    if (!async()) return s.acquire(count, timeout);
+    return AwaitOutcome(
+        form_++, [&](AcquireCallback done) { s.async_acquire(count, timeout, {}, std::move(done)); },
+        [&] { return s.acquire_future(count, timeout); }, [&] { return s.async_acquire(count, timeout); });
+  }
+  // lock() (lock_shared()), or an asynchronous acquire without a timeout.
+  template <class L>
+  Turn Lock(L& l) {
+    if (!async()) {
+      Lockable<L>::lock(l);
+      return BlockingTurn(l);
+    }
+    std::optional<Hold> hold = AcquireHold(l, kForever);
+    if (!hold) throw std::runtime_error("an acquire without a timeout returned nothing");
+    return Turn(std::move(*hold));
+  }
+  // try_lock_for(timeout) (lock_for(timeout, stop) with a stop token), or
+  // an asynchronous acquire with that timeout.
+  template <class L>
+  std::optional<Turn> TryLockFor(L& l, Clock::duration timeout, std::stop_token stop = {}) {
+    if (!async()) {
+      if (!Lockable<L>::lock_for(l, timeout, std::move(stop))) return std::nullopt;
+      return BlockingTurn(l);
+    }
+    std::optional<Hold> hold = AcquireHold(l, timeout, std::move(stop));
+    if (!hold) return std::nullopt;
+    return Turn(std::move(*hold));
+  }
+  // try_lock() (try_lock_shared()), or an asynchronous acquire with a
+  // timeout of zero: one try.
+  template <class L>
+  std::optional<Turn> TryOnce(L& l) {
+    if (!async()) {
+      if (!Lockable<L>::try_once(l)) return std::nullopt;
+      return BlockingTurn(l);
+    }
+    return TryLockFor(l, Clock::duration::zero());
+  }
+
+ protected:
+  template <class L>
+  static Turn BlockingTurn(L& l) {
+    return Turn([&l] { Lockable<L>::unlock(l); }, [&l] { return l.fencing_token(); });
+  }
+
   StoreFixture fixture_;
+  std::atomic<unsigned> form_{0};
 };
 
 // Records who is inside a critical section and fails on any overlap.
@@ -61,9 +223,9 @@ TEST_P(RecipeTest, AcceptanceProgram) {
   m.unlock();
 
   dlock::Semaphore sem(client, base + "/sem", 3);
-  auto two = sem.acquire(2, 5s);
+  auto two = AcquireLease(sem, 2, 5s);
   ASSERT_TRUE(two);
-  EXPECT_FALSE(sem.acquire(2, 50ms));
+  EXPECT_FALSE(AcquireLease(sem, 2, 50ms));
   two.reset();
 
   dlock::ReadWriteLock rw(client, base + "/rw");
@@ -88,11 +250,11 @@ TEST_P(RecipeTest, MutexExcludesAcrossSessionsAndTokensGrow) {
       auto client = NewClient();  // own session: contends like another process
       Mutex m(client, name);
       for (int i = 0; i < kRounds; ++i) {
-        std::unique_lock lock(m);
+        Turn turn = Lock(m);
         checker.enter();
         {
           std::lock_guard<std::mutex> g(tokens_mu);
-          tokens.push_back(*m.fencing_token());
+          tokens.push_back(turn.token());
         }
         checker.leave();
       }
@@ -119,7 +281,7 @@ TEST_P(RecipeTest, MutexIsFifoAcrossSessions) {
     threads.emplace_back([&, i] {
       auto client = NewClient();
       Mutex m(client, name);
-      std::unique_lock lock(m);
+      Turn turn = Lock(m);
       std::lock_guard<std::mutex> g(order_mu);
       order.push_back(i);
     });
@@ -139,14 +301,13 @@ TEST_P(RecipeTest, TryLockAndTimeoutLeaveNoEntry) {
   Mutex ma(a, name);
   Mutex mb(b, name);
   ma.lock();
-  EXPECT_FALSE(mb.try_lock());
+  EXPECT_FALSE(TryOnce(mb));
   auto start = std::chrono::steady_clock::now();
-  EXPECT_FALSE(mb.try_lock_for(150ms));
+  EXPECT_FALSE(TryLockFor(mb, 150ms));
   EXPECT_GE(std::chrono::steady_clock::now() - start, 150ms);
   EXPECT_TRUE(Eventually([&] { return fixture_.entries(name) == 1u; }));
   ma.unlock();
-  EXPECT_TRUE(mb.try_lock());
-  mb.unlock();
+  EXPECT_TRUE(TryOnce(mb));
   EXPECT_TRUE(Eventually([&] { return fixture_.entries(name) == 0u; }));
 }
 
@@ -159,7 +320,7 @@ TEST_P(RecipeTest, StopTokenCancelsWaitAndLeavesNoEntry) {
   ma.lock();
   std::stop_source stop;
   std::atomic<int> result{-1};
-  std::jthread waiter([&] { result = mb.lock_for(kForever, stop.get_token()) ? 1 : 0; });
+  std::jthread waiter([&] { result = TryLockFor(mb, kForever, stop.get_token()) ? 1 : 0; });
   ASSERT_TRUE(Eventually([&] { return fixture_.entries(name) == 2u; }));
   stop.request_stop();
   waiter.join();
@@ -172,14 +333,14 @@ TEST_P(RecipeTest, HoldIsReleasableFromAnotherThread) {
   const std::string name = UniqueName("hold");
   auto client = NewClient();
   Mutex m(client, name);
-  auto hold = m.acquire(5s);
+  auto hold = AcquireHold(m, 5s);
   ASSERT_TRUE(hold);
   EXPECT_TRUE(hold->held());
   EXPECT_GT(hold->fencing_token(), 0u);
   EXPECT_FALSE(hold->lost_token().stop_requested());
   std::jthread other([h = std::move(*hold)]() mutable { h.release(); });
   other.join();
-  auto next = m.acquire(5s);
+  auto next = AcquireHold(m, 5s);
   ASSERT_TRUE(next);
   EXPECT_EQ(next->state(), HoldState::kHeld);
 }
@@ -204,7 +365,7 @@ TEST_P(RecipeTest, LocalThreadsKeepOneWaitingEntryPerProcess) {
     for (int t = 0; t < 6; ++t) {
       threads.emplace_back([&] {
         for (int i = 0; i < 8; ++i) {
-          std::unique_lock lock(m);
+          Turn turn = Lock(m);
           checker.enter();
           std::this_thread::sleep_for(1ms);  // a critical section that takes time
           checker.leave();
@@ -231,7 +392,7 @@ TEST_P(RecipeTest, SemaphoreNeverExceedsPermits) {
       Semaphore sem(client, name, kPermits);
       for (int i = 0; i < 6; ++i) {
         std::uint32_t want = 1 + (t + i) % 2;
-        auto lease = sem.acquire(want, 30s);
+        auto lease = AcquireLease(sem, want, 30s);
         ASSERT_TRUE(lease);
         EXPECT_EQ(lease->permits(), want);
         int now = (in_use += static_cast<int>(want));
@@ -254,14 +415,14 @@ TEST_P(RecipeTest, SemaphoreServesABigRequestBeforeLaterSmallOnes) {
   const std::string name = UniqueName("sem-fifo");
   auto a = NewClient();
   Semaphore sa(a, name, 3);
-  auto two = sa.acquire(2, 5s);
+  auto two = AcquireLease(sa, 2, 5s);
   ASSERT_TRUE(two);
   std::mutex mu;
   std::vector<std::string> order;
   auto b = NewClient();
   std::jthread big([&] {
     Semaphore sb(b, name, 3);
-    auto three = sb.acquire(3, 30s);
+    auto three = AcquireLease(sb, 3, 30s);
     ASSERT_TRUE(three);
     {
       std::lock_guard<std::mutex> g(mu);
@@ -273,7 +434,7 @@ TEST_P(RecipeTest, SemaphoreServesABigRequestBeforeLaterSmallOnes) {
   auto c = NewClient();
   std::jthread small([&] {
     Semaphore sc(c, name, 3);
-    auto one = sc.acquire(1, 30s);  // one permit is free, but big came first
+    auto one = AcquireLease(sc, 1, 30s);  // one permit is free, but big came first
     ASSERT_TRUE(one);
     std::lock_guard<std::mutex> g(mu);
     order.push_back("small");
@@ -290,12 +451,11 @@ TEST_P(RecipeTest, SemaphoreMutexUnlocksFromAnyThread) {
   const std::string name = UniqueName("semmutex");
   auto client = NewClient();
   SemaphoreMutex m(client, name);
-  m.lock();
-  EXPECT_TRUE(m.fencing_token().has_value());
-  EXPECT_FALSE(m.try_lock());  // not reentrant
-  std::jthread([&] { m.unlock(); }).join();
-  EXPECT_TRUE(m.try_lock());
-  m.unlock();
+  std::optional<Turn> turn(Lock(m));
+  EXPECT_GT(turn->token(), 0u);
+  EXPECT_FALSE(TryOnce(m));  // not reentrant
+  std::jthread([&] { turn.reset(); }).join();
+  EXPECT_TRUE(TryOnce(m));
 }
 
 TEST_P(RecipeTest, ReadersShareWritersExclude) {
@@ -306,14 +466,15 @@ TEST_P(RecipeTest, ReadersShareWritersExclude) {
   ReadWriteLock ra(a, name);
   ReadWriteLock rb(b, name);
   ReadWriteLock rc(c, name);
-  std::shared_lock r1(ra.reader());
-  ASSERT_TRUE(rb.reader().try_lock_shared_for(5s));  // two readers at once
-  EXPECT_FALSE(rc.writer().try_lock_for(50ms)) << "a writer got in beside readers";
-  rb.reader().unlock_shared();
-  r1.unlock();
-  ASSERT_TRUE(rb.writer().try_lock_for(5s));
-  EXPECT_FALSE(ra.reader().try_lock_shared_for(50ms)) << "a reader got in beside a writer";
-  rb.writer().unlock();
+  std::optional<Turn> r1(Lock(ra.reader()));
+  auto r2 = TryLockFor(rb.reader(), 5s);
+  ASSERT_TRUE(r2);  // two readers at once
+  EXPECT_FALSE(TryLockFor(rc.writer(), 50ms)) << "a writer got in beside readers";
+  r2.reset();
+  r1.reset();
+  auto w = TryLockFor(rb.writer(), 5s);
+  ASSERT_TRUE(w);
+  EXPECT_FALSE(TryLockFor(ra.reader(), 50ms)) << "a reader got in beside a writer";
 }
 
 TEST_P(RecipeTest, WaitingWriterIsNotStarvedByLaterReaders) {
@@ -326,7 +487,7 @@ TEST_P(RecipeTest, WaitingWriterIsNotStarvedByLaterReaders) {
   auto b = NewClient();
   ReadWriteLock rb(b, name);
   std::jthread writer([&] {
-    std::unique_lock w(rb.writer());
+    Turn w = Lock(rb.writer());
     std::lock_guard<std::mutex> g(mu);
     order.push_back("writer");
   });
@@ -334,7 +495,7 @@ TEST_P(RecipeTest, WaitingWriterIsNotStarvedByLaterReaders) {
   auto c = NewClient();
   ReadWriteLock rc(c, name);
   std::jthread late_reader([&] {
-    std::shared_lock r(rc.reader());
+    Turn r = Lock(rc.reader());
     std::lock_guard<std::mutex> g(mu);
     order.push_back("reader");
   });
@@ -355,7 +516,7 @@ TEST_P(RecipeTest, DowngradeKeepsQueuedWriterOut) {
   auto b = NewClient();
   ReadWriteLock rb(b, name);
   std::jthread writer([&] {
-    std::unique_lock w(rb.writer());
+    Turn w = Lock(rb.writer());
     writer_in = true;
   });
   ASSERT_TRUE(Eventually([&] { return fixture_.entries(name) == 2u; }));
@@ -373,10 +534,19 @@ TEST_P(RecipeTest, DowngradeKeepsQueuedWriterOut) {
   EXPECT_TRUE(writer_in);
 }
 
+// The blocking writer refuses an upgrade; an asynchronous acquire is never
+// reentrant (async.hpp): it waits behind this process's read hold like any
+// other contender, and gives up at its timeout leaving nothing behind.
 TEST_P(RecipeTest, UpgradeIsRefused) {
   auto client = NewClient();
-  ReadWriteLock rw(client, UniqueName("rw-up"));
+  const std::string name = UniqueName("rw-up");
+  ReadWriteLock rw(client, name);
   std::shared_lock r(rw.reader());
+  if (async()) {
+    EXPECT_FALSE(AcquireHold(rw.writer(), 50ms)) << "an asynchronous writer got in beside this process's reader";
+    EXPECT_TRUE(Eventually([&] { return fixture_.entries(name) == 1u; }));
+    return;
+  }
   try {
     rw.writer().lock();
     FAIL() << "upgrade did not throw";
@@ -391,11 +561,11 @@ TEST_P(RecipeTest, MutexCountsAsWriterForReaders) {
   auto b = NewClient();
   Mutex m(a, name);
   ReadWriteLock rw(b, name);
-  m.lock();
-  EXPECT_FALSE(rw.reader().try_lock_shared_for(50ms));
-  m.unlock();
-  std::shared_lock r(rw.reader());
-  EXPECT_FALSE(m.try_lock_for(50ms));
+  std::optional<Turn> mine(Lock(m));
+  EXPECT_FALSE(TryLockFor(rw.reader(), 50ms));
+  mine.reset();
+  Turn r = Lock(rw.reader());
+  EXPECT_FALSE(TryLockFor(m, 50ms));
 }
 
 // ---- Defects found in review (issue 11), each seen failing before its fix.
@@ -405,26 +575,25 @@ TEST_P(RecipeTest, ZeroTimeoutTriesOnce) {
   const std::string name = UniqueName("zero");
   auto client = NewClient();
   Mutex m(client, name);
-  ASSERT_TRUE(m.try_lock_for(0s)) << "try_lock_for(0) of a free lock";
-  m.unlock();
-  ASSERT_TRUE(m.try_lock_until(std::chrono::steady_clock::now() - 1s)) << "try_lock_until(the past)";
-  m.unlock();
-  ASSERT_TRUE(m.acquire(0s).has_value());
+  ASSERT_TRUE(TryLockFor(m, 0s)) << "try_lock_for(0) of a free lock";
+  if (!async()) {
+    ASSERT_TRUE(m.try_lock_until(std::chrono::steady_clock::now() - 1s)) << "try_lock_until(the past)";
+    m.unlock();
+  }
+  ASSERT_TRUE(AcquireHold(m, 0s).has_value());
+  ASSERT_TRUE(AcquireHold(m, -5s).has_value());
   Semaphore sem(client, name + "/sem", 2);
-  EXPECT_TRUE(sem.acquire(2, 0s).has_value());
+  EXPECT_TRUE(AcquireLease(sem, 2, 0s).has_value());
   SemaphoreMutex sm(client, name + "/semaphore-mutex");
-  ASSERT_TRUE(sm.try_lock_for(0s));
-  sm.unlock();
+  ASSERT_TRUE(TryLockFor(sm, 0s));
   ReadWriteLock rw(client, name + "/rw");
-  ASSERT_TRUE(rw.reader().try_lock_shared_for(0s));
-  rw.reader().unlock_shared();
-  ASSERT_TRUE(rw.writer().try_lock_for(-5s));
-  rw.writer().unlock();
+  ASSERT_TRUE(TryLockFor(rw.reader(), 0s));
+  ASSERT_TRUE(TryLockFor(rw.writer(), -5s));
   // Taken: the one try fails, and leaves nothing behind.
   auto other = NewClient();
   Mutex rival(other, name);
   m.lock();
-  EXPECT_FALSE(rival.try_lock_for(0s));
+  EXPECT_FALSE(TryLockFor(rival, 0s));
   m.unlock();
   EXPECT_TRUE(Eventually([&] { return fixture_.entries(name) == 0u; }));
 }
@@ -436,7 +605,7 @@ TEST_P(RecipeTest, CloseTellsTheHolderBeforeItsEntryGoes) {
   auto a = NewClient();
   auto observer = NewClient();
   Mutex m(a, name);
-  auto hold = m.acquire(5s);
+  auto hold = AcquireHold(m, 5s);
   ASSERT_TRUE(hold);
   ASSERT_EQ(observer.list_entries(name, false).value().size(), 1u);
   std::atomic<int> seen_when_told{-1};
@@ -460,7 +629,7 @@ TEST_P(RecipeTest, ListenerMayCallBackIntoTheLibrary) {
   auto b = NewClient();
   Mutex m(a, name);
   Mutex other(b, name + "/other");
-  auto hold = m.acquire(5s);
+  auto hold = AcquireHold(m, 5s);
   ASSERT_TRUE(hold);
   std::atomic<int> result{-1};
   auto sub = hold->on_state_change([&](HoldState s) {
@@ -473,8 +642,7 @@ TEST_P(RecipeTest, ListenerMayCallBackIntoTheLibrary) {
   a.close_session();
   ASSERT_TRUE(Eventually([&] { return result.load() != -1; }));
   EXPECT_EQ(result.load(), 1);
-  EXPECT_TRUE(m.try_lock_for(5s)) << "the client opens a new session afterwards";
-  m.unlock();
+  EXPECT_TRUE(TryLockFor(m, 5s)) << "the client opens a new session afterwards";
 }
 
 // Item 8: locks whose names nest never affect each other.
@@ -487,30 +655,32 @@ TEST_P(RecipeTest, NestedNamesAreIndependent) {
   Mutex child3(a, name + "/x/y");
   Semaphore child_sem(a, name + "/pool", 1);
   ReadWriteLock child_rw(a, name + "/rw-0000000007");
-  child1.lock();
-  child2.lock();
-  child3.lock();
-  auto lease = child_sem.acquire(1, 5s);
+  std::optional<Turn> c1(Lock(child1));
+  std::optional<Turn> c2(Lock(child2));
+  std::optional<Turn> c3(Lock(child3));
+  auto lease = AcquireLease(child_sem, 1, 5s);
   ASSERT_TRUE(lease);
-  child_rw.writer().lock();
+  std::optional<Turn> crw(Lock(child_rw.writer()));
   Mutex parent(b, name);
-  EXPECT_TRUE(parent.try_lock()) << "a nested lock blocked its parent";
-  EXPECT_EQ(b.list_entries(name, false).value().size(), 1u) << "nested locks listed in their parent";
-  parent.unlock();
-  child1.unlock();
-  child2.unlock();
-  child3.unlock();
+  {
+    auto p = TryOnce(parent);
+    EXPECT_TRUE(p) << "a nested lock blocked its parent";
+    EXPECT_EQ(b.list_entries(name, false).value().size(), 1u) << "nested locks listed in their parent";
+  }
+  c1.reset();
+  c2.reset();
+  c3.reset();
   lease.reset();
-  child_rw.writer().unlock();
+  crw.reset();
   // Right after (before any clean-up of empty parents), still independent.
-  EXPECT_TRUE(parent.try_lock());
-  EXPECT_EQ(b.list_entries(name, false).value().size(), 1u);
-  parent.unlock();
+  {
+    auto p = TryOnce(parent);
+    EXPECT_TRUE(p);
+    EXPECT_EQ(b.list_entries(name, false).value().size(), 1u);
+  }
   // And the other way round: a held parent does not block its children.
-  parent.lock();
-  EXPECT_TRUE(child1.try_lock());
-  child1.unlock();
-  parent.unlock();
+  Turn p = Lock(parent);
+  EXPECT_TRUE(TryOnce(child1));
 }
 
 // A waiter whose entry an operator removes (`dlock break`) notices when it
@@ -527,7 +697,7 @@ TEST_P(RecipeTest, AWaiterWhoseEntryIsBrokenStillGetsALastingHold) {
   Mutex mb(b, name);
   ma.lock();
   std::optional<Hold> got;
-  std::jthread waiter([&] { got = mb.acquire(60s); });
+  std::jthread waiter([&] { got = AcquireHold(mb, 60s); });
   ASSERT_TRUE(Eventually([&] { return fixture_.entries(name) == 2u; }));
   auto listed = op.list_entries(name, false).value();
   ASSERT_EQ(listed.size(), 2u);
@@ -660,11 +830,54 @@ TEST_P(RecipeTest, SharedHandlesNeverShowAStaleHoldWhileSessionsEnd) {
   // Handles live as long as the run: kept here, made per client.
   std::vector<std::shared_ptr<void>> keep;
   const auto timeout = 2s;
+  // The asynchronous API keeps no per-thread state in the lock object: each
+  // thread keeps the Hold it was given, and looks at that.
+  auto async_handle = [&](auto* lock) {
+    struct Holds {
+      std::mutex mu;
+      std::map<std::thread::id, Hold> by_thread;
+      Hold* mine() {
+        std::lock_guard<std::mutex> g(mu);
+        auto it = by_thread.find(std::this_thread::get_id());
+        return it == by_thread.end() ? nullptr : &it->second;
+      }
+    };
+    auto holds = std::make_shared<Holds>();
+    return SharedHandle{[this, lock, holds, timeout] {
+                          std::optional<Hold> hold = AcquireHold(*lock, timeout);
+                          if (!hold) return false;
+                          std::lock_guard<std::mutex> g(holds->mu);
+                          holds->by_thread.insert_or_assign(std::this_thread::get_id(), std::move(*hold));
+                          return true;
+                        },
+                        [holds] {
+                          std::optional<Hold> mine;  // released after the map's mutex
+                          std::lock_guard<std::mutex> g(holds->mu);
+                          if (auto it = holds->by_thread.find(std::this_thread::get_id());
+                              it != holds->by_thread.end()) {
+                            mine.emplace(std::move(it->second));
+                            holds->by_thread.erase(it);
+                          }
+                        },
+                        [holds]() -> std::optional<HoldState> {
+                          Hold* h = holds->mine();
+                          return h ? std::optional(h->state()) : std::nullopt;
+                        },
+                        [holds]() -> std::optional<std::uint64_t> {
+                          Hold* h = holds->mine();
+                          return h ? std::optional(h->fencing_token()) : std::nullopt;
+                        },
+                        [holds] {
+                          Hold* h = holds->mine();
+                          return h ? h->lost_token() : std::stop_token();
+                        }};
+  };
   std::vector<Kind> kinds = {
       {"Mutex",
        [&](Client& c) {
          auto m = std::make_shared<Mutex>(c, name + "/mutex");
          keep.push_back(m);
+         if (async()) return async_handle(m.get());
          return SharedHandle{[m, timeout] { return m->try_lock_for(timeout); }, [m] { m->unlock(); },
                              [m] { return m->hold_state(); }, [m] { return m->fencing_token(); },
                              [m] { return m->lost_token(); }};
@@ -673,6 +886,7 @@ TEST_P(RecipeTest, SharedHandlesNeverShowAStaleHoldWhileSessionsEnd) {
        [&](Client& c) {
          auto m = std::make_shared<SemaphoreMutex>(c, name + "/semaphore-mutex");
          keep.push_back(m);
+         if (async()) return async_handle(m.get());
          return SharedHandle{[m, timeout] { return m->try_lock_for(timeout); }, [m] { m->unlock(); },
                              [m] { return m->hold_state(); }, [m] { return m->fencing_token(); },
                              [m] { return m->lost_token(); }};
@@ -682,6 +896,7 @@ TEST_P(RecipeTest, SharedHandlesNeverShowAStaleHoldWhileSessionsEnd) {
          auto rw = std::make_shared<ReadWriteLock>(c, name + "/rw");
          keep.push_back(rw);
          ReadWriteLock::Writer* w = &rw->writer();
+         if (async()) return async_handle(w);
          return SharedHandle{
              [w, timeout] { return w->try_lock_for(timeout); }, [w] { w->unlock(); },
              [w] {
@@ -703,8 +918,13 @@ TEST_P(RecipeTest, SharedHandlesNeverShowAStaleHoldWhileSessionsEnd) {
   keep.clear();
 }
 
-INSTANTIATE_TEST_SUITE_P(Stores, RecipeTest, ::testing::ValuesIn(testing::StoreSpecs()),
-                         [](const auto& p) { return testing::SpecName(p.param, p.index); });
+INSTANTIATE_TEST_SUITE_P(Stores, RecipeTest,
+                         ::testing::Combine(::testing::ValuesIn(testing::StoreSpecs()),
+                                            ::testing::Values(Api::kBlocking, Api::kAsync)),
+                         [](const auto& p) {
+                           return testing::SpecName(std::get<0>(p.param), p.index) +
+                                  (std::get<1>(p.param) == Api::kAsync ? "_async" : "_blocking");
+                         });
 
 }  // namespace
 }  // namespace dlock
