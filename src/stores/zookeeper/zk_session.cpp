@@ -80,6 +80,14 @@ Clock::duration LeaderPingBound(Clock::duration timeout) { return timeout / 3; }
 // worst, half the timeout plus round trips, against a deadline at 0.9.
 Clock::duration HeartbeatPause(Clock::duration timeout) { return timeout / 18; }
 
+// At most this many requests of ordinary batches are outstanding on a
+// session's connection; later batches wait, in order, until replies come
+// back. A server answers one session's requests in order, so a heartbeat
+// (never held back) waits behind at most this many. Without the bound, a
+// burst of 10,000 acquires delayed the heartbeats past the lost-timer, and
+// the session declared itself lost (docs/notes.md).
+constexpr std::size_t kMaxRequestsInFlight = 256;
+
 // The C client's log lines go to a per-handle callback (zookeeper_init2), so
 // dlock never touches the library-wide log stream or level that the
 // application may have set. They are dropped unless DLOCK_ZK_LOG is set.
@@ -138,6 +146,13 @@ struct Batch {
  private:
   friend class Core;
   int pending_ = 0;  // guarded by core's mutex (see above)
+  // Also guarded by core's mutex: counted in Core::requests_in_flight_
+  // (ordinary batches), submitted to the C client, and given up by its
+  // waiter (a held-back batch that is given up is never sent: its waiter was
+  // told the outcome is unknown and may look for what it would have made).
+  bool counted_ = false;
+  bool submitted_ = false;
+  bool abandoned_ = false;
   // Core::send_then: what runs once, on the session thread, when every
   // reply is in or `until_` has passed (set before send; guarded after).
   std::function<void(Status)> then_;
@@ -296,6 +311,13 @@ class Core : public std::enable_shared_from_this<Core> {
   // What the session thread does next, besides notes and closing.
   enum class Tick { kSleep, kAgain, kProbe, kHeartbeat, kArm };
 
+  // Sends b's requests back to back (registered in inflight_ already).
+  void submit(Batch& b) DLOCK_EXCLUDES(mu_);
+  // Takes the held-back batches that may go now (`send`) and those given up
+  // meanwhile (`drop`, to be finished without sending).
+  void take_held_back(std::vector<std::shared_ptr<Batch>>& send, std::vector<std::shared_ptr<Batch>>& drop)
+      DLOCK_REQUIRES(mu_);
+
   // The session thread's steps.
   using Listener = std::shared_ptr<std::function<void(SessionState)>>;
   // Takes the oldest note off the queue, with the subscribers that hear it.
@@ -419,6 +441,10 @@ class Core : public std::enable_shared_from_this<Core> {
   std::condition_variable_any cv_;                                                  // wakes the session thread
   std::deque<std::pair<std::uint64_t, SessionState>> notes_ DLOCK_GUARDED_BY(mu_);  // state changes to deliver
   std::unordered_map<Batch*, std::shared_ptr<Batch>> inflight_ DLOCK_GUARDED_BY(mu_);
+  // Requests of ordinary batches submitted and not answered; the batches
+  // over kMaxRequestsInFlight, oldest first (also in inflight_).
+  std::size_t requests_in_flight_ DLOCK_GUARDED_BY(mu_) = 0;
+  std::deque<std::shared_ptr<Batch>> held_back_ DLOCK_GUARDED_BY(mu_);
 };
 
 void Core::subscribe_clock() {
@@ -477,7 +503,8 @@ void Core::init() {
 //
 // One step at a time, in this order: deliver the oldest state change; run
 // the completions of waits; close a lost or closed handle; end the waits of
-// an ended session; then the timers of the current phase (connect
+// an ended session; send requests held back by the bound on requests in
+// flight; then the timers of the current phase (connect
 // deadline and probe; lost-timer and heartbeats); else sleep until the next
 // timer or a wake-up. Anything sent or delivered happens without mu_.
 void Core::run(std::stop_token stop) {
@@ -519,6 +546,23 @@ void Core::run(std::stop_token stop) {
     if ((phase_ == Phase::kEnded || phase_ == Phase::kFailed) && !waiters_.empty()) {
       end_waiters();  // their completions run at step 2, before the thread can stop
       continue;
+    }
+    if (!held_back_.empty()) {
+      // 4. Requests held back by the bound on requests in flight, as room
+      // comes; those given up meanwhile end without being sent.
+      std::vector<std::shared_ptr<Batch>> send, drop;
+      take_held_back(send, drop);
+      if (!send.empty() || !drop.empty()) {
+        lk.unlock();
+        for (auto& b : send) submit(*b);
+        for (auto& b : drop) {
+          for (std::size_t i = 0; i < b->size; ++i) finish(&b->slots[i], ZOPERATIONTIMEOUT, /*from_server=*/false);
+        }
+        send.clear();
+        drop.clear();
+        lk.lock();
+        continue;
+      }
     }
     if (stop.stop_requested()) break;
     Clock::time_point next = kNoDeadline;
@@ -648,18 +692,51 @@ void Core::send(const std::shared_ptr<Batch>& b) {
     MutexLock g(mu_);
     b->pending_ = static_cast<int>(b->size);
     inflight_.emplace(b.get(), b);
+    // Heartbeats and probes go at once: they are what the bound protects.
+    if (b->purpose != Batch::Purpose::kHeartbeat && b->purpose != Batch::Purpose::kProbe) {
+      b->counted_ = true;
+      const bool over = requests_in_flight_ > 0 && requests_in_flight_ + b->size > kMaxRequestsInFlight;
+      if (!close_claimed_ && (over || !held_back_.empty())) {
+        held_back_.push_back(b);  // the session thread sends it when replies make room
+        wake_ = true;
+        cv_.notify_all();
+        return;
+      }
+      requests_in_flight_ += b->size;
+    }
+    b->submitted_ = true;
   }
+  submit(*b);
+}
+
+void Core::submit(Batch& b) {
   std::vector<std::pair<std::size_t, int>> refused;  // no callback will come for these
   {
     ReaderLock zl(zh_mu_);
-    b->sent = clock_->now();
-    for (std::size_t i = 0; i < b->size; ++i) {
+    b.sent = clock_->now();
+    for (std::size_t i = 0; i < b.size; ++i) {
       // Back to back, without waiting: the server answers them in this order.
-      int rc = zh_ ? b->ops[i](zh_, &b->slots[i]) : ZCLOSING;
+      int rc = zh_ ? b.ops[i](zh_, &b.slots[i]) : ZCLOSING;
       if (rc != ZOK) refused.emplace_back(i, rc);
     }
   }
-  for (auto [i, rc] : refused) finish(&b->slots[i], rc, /*from_server=*/false);
+  for (auto [i, rc] : refused) finish(&b.slots[i], rc, /*from_server=*/false);
+}
+
+void Core::take_held_back(std::vector<std::shared_ptr<Batch>>& send, std::vector<std::shared_ptr<Batch>>& drop) {
+  while (!held_back_.empty()) {
+    std::shared_ptr<Batch>& b = held_back_.front();
+    if (b->abandoned_ || close_claimed_) {
+      drop.push_back(std::move(b));
+    } else if (requests_in_flight_ == 0 || requests_in_flight_ + b->size <= kMaxRequestsInFlight) {
+      requests_in_flight_ += b->size;
+      b->submitted_ = true;
+      send.push_back(std::move(b));
+    } else {
+      return;
+    }
+    held_back_.pop_front();
+  }
 }
 
 Status Core::await(Batch& b, Clock::time_point until, const std::string& what) {
@@ -669,6 +746,7 @@ Status Core::await(Batch& b, Clock::time_point until, const std::string& what) {
     return b.pending_ == 0;
   });
   if (b.pending_ == 0) return OkStatus();
+  b.abandoned_ = true;  // if it is still held back, it never goes
   return UnavailableError("no answer from ZooKeeper to " + what + " before the deadline; the outcome is unknown");
 }
 
@@ -676,8 +754,16 @@ void Core::finish(Slot* slot, int rc, bool from_server) {
   std::shared_ptr<Batch> finished;  // released after the lock: may be the last owner
   MutexLock g(mu_);
   Batch* b = slot->batch;
+  if (slot->done_) return;  // a held-back batch dropped while close_handle reaped it
   slot->rc = rc;
   slot->done_ = true;
+  if (b->counted_ && b->submitted_ && requests_in_flight_ > 0) {
+    --requests_in_flight_;
+    if (!held_back_.empty()) {  // room for the next: the session thread sends it
+      wake_ = true;
+      cv_.notify_all();
+    }
+  }
   fold_clock();  // a reply after the deadline does not move it
   if (from_server && ServerAnswered(rc)) last_answered_sent_ = std::max(last_answered_sent_, b->sent);
   if (--b->pending_ == 0) {
@@ -727,6 +813,7 @@ void Core::expire_thens(Clock::time_point now, Clock::time_point& next) {
       next = std::min(next, b->until_);
       continue;
     }
+    b->abandoned_ = true;  // if it is still held back, it never goes
     fire_then(*b, UnavailableError("no answer from ZooKeeper to " + b->what +
                                    " before the deadline; the outcome is unknown"));
   }
@@ -1078,6 +1165,8 @@ void Core::close_handle() noexcept {
     reaped.push_back(std::move(b));
   }
   inflight_.clear();
+  held_back_.clear();  // reaped above with the rest
+  requests_in_flight_ = 0;
   hb_in_flight_ = probe_in_flight_ = false;
   handle_closed_ = true;
   closed_cv_.notify_all();
