@@ -314,9 +314,12 @@ class Core : public std::enable_shared_from_this<Core> {
   // Sends b's requests back to back (registered in inflight_ already).
   void submit(Batch& b) DLOCK_EXCLUDES(mu_);
   // Takes the held-back batches that may go now (`send`) and those given up
-  // meanwhile (`drop`, to be finished without sending).
-  void take_held_back(std::vector<std::shared_ptr<Batch>>& send, std::vector<std::shared_ptr<Batch>>& drop)
+  // meanwhile (`drop`, to be finished without sending); false if none.
+  bool take_held_back(std::vector<std::shared_ptr<Batch>>& send, std::vector<std::shared_ptr<Batch>>& drop)
       DLOCK_REQUIRES(mu_);
+  // Sends `send` and finishes `drop` locally.
+  void release_held_back(std::vector<std::shared_ptr<Batch>> send, std::vector<std::shared_ptr<Batch>> drop)
+      DLOCK_EXCLUDES(mu_);
 
   // The session thread's steps.
   using Listener = std::shared_ptr<std::function<void(SessionState)>>;
@@ -547,22 +550,13 @@ void Core::run(std::stop_token stop) {
       end_waiters();  // their completions run at step 2, before the thread can stop
       continue;
     }
-    if (!held_back_.empty()) {
-      // 4. Requests held back by the bound on requests in flight, as room
-      // comes; those given up meanwhile end without being sent.
-      std::vector<std::shared_ptr<Batch>> send, drop;
-      take_held_back(send, drop);
-      if (!send.empty() || !drop.empty()) {
-        lk.unlock();
-        for (auto& b : send) submit(*b);
-        for (auto& b : drop) {
-          for (std::size_t i = 0; i < b->size; ++i) finish(&b->slots[i], ZOPERATIONTIMEOUT, /*from_server=*/false);
-        }
-        send.clear();
-        drop.clear();
-        lk.lock();
-        continue;
-      }
+    // 4. Requests held back by the bound on requests in flight, as room
+    // comes; those given up meanwhile end without being sent.
+    if (std::vector<std::shared_ptr<Batch>> send, drop; take_held_back(send, drop)) {
+      lk.unlock();
+      release_held_back(std::move(send), std::move(drop));
+      lk.lock();
+      continue;
     }
     if (stop.stop_requested()) break;
     Clock::time_point next = kNoDeadline;
@@ -723,7 +717,7 @@ void Core::submit(Batch& b) {
   for (auto [i, rc] : refused) finish(&b.slots[i], rc, /*from_server=*/false);
 }
 
-void Core::take_held_back(std::vector<std::shared_ptr<Batch>>& send, std::vector<std::shared_ptr<Batch>>& drop) {
+bool Core::take_held_back(std::vector<std::shared_ptr<Batch>>& send, std::vector<std::shared_ptr<Batch>>& drop) {
   while (!held_back_.empty()) {
     std::shared_ptr<Batch>& b = held_back_.front();
     if (b->abandoned_ || close_claimed_) {
@@ -733,9 +727,17 @@ void Core::take_held_back(std::vector<std::shared_ptr<Batch>>& send, std::vector
       b->submitted_ = true;
       send.push_back(std::move(b));
     } else {
-      return;
+      break;
     }
     held_back_.pop_front();
+  }
+  return !send.empty() || !drop.empty();
+}
+
+void Core::release_held_back(std::vector<std::shared_ptr<Batch>> send, std::vector<std::shared_ptr<Batch>> drop) {
+  for (auto& b : send) submit(*b);
+  for (auto& b : drop) {
+    for (std::size_t i = 0; i < b->size; ++i) finish(&b->slots[i], ZOPERATIONTIMEOUT, /*from_server=*/false);
   }
 }
 
