@@ -317,9 +317,8 @@ class Core : public std::enable_shared_from_this<Core> {
   // meanwhile (`drop`, to be finished without sending); false if none.
   bool take_held_back(std::vector<std::shared_ptr<Batch>>& send, std::vector<std::shared_ptr<Batch>>& drop)
       DLOCK_REQUIRES(mu_);
-  // Sends `send` and finishes `drop` locally.
-  void release_held_back(std::vector<std::shared_ptr<Batch>> send, std::vector<std::shared_ptr<Batch>> drop)
-      DLOCK_EXCLUDES(mu_);
+  // Sends the held-back batches there is room for, finishes those given up.
+  void release_held_back() DLOCK_EXCLUDES(mu_);
 
   // The session thread's steps.
   using Listener = std::shared_ptr<std::function<void(SessionState)>>;
@@ -448,6 +447,7 @@ class Core : public std::enable_shared_from_this<Core> {
   // over kMaxRequestsInFlight, oldest first (also in inflight_).
   std::size_t requests_in_flight_ DLOCK_GUARDED_BY(mu_) = 0;
   std::deque<std::shared_ptr<Batch>> held_back_ DLOCK_GUARDED_BY(mu_);
+  bool releasing_ DLOCK_GUARDED_BY(mu_) = false;  // a thread is in release_held_back()
 };
 
 void Core::subscribe_clock() {
@@ -506,8 +506,7 @@ void Core::init() {
 //
 // One step at a time, in this order: deliver the oldest state change; run
 // the completions of waits; close a lost or closed handle; end the waits of
-// an ended session; send requests held back by the bound on requests in
-// flight; then the timers of the current phase (connect
+// an ended session; then the timers of the current phase (connect
 // deadline and probe; lost-timer and heartbeats); else sleep until the next
 // timer or a wake-up. Anything sent or delivered happens without mu_.
 void Core::run(std::stop_token stop) {
@@ -548,14 +547,6 @@ void Core::run(std::stop_token stop) {
     }
     if ((phase_ == Phase::kEnded || phase_ == Phase::kFailed) && !waiters_.empty()) {
       end_waiters();  // their completions run at step 2, before the thread can stop
-      continue;
-    }
-    // 4. Requests held back by the bound on requests in flight, as room
-    // comes; those given up meanwhile end without being sent.
-    if (std::vector<std::shared_ptr<Batch>> send, drop; take_held_back(send, drop)) {
-      lk.unlock();
-      release_held_back(std::move(send), std::move(drop));
-      lk.lock();
       continue;
     }
     if (stop.stop_requested()) break;
@@ -689,11 +680,11 @@ void Core::send(const std::shared_ptr<Batch>& b) {
     // Heartbeats and probes go at once: they are what the bound protects.
     if (b->purpose != Batch::Purpose::kHeartbeat && b->purpose != Batch::Purpose::kProbe) {
       b->counted_ = true;
-      const bool over = requests_in_flight_ > 0 && requests_in_flight_ + b->size > kMaxRequestsInFlight;
-      if (!close_claimed_ && (over || !held_back_.empty())) {
-        held_back_.push_back(b);  // the session thread sends it when replies make room
-        wake_ = true;
-        cv_.notify_all();
+      // Held back only behind requests in flight, whose replies (or the
+      // handle's close) will let it go.
+      const bool full = requests_in_flight_ + b->size > kMaxRequestsInFlight || !held_back_.empty();
+      if (!close_claimed_ && requests_in_flight_ > 0 && full) {
+        held_back_.push_back(b);
         return;
       }
       requests_in_flight_ += b->size;
@@ -734,10 +725,25 @@ bool Core::take_held_back(std::vector<std::shared_ptr<Batch>>& send, std::vector
   return !send.empty() || !drop.empty();
 }
 
-void Core::release_held_back(std::vector<std::shared_ptr<Batch>> send, std::vector<std::shared_ptr<Batch>> drop) {
-  for (auto& b : send) submit(*b);
-  for (auto& b : drop) {
-    for (std::size_t i = 0; i < b->size; ++i) finish(&b->slots[i], ZOPERATIONTIMEOUT, /*from_server=*/false);
+// On the thread whose reply made room (the C client's completion thread,
+// or a caller whose submission was refused at once), one thread at a time,
+// in a loop: a refused submission finishes inside submit(), which must not
+// recurse into here. Not on the session thread, which may be running a
+// listener that waits for one of these requests.
+void Core::release_held_back() {
+  while (true) {
+    std::vector<std::shared_ptr<Batch>> send, drop;
+    {
+      MutexLock g(mu_);
+      if (!take_held_back(send, drop)) {
+        releasing_ = false;
+        return;
+      }
+    }
+    for (auto& b : send) submit(*b);
+    for (auto& b : drop) {
+      for (std::size_t i = 0; i < b->size; ++i) finish(&b->slots[i], ZOPERATIONTIMEOUT, /*from_server=*/false);
+    }
   }
 }
 
@@ -753,30 +759,33 @@ Status Core::await(Batch& b, Clock::time_point until, const std::string& what) {
 }
 
 void Core::finish(Slot* slot, int rc, bool from_server) {
-  std::shared_ptr<Batch> finished;  // released after the lock: may be the last owner
-  MutexLock g(mu_);
-  Batch* b = slot->batch;
-  if (slot->done_) return;  // a held-back batch dropped while close_handle reaped it
-  slot->rc = rc;
-  slot->done_ = true;
-  if (b->counted_ && b->submitted_ && requests_in_flight_ > 0) {
-    --requests_in_flight_;
-    if (!held_back_.empty()) {  // room for the next: the session thread sends it
-      wake_ = true;
-      cv_.notify_all();
+  bool release = false;
+  {
+    std::shared_ptr<Batch> finished;  // released after the lock: may be the last owner
+    MutexLock g(mu_);
+    Batch* b = slot->batch;
+    if (slot->done_) return;  // a held-back batch dropped while close_handle reaped it
+    slot->rc = rc;
+    slot->done_ = true;
+    if (b->counted_ && b->submitted_ && requests_in_flight_ > 0) {
+      --requests_in_flight_;
+      // Room for a held-back batch: this thread sends it, unless another
+      // is at it already (it loops until nothing more fits).
+      release = !held_back_.empty() && !std::exchange(releasing_, true);
     }
-  }
-  fold_clock();  // a reply after the deadline does not move it
-  if (from_server && ServerAnswered(rc)) last_answered_sent_ = std::max(last_answered_sent_, b->sent);
-  if (--b->pending_ == 0) {
-    auto it = inflight_.find(b);
-    if (it != inflight_.end()) {
-      finished = std::move(it->second);
-      inflight_.erase(it);
+    fold_clock();  // a reply after the deadline does not move it
+    if (from_server && ServerAnswered(rc)) last_answered_sent_ = std::max(last_answered_sent_, b->sent);
+    if (--b->pending_ == 0) {
+      auto it = inflight_.find(b);
+      if (it != inflight_.end()) {
+        finished = std::move(it->second);
+        inflight_.erase(it);
+      }
+      on_batch_done(*b);
     }
-    on_batch_done(*b);
+    b->cv.notify_all();
   }
-  b->cv.notify_all();
+  if (release) release_held_back();
 }
 
 void Core::on_batch_done(Batch& b) {
