@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "dlock/dlock.hpp"
+#include "support/detached.hpp"
 #include "support/stores.hpp"
 
 namespace dlock {
@@ -42,16 +43,7 @@ int ThreadCount() {
   return n;
 }
 
-// The smallest coroutine type (the acceptance program's).
-struct Detached {
-  struct promise_type {
-    Detached get_return_object() { return {}; }
-    std::suspend_never initial_suspend() noexcept { return {}; }
-    std::suspend_never final_suspend() noexcept { return {}; }
-    void return_void() {}
-    void unhandled_exception() { std::terminate(); }
-  };
-};
+using testing::Detached;
 
 // Collects the outcomes of asynchronous acquires; each must come once.
 class Outcomes {

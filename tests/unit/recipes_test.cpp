@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "dlock/dlock.hpp"
+#include "support/detached.hpp"
 #include "support/stores.hpp"
 
 namespace dlock {
@@ -39,17 +40,7 @@ std::string UniqueName(const std::string& base) {
 enum class Api { kBlocking, kAsync };
 void PrintTo(Api api, std::ostream* os) { *os << (api == Api::kAsync ? "async" : "blocking"); }
 
-// The smallest coroutine type, as in the acceptance program: the awaitable
-// must work with any.
-struct Detached {
-  struct promise_type {
-    Detached get_return_object() { return {}; }
-    std::suspend_never initial_suspend() noexcept { return {}; }
-    std::suspend_never final_suspend() noexcept { return {}; }
-    void return_void() {}
-    void unhandled_exception() { std::terminate(); }
-  };
-};
+using testing::Detached;
 
 Detached AwaitInto(AcquireAwaitable acquire, std::shared_ptr<std::promise<std::optional<Hold>>> out) {
   try {
