@@ -56,11 +56,8 @@ struct ClientOptions {
 };
 
 // A Client is a handle: copies share one store, one session at a time and
-// the client's dlock threads. Lock objects, Holds and pending
-// asynchronous acquires made through it share it too. When the last of them
-// goes, its destructor stops dlock's threads for this client before it
-// returns; if a session is being opened at that moment (for acquires that
-// have since given up), it waits for that, at most `connect_timeout`.
+// the client's dlock threads. Lock objects, Holds and pending asynchronous
+// acquires made through it share it too.
 class DLOCK_EXPORT Client {
  public:
   // Opens the store named by `url` (see OpenStore in dlock/store.hpp). Does

@@ -70,33 +70,23 @@ ClientCore::ClientCore(std::shared_ptr<Store> store, ClientOptions options)
 }
 
 ClientCore::~ClientCore() {
-  // First the opener: it holds no reference to this object, so it may still
-  // be opening (or closing) a session for acquisitions that gave up. No
-  // dlock thread may outlive the last handle (CI finding: it went on
-  // touching the store while the process ran its exit handlers). It posts
-  // to the executor, so that goes next; the executor's timers (background
-  // removals) use the session, which goes last.
-  std::jthread opener;
-  {
-    MutexLock g(mu_);
-    closing_ = true;
-    opener = std::move(opener_thread_);
-  }
-  if (opener.joinable()) {
-    // Only if a session listener run by the opener dropped the last
-    // reference; it must not wait for itself.
-    if (opener.get_id() == std::this_thread::get_id()) {
-      opener.detach();
-    } else {
-      opener.join();
-    }
-  }
+  // First the executor: its timers (background removals) use the session.
   executor_.reset();
+  std::jthread opener;
   std::shared_ptr<Session> session;
   {
     MutexLock g(mu_);
+    opener = std::move(opener_thread_);
     session = std::move(session_);
   }
+  // The opener holds a reference to this object while it works, so it is
+  // either done or is the thread running this destructor. (Joining a
+  // running opener from here instead, with the opener holding no
+  // reference, was tried and reverted: a session listener run by the
+  // opener could drop the last reference on the opener itself, and a
+  // store thread that dropped it could wait for the opener while the
+  // opener waited for that thread; docs/notes.md.)
+  if (opener.joinable() && opener.get_id() == std::this_thread::get_id()) opener.detach();
   if (session) session->close();
 }
 
@@ -160,8 +150,7 @@ void ClientCore::async_session(Clock::time_point deadline, std::function<void(Re
       if (opener_running_) return;
       if (opener_thread_.joinable()) opener_thread_.join();  // done: it cleared opener_running_ last
       try {
-        // `this`, not a reference: the destructor joins the opener.
-        opener_thread_ = std::jthread([this] { open_sessions(); });
+        opener_thread_ = std::jthread([self = shared_from_this()] { self->open_sessions(); });
       } catch (const std::exception& e) {  // no thread to be had: these waiters hear it now
         auto waiting = std::exchange(openers_, {});
         g.unlock();
@@ -182,7 +171,6 @@ void ClientCore::open_sessions() {
     Clock::time_point deadline = Clock::time_point::min();
     {
       MutexLock g(mu_);
-      if (closing_) openers_.clear();  // acquisitions that have all ended
       if (openers_.empty()) {
         opener_running_ = false;
         return;

@@ -154,12 +154,10 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
   // Acquisitions waiting for a session to be opened for them.
   std::vector<std::pair<Clock::time_point, std::function<void(Result<std::shared_ptr<Session>>)>>> openers_
       DLOCK_GUARDED_BY(mu_);
-  // Opens sessions for async_session(); started when needed, under mu_. It
-  // holds no reference to this object (acquisitions waiting for it do); the
-  // destructor joins it.
+  // Opens sessions for async_session(); started when needed, under mu_; it
+  // holds a reference to this object while it works.
   std::jthread opener_thread_ DLOCK_GUARDED_BY(mu_);
   bool opener_running_ DLOCK_GUARDED_BY(mu_) = false;
-  bool closing_ DLOCK_GUARDED_BY(mu_) = false;  // the destructor has begun
   // Executor thread only.
   std::map<std::string, std::shared_ptr<LocalLine>> lines_;
   // Last: stopped first, before anything its tasks use goes.

@@ -443,6 +443,12 @@ TEST(Regressions, LostTokenStopCallbackNotTouchingTheObject) {
 // returned at once, and the opener went on touching the store (closing and
 // opening sessions) while the process ran its exit handlers. After the
 // last handle goes, no dlock thread may still run.
+//
+// DISABLED: the fix (the opener holding no reference, joined by the
+// destructor) was reverted after review: a session listener run by the
+// opener could drop the last reference on the opener itself (use after
+// free, reproduced), and a store thread dropping it could deadlock with the
+// opener closing that store's session. Open; see docs/notes.md.
 class GatedOpenStore final : public Store {
  public:
   explicit GatedOpenStore(std::shared_ptr<MemStore> inner) : inner_(std::move(inner)) {}
@@ -479,7 +485,7 @@ class GatedOpenStore final : public Store {
   bool entered_ = false, open_ = false, returned_ = false;
 };
 
-TEST(Regressions, DestroyingTheLastHandleWaitsForTheSessionOpener) {
+TEST(Regressions, DISABLED_DestroyingTheLastHandleWaitsForTheSessionOpener) {
   auto gated = std::make_shared<GatedOpenStore>(MemStore::create());
   std::optional<Client> client = Client::with_store(gated);
   std::optional<Mutex> m;

@@ -438,7 +438,10 @@ TEST_F(ZkStoreTest, ABurstOfAsyncRequestsDoesNotLoseTheSession) {
         << tally->done << " of " << kAppends << " answered";
     EXPECT_EQ(tally->failed, 0) << "first error: " << tally->first_error;
   }
-  EXPECT_EQ(session->state(), SessionState::kConnected) << "the burst lost the session";
+  if (session->state() != SessionState::kConnected) {
+    auto why = session->list("burst/0", {}, In(5s));  // its error says why the session ended
+    ADD_FAILURE() << "the burst lost the session: " << why.status().message();
+  }
   EXPECT_EQ(session->id(), id);
 }
 

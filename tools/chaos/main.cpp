@@ -19,6 +19,7 @@
 #include <condition_variable>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -1266,7 +1267,15 @@ int main(int argc, char** argv) {
   worker_cmd->add_option("--recipes", w.recipes)->delimiter(',');
 
   CLI11_PARSE(app, argc, argv);
-  if (*worker_cmd) return RunWorker(w);
+  if (*worker_cmd) {
+    // Everything of the worker's own is closed by now (RunWorker's handles
+    // are gone); a session the library is still opening or closing in the
+    // background must not race the exit handlers that destroy static data
+    // (docs/notes.md: no dlock thread outliving the last handle is open).
+    const int status = RunWorker(w);
+    std::fflush(nullptr);
+    std::_Exit(status);
+  }
   if (*check_cmd) return CheckLedger(ledger, check_opts, std::cout) == 0 ? 0 : 1;
   if (run.seed == 0) run.seed = std::random_device{}();
   std::signal(SIGPIPE, SIG_IGN);
