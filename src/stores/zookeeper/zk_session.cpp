@@ -146,12 +146,12 @@ struct Batch {
  private:
   friend class Core;
   int pending_ = 0;  // guarded by core's mutex (see above)
-  // Also guarded by core's mutex: counted in Core::requests_in_flight_
-  // (ordinary batches), submitted to the C client, and given up by its
-  // waiter (a held-back batch that is given up is never sent: its waiter was
-  // told the outcome is unknown and may look for what it would have made).
+  // Also guarded by core's mutex: its requests are counted in
+  // Core::requests_in_flight_ (an ordinary batch, sent), and it was given up
+  // by its waiter (a held-back batch that is given up is never sent: its
+  // waiter was told the outcome is unknown and may look for what it would
+  // have made).
   bool counted_ = false;
-  bool submitted_ = false;
   bool abandoned_ = false;
   // Core::send_then: what runs once, on the session thread, when every
   // reply is in or `until_` has passed (set before send; guarded after).
@@ -709,20 +709,18 @@ void Core::send(const std::shared_ptr<Batch>& b) {
     inflight_.emplace(b.get(), b);
     // Heartbeats and probes go at once: they are what the bound protects.
     if (b->purpose != Batch::Purpose::kHeartbeat && b->purpose != Batch::Purpose::kProbe) {
-      b->counted_ = true;
       // Held back only behind requests in flight, whose replies (or the
-      // handle's close) will let it go.
-      // While a release is under way, batches it took may not be submitted
-      // yet: a later batch must not overtake them (a find_own overtaking the
-      // append it looks for would leave an orphan; review finding).
+      // handle's close) will let it go; also while a release is under way,
+      // whose taken batches may not be submitted yet (a find_own overtaking
+      // the append it looks for would leave an orphan; review finding).
       const bool full = requests_in_flight_ + b->size > kMaxRequestsInFlight || !held_back_.empty() || releasing_;
       if (!close_claimed_ && requests_in_flight_ > 0 && full) {
         held_back_.push_back(b);
         return;
       }
       requests_in_flight_ += b->size;
+      b->counted_ = true;
     }
-    b->submitted_ = true;
   }
   submit(*b);
 }
@@ -748,7 +746,7 @@ bool Core::take_held_back(std::vector<std::shared_ptr<Batch>>& send, std::vector
       drop.push_back(std::move(b));
     } else if (requests_in_flight_ == 0 || requests_in_flight_ + b->size <= kMaxRequestsInFlight) {
       requests_in_flight_ += b->size;
-      b->submitted_ = true;
+      b->counted_ = true;
       send.push_back(std::move(b));
     } else {
       break;
@@ -800,7 +798,7 @@ void Core::finish(Slot* slot, int rc, bool from_server) {
     if (slot->done_) return;  // a held-back batch dropped while close_handle reaped it
     slot->rc = rc;
     slot->done_ = true;
-    if (b->counted_ && b->submitted_ && requests_in_flight_ > 0) {
+    if (b->counted_ && requests_in_flight_ > 0) {
       --requests_in_flight_;
       // Room for a held-back batch: this thread sends it, unless another
       // is at it already (it loops until nothing more fits).
