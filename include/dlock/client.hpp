@@ -58,6 +58,14 @@ struct ClientOptions {
 // A Client is a handle: copies share one store, one session at a time and
 // the client's dlock threads. Lock objects, Holds and pending asynchronous
 // acquires made through it share it too.
+//
+// Lifetime: when the last of those goes (the last copy, lock object, Hold,
+// or an asynchronous acquire once its outcome is handed over), the session
+// is closed and the client's threads are stopped; if that happens on a
+// thread of the program's own, they have all ended when that destructor
+// returns (it may wait for a session being opened, at most the connect
+// timeout). If it happens on a dlock thread (inside a callback), they end
+// shortly after, on their own.
 class DLOCK_EXPORT Client {
  public:
   // Opens the store named by `url` (see OpenStore in dlock/store.hpp). Does

@@ -4,6 +4,7 @@
 #include <cstdio>
 
 #include "core/client_core.hpp"
+#include "core/dlock_thread.hpp"
 #include "core/random_id.hpp"
 #include "dlock/client.hpp"
 
@@ -80,14 +81,57 @@ ClientCore::~ClientCore() {
     session = std::move(session_);
   }
   // The opener holds a reference to this object while it works, so it is
-  // either done or is the thread running this destructor. (Joining a
-  // running opener from here instead, with the opener holding no
-  // reference, was tried and reverted: a session listener run by the
-  // opener could drop the last reference on the opener itself, and a
-  // store thread that dropped it could wait for the opener while the
-  // opener waited for that thread; docs/notes.md.)
-  if (opener.joinable() && opener.get_id() == std::this_thread::get_id()) opener.detach();
+  // either done (joined by on_last_user_gone, or not yet) or is the thread
+  // running this destructor.
+  if (opener.joinable()) {
+    if (opener.get_id() == std::this_thread::get_id()) {
+      opener.detach();
+    } else {
+      opener.join();
+    }
+  }
   if (session) session->close();
+}
+
+namespace {
+
+// The control block of the user references: its end is the last one's.
+struct UserRefs {
+  explicit UserRefs(std::shared_ptr<ClientCore> e) : engine(std::move(e)) {}
+  std::shared_ptr<ClientCore> engine;
+  UserRefs(const UserRefs&) = delete;
+  UserRefs& operator=(const UserRefs&) = delete;
+  ~UserRefs() { engine->on_last_user_gone(); }
+};
+
+}  // namespace
+
+std::shared_ptr<ClientCore> ClientCore::make(std::shared_ptr<Store> store, ClientOptions options) {
+  auto engine = std::make_shared<ClientCore>(std::move(store), std::move(options));
+  auto refs = std::make_shared<UserRefs>(engine);
+  std::shared_ptr<ClientCore> user(refs, engine.get());  // counts in `refs`, points at the engine
+  engine->user_refs_ = user;
+  return user;
+}
+
+void ClientCore::on_last_user_gone() noexcept {
+  // From a dlock thread, joining could wait for this very thread, or for
+  // one that waits for it (a ZooKeeper session thread closing a session the
+  // opener is opening): the threads then end with the engine's last
+  // reference (~ClientCore, which handles its own threads).
+  if (OnDlockThread()) return;
+  // Nobody can start an acquisition any more, so nobody waits for what the
+  // opener opens: let it finish (at most the connect timeout).
+  std::jthread opener;
+  {
+    MutexLock g(mu_);
+    opener = std::move(opener_thread_);
+  }
+  if (opener.joinable()) opener.join();
+  // No hold is left: what the session still has is released with it.
+  close_session();
+  // Background removals die with the session; tasks left are dropped.
+  executor_->shut_down();
 }
 
 Result<std::shared_ptr<Session>> ClientCore::session(Clock::time_point deadline) {
@@ -150,7 +194,10 @@ void ClientCore::async_session(Clock::time_point deadline, std::function<void(Re
       if (opener_running_) return;
       if (opener_thread_.joinable()) opener_thread_.join();  // done: it cleared opener_running_ last
       try {
-        opener_thread_ = std::jthread([self = shared_from_this()] { self->open_sessions(); });
+        opener_thread_ = std::jthread([self = shared_from_this()] {
+          MarkDlockThread();
+          self->open_sessions();
+        });
       } catch (const std::exception& e) {  // no thread to be had: these waiters hear it now
         auto waiting = std::exchange(openers_, {});
         g.unlock();
@@ -389,7 +436,7 @@ Result<Client> Client::open(std::string_view url, ClientOptions options) {
 }
 
 Client Client::with_store(std::shared_ptr<Store> store, ClientOptions options) {
-  return Client(std::make_shared<internal::ClientCore>(std::move(store), std::move(options)));
+  return Client(internal::ClientCore::make(std::move(store), std::move(options)));
 }
 
 std::string Client::url() const { return core_->store().url(); }

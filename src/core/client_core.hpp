@@ -70,12 +70,31 @@ class LocalLine {
   std::list<std::pair<Ticket, std::function<void()>>> line_;
 };
 
+// A client's engine. Two kinds of references lead to it:
+//  - the user's: Client copies (and so lock objects and awaitables), the
+//    Holds made through it, and acquisitions until they have handed over
+//    their outcome. All share one count (UserRef() and the aliasing
+//    pointer that Client::with_store makes);
+//  - the engine's own (shared_from_this): the session opener, and what the
+//    store threads and the executor keep while they work.
+// When the last user reference goes on a thread that is not dlock's, the
+// client's threads are stopped and joined before that destructor returns
+// (on_last_user_gone): nothing of dlock runs behind a program that has let
+// go of everything. From a dlock thread they end when the engine's last
+// reference goes instead.
 class ClientCore : public std::enable_shared_from_this<ClientCore> {
  public:
   ClientCore(std::shared_ptr<Store> store, ClientOptions options);
   ~ClientCore();
   ClientCore(const ClientCore&) = delete;
   ClientCore& operator=(const ClientCore&) = delete;
+
+  // A new client: the returned pointer is a user reference.
+  static std::shared_ptr<ClientCore> make(std::shared_ptr<Store> store, ClientOptions options);
+  // A user reference, while any is left (null after the last one went).
+  std::shared_ptr<ClientCore> user_ref() const noexcept { return user_refs_.lock(); }
+  // Run by the last user reference: see the class comment.
+  void on_last_user_gone() noexcept DLOCK_EXCLUDES(mu_);
 
   Store& store() noexcept { return *store_; }
   const Clock& clock() const noexcept { return *clock_; }
@@ -141,6 +160,8 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
   void retry_later(Pending p) noexcept DLOCK_EXCLUDES(mu_);
   void open_sessions() DLOCK_EXCLUDES(mu_);
 
+  // Set by make(), then constant: the count of user references.
+  std::weak_ptr<ClientCore> user_refs_;
   // Constant after construction.
   const std::shared_ptr<Store> store_;
   const ClientOptions options_;

@@ -1,5 +1,7 @@
 #include "core/executor.hpp"
 
+#include "core/dlock_thread.hpp"
+
 namespace dlock::internal {
 
 namespace {
@@ -146,7 +148,10 @@ class Executor::Queue : public std::enable_shared_from_this<Queue> {
   std::thread::id thread_id_ DLOCK_GUARDED_BY(mu_);
 };
 
-void QueueThread::operator()() const { queue->run(); }
+void QueueThread::operator()() const {
+  MarkDlockThread();
+  queue->run();
+}
 
 Executor::Executor(std::shared_ptr<Clock> clock) : queue_(std::make_shared<Queue>(std::move(clock))) {
   // A clock moved by hand may have made timers due.
@@ -160,6 +165,8 @@ Executor::~Executor() {
   advanced_.reset();
   queue_->stop();
 }
+
+void Executor::shut_down() noexcept { queue_->stop(); }
 
 void Executor::post(std::function<void()> task) { queue_->post(std::move(task)); }
 Executor::TimerId Executor::at(Clock::time_point when, std::function<void()> task) {

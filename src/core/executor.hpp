@@ -35,6 +35,9 @@ class Executor {
   Executor(const Executor&) = delete;
   Executor& operator=(const Executor&) = delete;
 
+  // Stops the thread now, as the destructor does; later tasks are dropped.
+  void shut_down() noexcept;
+
   void post(std::function<void()> task);
   // Runs `task` at `when` (at once if it has passed), unless cancelled first.
   TimerId at(Clock::time_point when, std::function<void()> task);

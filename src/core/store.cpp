@@ -3,6 +3,8 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "core/dlock_thread.hpp"
+
 namespace dlock {
 
 std::string_view SessionStateName(SessionState state) noexcept {
@@ -50,6 +52,7 @@ class ThreadWait {
   ThreadWait(Session& session, std::string queue, std::vector<std::string> ids, std::function<void(Status)> done)
       : thread_(
             [&session, queue = std::move(queue), ids = std::move(ids), done = std::move(done)](std::stop_token stop) {
+              internal::MarkDlockThread();
               Status outcome;
               try {
                 outcome = session.wait_any_gone(queue, ids, kNoDeadline, std::move(stop));

@@ -19,18 +19,29 @@ void StartHold(const Client& client, const std::string& name, AcquireRequest req
                std::optional<std::uint64_t> token) {
   std::string queue = request.queue;
   FailureSink failure = request.failure;
+  // The client is let go of before `done`, as the acquisition lets go of
+  // its own (see Operation::disarm).
   StartAcquire(CoreOf(client), std::move(request),
-               [client, name, queue = std::move(queue), done = std::move(done), token, failure](AcquireOutcome got) {
-                 if (!got.ok()) return done(got.status());
-                 if (!got->has_value()) return done(std::optional<Hold>());
+               [client = std::optional<Client>(client), name, queue = std::move(queue), done = std::move(done), token,
+                failure](AcquireOutcome got) mutable {
+                 if (!got.ok()) {
+                   client.reset();
+                   return done(got.status());
+                 }
+                 if (!got->has_value()) {
+                   client.reset();
+                   return done(std::optional<Hold>());
+                 }
                  std::optional<Hold> hold;
                  try {
-                   hold = MakeHold(client, name, queue, **got, token);
+                   hold = MakeHold(*client, name, queue, **got, token);
                  } catch (const std::exception& e) {
                    // The HoldCore, if it was made, released the entry as it went.
                    if (failure && !*failure) *failure = std::current_exception();
+                   client.reset();
                    return done(InternalError("making the hold of " + name + ": " + e.what()));
                  }
+                 client.reset();
                  done(std::move(hold));
                });
 }

@@ -37,7 +37,11 @@ class Operation : public std::enable_shared_from_this<Self> {
 
   Operation(std::shared_ptr<ClientCore> client, Clock::time_point deadline, std::stop_token stop,
             std::shared_ptr<std::exception_ptr> failure)
-      : client_(std::move(client)), deadline_(deadline), stop_(std::move(stop)), failure_(std::move(failure)) {}
+      : client_(client->shared_from_this()),
+        user_(std::move(client)),
+        deadline_(deadline),
+        stop_(std::move(stop)),
+        failure_(std::move(failure)) {}
   ~Operation() = default;
 
   Self& self() { return static_cast<Self&>(*this); }
@@ -89,6 +93,10 @@ class Operation : public std::enable_shared_from_this<Self> {
   // (from a step, which holds its own reference).
   void disarm() {
     finished_ = true;
+    // Before the outcome is handed over: a caller that lets go of its last
+    // handle once it has it must be the one that drops the last user
+    // reference (ClientCore::on_last_user_gone).
+    user_.reset();
     keep_alive_.reset();
     on_interrupt_ = nullptr;
     if (deadline_timer_) client_->executor().cancel(*deadline_timer_);
@@ -144,7 +152,10 @@ class Operation : public std::enable_shared_from_this<Self> {
     on_interrupt_ = [this, resume] { resume(self()); };
   }
 
+  // The engine's reference, for the steps; and the caller's, which counts
+  // as a handle of theirs until the outcome is handed over (see disarm()).
   const std::shared_ptr<ClientCore> client_;
+  std::shared_ptr<ClientCore> user_;
   const Clock::time_point deadline_;
   const std::stop_token stop_;
   bool finished_ = false;

@@ -166,7 +166,7 @@ class SemaphoreAcquisition : public internal::Operation<SemaphoreAcquisition> {
     std::optional<Lease> lease;
     if (outcome == Round::kGranted) {
       lease = internal::WrapHold(
-          internal::HoldCore::make(client_, session_, name_, std::exchange(mine_, {}), token_, count_));
+          internal::HoldCore::make(user_, session_, name_, std::exchange(mine_, {}), token_, count_));
     }
     give_back([outcome, lease = std::make_shared<std::optional<Lease>>(std::move(lease))](SemaphoreAcquisition& s) {
       if (outcome == Round::kRetry && !s.expired()) return s.next_round();

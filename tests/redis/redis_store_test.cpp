@@ -232,6 +232,51 @@ TEST_F(RedisSessionTest, WaitIsWokenByReleaseThroughPubSub) {
   std::printf("[ measure ] release -> waiter woken: %lld ms\n", woke_after);
 }
 
+// CI finding (redis.suite.recipes under TSan: "Resource deadlock avoided"):
+// the last references to a session and its store may go inside a
+// completion, on the store's own request-loop or subscriber thread, whose
+// destructor then joined itself.
+TEST_F(RedisSessionTest, TheLastReferencesMayGoInsideACompletion) {
+  for (int round = 0; round < 4; ++round) {
+    auto store = MustOpen(url("?ttl=60s"));
+    auto a = MustSession(*store);
+    auto b = MustSession(*store);
+    auto held = a->append(queue_, Spec(), In(5s));
+    ASSERT_THAT(held.status(), IsOk());
+    // The callbacks own the last references; each drops them when it runs.
+    struct Last {
+      std::shared_ptr<Store> store;
+      std::shared_ptr<Session> a, b;
+    };
+    auto last = std::make_shared<Last>(Last{std::move(store), a, b});
+    Session& sa = *a;
+    Session& sb = *b;
+    a.reset();
+    b.reset();
+    std::promise<void> came;
+    if (round % 2 == 0) {  // on the request loop's thread
+      sa.async_list(queue_, ListOptions{}, In(5s), [last, &came](Result<std::vector<Entry>>) mutable {
+        *last = Last{};
+        last.reset();
+        came.set_value();
+      });
+    } else {  // on the subscriber's thread: the wait ends when a's entry goes
+      std::vector<std::string> ids{held->entry.id};
+      auto wait = std::make_shared<std::shared_ptr<void>>();
+      *wait = sb.async_wait_any_gone(queue_, ids, [last, wait, &came](Status) mutable {
+        wait->reset();  // the handle, from inside its own callback
+        wait.reset();
+        *last = Last{};
+        last.reset();
+        came.set_value();
+      });
+      ASSERT_TRUE(Eventually([&] { return server_->NumSub(Channel(queue_)) >= 1; }));
+      ASSERT_THAT(sa.remove(queue_, held->entry.id, In(5s)), IsOk());
+    }
+    ASSERT_EQ(came.get_future().wait_for(30s), std::future_status::ready) << "round " << round;
+  }
+}
+
 TEST_F(RedisSessionTest, WaitingDoesNotPoll) {
   // 8 waiters on one queue: one SUBSCRIBE, at most one first check each (one
   // check covers every waiter registered when it is sent), and then no

@@ -485,7 +485,7 @@ class GatedOpenStore final : public Store {
   bool entered_ = false, open_ = false, returned_ = false;
 };
 
-TEST(Regressions, DISABLED_DestroyingTheLastHandleWaitsForTheSessionOpener) {
+TEST(Regressions, DestroyingTheLastHandleWaitsForTheSessionOpener) {
   auto gated = std::make_shared<GatedOpenStore>(MemStore::create());
   std::optional<Client> client = Client::with_store(gated);
   std::optional<Mutex> m;

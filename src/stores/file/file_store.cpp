@@ -31,6 +31,7 @@
 // earlier one.
 #include "stores/file/file_store.hpp"
 
+#include "core/dlock_thread.hpp"
 #include "core/event_signal.hpp"
 #include "core/listeners.hpp"
 #include "core/random_id.hpp"
@@ -263,7 +264,10 @@ class FifoWatcher : public std::enable_shared_from_this<FifoWatcher> {
     }
     try {
       // The thread keeps the watcher (and so the epoll set) alive until it ends.
-      thread_ = std::thread([self = shared_from_this()] { self->run(); });
+      thread_ = std::thread([self = shared_from_this()] {
+        MarkDlockThread();
+        self->run();
+      });
       started_by_ = getpid();
     } catch (const std::system_error& e) {
       return UnavailableError(std::string("cannot start the file store's waiting thread: ") + e.what());

@@ -5,29 +5,62 @@
 #include <algorithm>
 #include <cerrno>
 
+#include "core/dlock_thread.hpp"
+
 namespace dlock::internal::redis {
 
 RequestLoop::RequestLoop(Endpoint endpoint, std::chrono::milliseconds connect_timeout)
-    : endpoint_(std::move(endpoint)), connect_timeout_(connect_timeout), wake_(MaybeSignal()), stop_(MaybeSignal()) {
-  thread_ = std::jthread([this](std::stop_token st) { run(st); });
+    : endpoint_(std::move(endpoint)), connect_timeout_(connect_timeout), wake_(MaybeSignal()), stop_(MaybeSignal()) {}
+
+std::shared_ptr<RequestLoop> RequestLoop::start(Endpoint endpoint, std::chrono::milliseconds connect_timeout) {
+  std::shared_ptr<RequestLoop> loop(new RequestLoop(std::move(endpoint), connect_timeout));
+  MutexLock lk(loop->thread_mu_);
+  loop->thread_ = std::jthread([self = loop](std::stop_token st) {
+    MarkDlockThread();
+    self->run(st);
+  });
+  return loop;
 }
 
 RequestLoop::~RequestLoop() {
-  thread_.request_stop();
-  if (stop_) stop_->signal();
-  if (thread_.joinable()) thread_.join();
-  std::deque<Job> left;
-  {
-    MutexLock lk(mu_);
-    left.swap(queue_);
+  // Only once the thread's reference is gone: it has returned (or is
+  // returning, if this runs on it).
+  MutexLock lk(thread_mu_);
+  if (!thread_.joinable()) return;
+  if (thread_.get_id() == std::this_thread::get_id()) {
+    thread_.detach();
+  } else {
+    thread_.join();
   }
-  for (auto& job : left) fail(job, UnavailableError("redis store closed"));
+}
+
+void RequestLoop::shut_down() noexcept {
+  std::jthread thread;
+  {
+    MutexLock lk(thread_mu_);
+    thread = std::move(thread_);
+  }
+  thread.request_stop();
+  if (stop_) stop_->signal();
+  if (!thread.joinable()) return;
+  if (thread.get_id() == std::this_thread::get_id()) {
+    thread.detach();  // inside a `done`: the thread ends when it returns
+  } else {
+    thread.join();
+  }
 }
 
 void RequestLoop::submit(std::vector<Command> cmds, IoClock::time_point deadline, Done done) {
   {
     MutexLock lk(mu_);
-    queue_.push_back(Job{std::move(cmds), deadline, std::move(done), {}, false, false});
+    if (!ended_) {
+      queue_.push_back(Job{std::move(cmds), deadline, std::move(done), {}, false, false});
+      done = nullptr;
+    }
+  }
+  if (done) {  // after shut_down(): nobody would ever answer it
+    done(UnavailableError("redis store closed"));
+    return;
   }
   if (wake_) wake_->signal();
 }
@@ -142,6 +175,13 @@ void RequestLoop::run(std::stop_token st) {
     }
   }
   for (auto& job : inflight) fail(job, UnavailableError("redis store closed"));
+  std::deque<Job> left;
+  {
+    MutexLock lk(mu_);
+    ended_ = true;
+    left.swap(queue_);
+  }
+  for (auto& job : left) fail(job, UnavailableError("redis store closed"));
 }
 
 }  // namespace dlock::internal::redis

@@ -30,18 +30,28 @@
 
 namespace dlock::internal::redis {
 
-class RequestLoop {
+//
+// The thread holds a reference to its loop, so a `done` may drop the last
+// reference to whatever owns the loop: shut_down() then lets the thread end
+// on its own once that `done` returns, instead of joining itself.
+class RequestLoop : public std::enable_shared_from_this<RequestLoop> {
  public:
   // One reply per command, or why there are none (kUnavailable).
   using Done = std::function<void(Result<std::vector<Reply>>)>;
 
-  RequestLoop(Endpoint endpoint, std::chrono::milliseconds connect_timeout);
-  // Fails what is still queued or unanswered with kUnavailable.
+  // A loop with its thread running; its owner must call shut_down().
+  static std::shared_ptr<RequestLoop> start(Endpoint endpoint, std::chrono::milliseconds connect_timeout);
   ~RequestLoop();
   RequestLoop(const RequestLoop&) = delete;
   RequestLoop& operator=(const RequestLoop&) = delete;
 
-  // Queues `cmds`; `done` runs once, on the loop thread (no lock held).
+  // Ends the thread; what is still queued or unanswered fails with
+  // kUnavailable. Joins the thread, except from the thread itself (inside a
+  // `done`): it then ends when that `done` returns.
+  void shut_down() noexcept;
+
+  // Queues `cmds`; `done` runs once, on the loop thread (no lock held), or
+  // at once after shut_down().
   void submit(std::vector<Command> cmds, IoClock::time_point deadline, Done done) DLOCK_EXCLUDES(mu_);
 
  private:
@@ -54,6 +64,7 @@ class RequestLoop {
     bool fresh = false;    // sent on a connection opened for it
   };
 
+  RequestLoop(Endpoint endpoint, std::chrono::milliseconds connect_timeout);
   void run(std::stop_token st) DLOCK_EXCLUDES(mu_);
   bool send_queued(std::deque<Job>& inflight) DLOCK_EXCLUDES(mu_);
   void read_replies(std::deque<Job>& inflight);
@@ -66,8 +77,10 @@ class RequestLoop {
   const std::optional<EventSignal> stop_;
   Mutex mu_;
   std::deque<Job> queue_ DLOCK_GUARDED_BY(mu_);
-  std::unique_ptr<Conn> conn_;  // the loop thread's only
-  std::jthread thread_;         // last: stopped and joined first
+  bool ended_ DLOCK_GUARDED_BY(mu_) = false;  // the thread has returned: submit() fails at once
+  std::unique_ptr<Conn> conn_;                // the loop thread's only
+  Mutex thread_mu_;
+  std::jthread thread_ DLOCK_GUARDED_BY(thread_mu_);
 };
 
 }  // namespace dlock::internal::redis

@@ -51,6 +51,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/dlock_thread.hpp"
 #include "core/event_signal.hpp"
 #include "core/listeners.hpp"
 #include "core/random_id.hpp"
@@ -182,6 +183,19 @@ class StoreCore {
  public:
   StoreCore(Config cfg, std::array<std::string, kScriptCount> shas)
       : cfg_(std::move(cfg)), shas_(std::move(shas)), pool_(cfg_.endpoint, kPoolSize) {}
+  ~StoreCore() {
+    std::shared_ptr<RequestLoop> loop;
+    std::shared_ptr<Subscriber> sub;
+    {
+      MutexLock lk(sub_mu_);
+      loop = std::move(loop_);
+      sub = std::move(sub_);
+    }
+    if (loop) loop->shut_down();
+    if (sub) sub->shut_down();
+  }
+  StoreCore(const StoreCore&) = delete;
+  StoreCore& operator=(const StoreCore&) = delete;
 
   const Config& cfg() const { return cfg_; }
   Pool& pool() { return pool_; }
@@ -354,7 +368,7 @@ class StoreCore {
   // Made on first use; lives as long as the store.
   RequestLoop& loop() DLOCK_EXCLUDES(sub_mu_) {
     MutexLock lk(sub_mu_);
-    if (!loop_) loop_ = std::make_unique<RequestLoop>(cfg_.endpoint, cfg_.op_timeout);
+    if (!loop_) loop_ = RequestLoop::start(cfg_.endpoint, cfg_.op_timeout);
     return *loop_;
   }
 
@@ -410,7 +424,7 @@ class StoreCore {
       o.io_timeout = cfg_.op_timeout;
       o.retry_interval = cfg_.retry_interval();
       o.linger = milliseconds(5'000);
-      sub_ = std::make_unique<Subscriber>(o);
+      sub_ = Subscriber::start(o);
     }
     return *sub_;
   }
@@ -446,8 +460,11 @@ class StoreCore {
   const std::array<std::string, kScriptCount> shas_;
   Pool pool_;
   Mutex sub_mu_;
-  std::unique_ptr<Subscriber> sub_ DLOCK_GUARDED_BY(sub_mu_);
-  std::unique_ptr<RequestLoop> loop_ DLOCK_GUARDED_BY(sub_mu_);
+  // Each thread holds its own reference: the last reference to the store
+  // may go on one of them (a completion's closure holds a session, which
+  // holds the store); ~StoreCore then lets that thread end on its own.
+  std::shared_ptr<Subscriber> sub_ DLOCK_GUARDED_BY(sub_mu_);
+  std::shared_ptr<RequestLoop> loop_ DLOCK_GUARDED_BY(sub_mu_);
 };
 
 // --- Sessions
@@ -484,7 +501,10 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
         s->cv_.notify_all();
       }
     });
-    thread_ = std::thread([self] { self->keep_alive(); });
+    thread_ = std::thread([self] {
+      MarkDlockThread();
+      self->keep_alive();
+    });
   }
 
   const std::string& id() const { return sid_; }

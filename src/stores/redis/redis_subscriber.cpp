@@ -1,5 +1,7 @@
 #include "stores/redis/redis_subscriber.hpp"
 
+#include "core/dlock_thread.hpp"
+
 #include <poll.h>
 #include <unistd.h>
 
@@ -110,16 +112,51 @@ Result<CheckResult> SafeCheck(const Subscriber::CheckFn& check, const std::strin
 }  // namespace
 
 Subscriber::Subscriber(SubscriberOptions options)
-    : opt_(std::move(options)), wake_(MaybeSignal()), stop_(MaybeSignal()) {
-  clock_subscription_ = opt_.clock->on_advance([this] { poke(); });
-  thread_ = std::jthread([this](std::stop_token st) { run(st); });
+    : opt_(std::move(options)), wake_(MaybeSignal()), stop_(MaybeSignal()) {}
+
+std::shared_ptr<Subscriber> Subscriber::start(SubscriberOptions options) {
+  std::shared_ptr<Subscriber> sub(new Subscriber(std::move(options)));
+  MutexLock lk(sub->thread_mu_);
+  sub->clock_subscription_ = sub->opt_.clock->on_advance([weak = std::weak_ptr<Subscriber>(sub)] {
+    if (auto s = weak.lock()) s->poke();
+  });
+  sub->thread_ = std::jthread([self = sub](std::stop_token st) {
+    MarkDlockThread();
+    self->run(st);
+  });
+  sub->thread_id_ = sub->thread_.get_id();
+  return sub;
 }
 
 Subscriber::~Subscriber() {
-  clock_subscription_.reset();
-  thread_.request_stop();
+  // Only once the thread's reference is gone: it has returned (or is
+  // returning, if this runs on it).
+  MutexLock lk(thread_mu_);
+  if (!thread_.joinable()) return;
+  if (thread_.get_id() == std::this_thread::get_id()) {
+    thread_.detach();
+  } else {
+    thread_.join();
+  }
+}
+
+void Subscriber::shut_down() noexcept {
+  std::jthread thread;
+  std::shared_ptr<void> subscription;
+  {
+    MutexLock lk(thread_mu_);
+    thread = std::move(thread_);
+    subscription = std::move(clock_subscription_);
+  }
+  subscription.reset();
+  thread.request_stop();
   if (stop_) stop_->signal();
-  if (thread_.joinable()) thread_.join();
+  if (!thread.joinable()) return;
+  if (thread.get_id() == std::this_thread::get_id()) {
+    thread.detach();  // inside a `done` or a check: the thread ends when it returns
+  } else {
+    thread.join();
+  }
 }
 
 void Subscriber::wake() const {
@@ -272,7 +309,7 @@ void Subscriber::quiesce(const void* owner) {
       settle(w, SessionLostError("the waiting session was closed"));
     }
     // A check of this session's on the subscriber thread calls into it.
-    if (std::this_thread::get_id() != thread_.get_id()) {
+    if (std::this_thread::get_id() != thread_id_) {
       while (checking_owner_ == owner) changed_.wait(lk.native());
     }
   }

@@ -71,7 +71,8 @@ struct SubscriberStats {
   std::uint64_t fallback_checks = 0;  // of those, the shared per-queue re-checks
 };
 
-class Subscriber {
+// The thread holds a reference to its Subscriber (see RequestLoop).
+class Subscriber : public std::enable_shared_from_this<Subscriber> {
  public:
   // `check(queue, ids)` runs the check script (on a command connection).
   using CheckFn = std::function<Result<CheckResult>(const std::string& queue, const std::vector<std::string>& ids)>;
@@ -93,10 +94,15 @@ class Subscriber {
     std::function<void(Status)> done;
   };
 
-  explicit Subscriber(SubscriberOptions options);
+  // A Subscriber with its thread running; its owner must call shut_down().
+  static std::shared_ptr<Subscriber> start(SubscriberOptions options);
   ~Subscriber();
   Subscriber(const Subscriber&) = delete;
   Subscriber& operator=(const Subscriber&) = delete;
+
+  // Ends the thread: joins it, except from the thread itself (inside a
+  // wait's `done` or check), which then ends when that returns.
+  void shut_down() noexcept;
 
   // Registers a wait; destroying the returned handle cancels it (`done` has
   // run when the destructor returns, unless it runs inside that `done`).
@@ -142,6 +148,7 @@ class Subscriber {
   void mark_gone(Channel& ch, const std::vector<std::string>& gone) DLOCK_REQUIRES(mu_);
   Clock::time_point next_check_at(Clock::time_point now, std::int64_t soonest_ms) const;
 
+  explicit Subscriber(SubscriberOptions options);
   // The subscriber thread (see run()).
   void run(std::stop_token st) DLOCK_EXCLUDES(mu_);
   Plan plan(bool connected, IoClock::time_point now) DLOCK_EXCLUDES(mu_);
@@ -172,8 +179,11 @@ class Subscriber {
   // A `done` returned, or a check ended (with mu_).
   std::condition_variable changed_;
   SubscriberStats stats_ DLOCK_GUARDED_BY(mu_);
-  std::shared_ptr<void> clock_subscription_;  // set by the constructor, reset by the destructor
-  std::jthread thread_;                       // last: stopped and joined first
+  Mutex thread_mu_;
+  std::shared_ptr<void> clock_subscription_ DLOCK_GUARDED_BY(thread_mu_);  // set by start(), reset by shut_down()
+  std::jthread thread_ DLOCK_GUARDED_BY(thread_mu_);
+  // Set by start() before anyone else can see this object, never changed.
+  std::thread::id thread_id_;
 };
 
 }  // namespace dlock::internal::redis

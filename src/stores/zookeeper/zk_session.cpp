@@ -18,6 +18,7 @@
 #include <unordered_set>
 #include <variant>
 
+#include "core/dlock_thread.hpp"
 #include "core/thread_annotations.hpp"
 #include "stores/zookeeper/zk_names.hpp"
 
@@ -790,6 +791,7 @@ Status Core::await(Batch& b, Clock::time_point until, const std::string& what) {
 }
 
 void Core::finish(Slot* slot, int rc, bool from_server) {
+  MarkDlockThread();  // on the C client's completion thread, usually
   bool release = false;
   {
     std::shared_ptr<Batch> finished;  // released after the lock: may be the last owner
@@ -944,17 +946,22 @@ void Core::on_heartbeat(const Batch& b) {
 }
 
 // --- Session and watch events.
+// The C client's threads run these: they are dlock's threads too (see
+// core/dlock_thread.hpp).
 void Core::on_global_event(zhandle_t* zh, int type, int state, const char*, void* ctx) {
+  MarkDlockThread();
   if (type == ZOO_SESSION_EVENT) static_cast<Core*>(ctx)->on_session_state(zh, state);
 }
 
 void Core::on_node_event(zhandle_t*, int type, int, const char* path, void* ctx) {
+  MarkDlockThread();
   // The C client also calls every node watcher on session events; the
   // global watcher handles those.
   if (type != ZOO_SESSION_EVENT && path != nullptr) static_cast<Core*>(ctx)->on_path_event(type, path);
 }
 
 void Core::on_auth(int rc, const void* data) {
+  MarkDlockThread();
   auto* core = static_cast<Core*>(const_cast<void*>(data));
   if (rc != ZAUTHFAILED) return;  // success, or lost with the connection (resent on reconnect)
   MutexLock g(core->mu_);
@@ -1613,7 +1620,10 @@ std::shared_ptr<ZkSession> ZkSession::start(std::shared_ptr<const Config> config
   core->subscribe_clock();
   core->init();
   std::shared_ptr<ZkSession> session(new ZkSession(core));
-  session->thread_ = std::jthread([core](std::stop_token stop) { core->run(stop); });
+  session->thread_ = std::jthread([core](std::stop_token stop) {
+    MarkDlockThread();
+    core->run(stop);
+  });
   return session;
 }
 

@@ -1,0 +1,22 @@
+// Internal: which threads are dlock's own.
+//
+// Every thread dlock starts (a client's executor and session opener, a
+// store's threads) marks itself, and so does a store client library's thread
+// when it runs one of dlock's callbacks. The last handle of a client joins
+// the client's threads only from a thread that is not marked: from a marked
+// one, joining could wait for the caller itself or for a thread that waits
+// for it.
+#ifndef DLOCK_SRC_CORE_DLOCK_THREAD_HPP_
+#define DLOCK_SRC_CORE_DLOCK_THREAD_HPP_
+
+namespace dlock::internal {
+
+// Marks the calling thread as dlock's, for as long as it lives.
+void MarkDlockThread() noexcept;
+
+// True on a thread marked by MarkDlockThread().
+bool OnDlockThread() noexcept;
+
+}  // namespace dlock::internal
+
+#endif  // DLOCK_SRC_CORE_DLOCK_THREAD_HPP_
