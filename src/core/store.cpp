@@ -80,6 +80,11 @@ std::shared_ptr<void> Session::async_wait_any_gone(std::string_view queue, std::
                                       std::move(done));
 }
 
+std::shared_ptr<void> Session::async_wait_turn(std::string_view queue, std::span<const std::string> ids,
+                                               std::string_view /*own*/, std::function<void(Status, bool)> done) {
+  return async_wait_any_gone(queue, ids, [done = std::move(done)](Status s) { done(std::move(s), false); });
+}
+
 bool QueueOrder(const Entry& a, const Entry& b) noexcept {
   if (a.sequence != b.sequence) return a.sequence < b.sequence;
   return a.id < b.id;

@@ -257,17 +257,54 @@ class Acquisition : public Operation<Acquisition> {
       return pass_ended(PassEnd::kGranted);
     }
     if (req_.try_only || expired()) return give_up();
-    wait_ = session_->async_wait_any_gone(
-        req_.queue, v.wait_for, then<Status>([](Acquisition& a, Status waited) { a.on_waited(std::move(waited)); }));
+    turn_queue_ = next_in_line(queue, static_cast<std::size_t>(ours - queue.begin()), v);
+    if (turn_queue_) {
+      auto waited = then<std::pair<Status, bool>>(
+          [](Acquisition& a, std::pair<Status, bool> w) { a.on_waited(std::move(w.first), w.second); });
+      wait_ = session_->async_wait_turn(req_.queue, v.wait_for, entry_.id,
+                                        [waited = std::move(waited)](Status s, bool own_intact) {
+                                          waited(std::make_pair(std::move(s), own_intact));
+                                        });
+    } else {
+      wait_ = session_->async_wait_any_gone(
+          req_.queue, v.wait_for, then<Status>([](Acquisition& a, Status waited) { a.on_waited(std::move(waited)); }));
+    }
     // The wait's own completion (kCancelled) follows the cancel.
     on_interrupt_ = [this] { wait_.reset(); };
   }
 
-  void on_waited(Status waited) {
+  // The queue as it will be once the one entry we wait for is gone, if then
+  // the rule grants us at once and no entry can have come in ahead of us:
+  // entries only join at the back, except a downgrade, which puts a read
+  // entry in the place of the write entry it replaces (read_write_lock.cpp).
+  // So: exactly one entry ahead, the one waited for, not a write entry unless
+  // we are a reader (a read entry in its place would not stop us), and the
+  // rule grants us first in line. Otherwise nullopt: list after the wake-up.
+  std::optional<std::vector<Entry>> next_in_line(const std::vector<Entry>& queue, std::size_t ours,
+                                                 const Verdict& v) const {
+    if (req_.sequence || ours != 1 || v.wait_for.size() != 1 || v.wait_for.front() != queue.front().id) {
+      return std::nullopt;
+    }
+    if (queue.front().kind == entry_kind::kWrite && req_.kind != entry_kind::kRead) return std::nullopt;
+    std::vector<Entry> next(queue.begin() + 1, queue.end());
+    if (!req_.rule(next, 0).granted) return std::nullopt;
+    return next;
+  }
+
+  // `own_intact`: the store vouches that our entry was still there when the
+  // one entry ahead of us was seen gone (Session::async_wait_turn); with a
+  // session that is still connected, we are first, as a list then would
+  // have said: granted without that list.
+  void on_waited(Status waited, bool own_intact = false) {
     wait_.reset();
     on_interrupt_ = nullptr;
+    std::optional<std::vector<Entry>> next = std::exchange(turn_queue_, std::nullopt);
     switch (waited.code()) {
-      case ErrorCode::kOk: return await_turn(std::nullopt);
+      case ErrorCode::kOk:
+        if (own_intact && next && session_->state() == SessionState::kConnected) {
+          return evaluate(std::move(*next));
+        }
+        return await_turn(std::nullopt);
       case ErrorCode::kDeadlineExceeded:
       case ErrorCode::kCancelled: return give_up();
       default: return after_failure(waited, [](Acquisition& a) { a.await_turn(std::nullopt); });
@@ -332,6 +369,7 @@ class Acquisition : public Operation<Acquisition> {
   std::string unsettled_attempt_;
   std::shared_ptr<void> wait_;  // the store wait in progress
   std::vector<Entry> granted_queue_;
+  std::optional<std::vector<Entry>> turn_queue_;  // while waiting: next_in_line()
   Status error_;
 };
 

@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <cstdio>
 #include <filesystem>
 #include <future>
 #include <map>
@@ -674,6 +675,62 @@ TEST_P(ConformanceTest, AsyncWaitCompletesAtOnceForWhatIsGoneAndWhenTheOwnerClos
   h1.reset();
   h2.reset();
   EXPECT_EQ(gone.Count() + closes.Count(), 2u);
+}
+
+// What Session::async_wait_turn's completion gets.
+struct Turn {
+  Turn(Status s, bool i = false) : first(std::move(s)), second(i) {}  // NOLINT: Outcomes builds it from a Status
+  Status first;
+  bool second;
+};
+
+// Session::async_wait_turn: it wakes as async_wait_any_gone does, and never
+// vouches for an own entry removed before (or with) the one waited for,
+// whether the removals come while it waits or before its first look. Where
+// the store vouches at all, it does for an own entry that stayed.
+TEST_P(ConformanceTest, AsyncWaitTurnNeverVouchesForARemovedOwnEntry) {
+  auto holder = NewSession();
+  auto waiter = NewSession();
+  ASSERT_TRUE(holder && waiter);
+  const std::string q = Queue("async-turn");
+  auto wait_turn = [&](const Entry& ahead, const Entry& own, Outcomes<Turn>& out) {
+    std::vector<std::string> ids{ahead.id};
+    auto cb = out.Callback();
+    return waiter->async_wait_turn(q, ids, own.id, [cb](Status s, bool intact) { cb(Turn(std::move(s), intact)); });
+  };
+  for (bool early : {false, true}) {
+    Entry ahead = Append(*holder, q);
+    Entry own = Append(*waiter, q);
+    Outcomes<Turn> done;
+    std::shared_ptr<void> handle;
+    if (!early) {
+      handle = wait_turn(ahead, own, done);
+      std::this_thread::sleep_for(kStillBlocked);  // past the wait's first look
+    }
+    ASSERT_THAT(holder->remove(q, own.id, In(kPrompt)), IsOk());  // the operator's `dlock break`
+    ASSERT_THAT(holder->remove(q, ahead.id, In(kPrompt)), IsOk());
+    if (early) handle = wait_turn(ahead, own, done);
+    Turn t = done.First();
+    EXPECT_THAT(t.first, IsOk()) << (early ? "early" : "while waiting");
+    EXPECT_FALSE(t.second) << "vouched for a removed own entry " << (early ? "(early)" : "(while waiting)");
+    handle.reset();
+    EXPECT_EQ(done.Count(), 1u);
+  }
+  Entry ahead = Append(*holder, q);
+  Entry own = Append(*waiter, q);
+  Outcomes<Turn> done;
+  auto handle = wait_turn(ahead, own, done);
+  EXPECT_TRUE(done.NoneWithin(kStillBlocked));
+  ASSERT_THAT(holder->remove(q, ahead.id, In(kPrompt)), IsOk());
+  Turn t = done.First();
+  EXPECT_THAT(t.first, IsOk());
+  std::printf("[ measure ] async_wait_turn vouched for an own entry that stayed: %s\n", t.second ? "yes" : "no");
+  const bool vouches = GetParam().rfind("mem", 0) == 0 || GetParam().rfind("redis", 0) == 0;
+  if (vouches) {
+    EXPECT_TRUE(t.second) << "this store vouches (mem, redis)";
+  }
+  handle.reset();
+  EXPECT_EQ(done.Count(), 1u);
 }
 
 TEST_P(ConformanceTest, DestroyingTheHandleCancelsTheWaitWithOneOutcome) {

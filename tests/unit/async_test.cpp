@@ -319,6 +319,91 @@ TEST_P(AsyncTest, AHoldWhoseEntryIsRemovedByAnotherClientIsToldLost) {
   EXPECT_TRUE(Eventually([&] { return Entries(name) == 0u && Entries(name + "-sem/leases") == 0u; }, kPrompt));
 }
 
+// The handoff without a second look (Session::async_wait_turn): a waiter
+// whose own entry was removed while it waited (the operator's `dlock
+// break`) must not be granted when the entry ahead of it goes; the waiter
+// that moved up into its place is, and the removed one queues again.
+TEST_P(AsyncTest, AWaiterWhoseEntryWasRemovedIsNotGrantedWhenTheEntryAheadGoes) {
+  Client a = NewClient();
+  Client b = NewClient();
+  Client c = NewClient();
+  Client op = NewClient();
+  const std::string name = UniqueName("removed-waiter");
+  Mutex ma(a, name), mb(b, name), mc(c, name);
+  std::optional<Hold> first = ma.acquire(5s);
+  ASSERT_TRUE(first);
+  std::future<std::optional<Hold>> fb = mb.acquire_future(kPrompt);
+  ASSERT_TRUE(Eventually([&] { return Entries(name) == 2u; }, kPrompt));
+  std::future<std::optional<Hold>> fc = mc.acquire_future(kPrompt);
+  ASSERT_TRUE(Eventually([&] { return Entries(name) == 3u; }, kPrompt));
+  auto listed = op.list_entries(name, false);
+  ASSERT_TRUE(listed.ok());
+  ASSERT_EQ(listed->size(), 3u);
+  ASSERT_TRUE(op.remove_entry(name, (*listed)[1].id).ok());  // b's
+  EXPECT_EQ(fb.wait_for(300ms), std::future_status::timeout) << "b granted while a holds";
+  first->release();
+  ASSERT_EQ(fc.wait_for(kPrompt), std::future_status::ready);
+  std::optional<Hold> hc = fc.get();
+  ASSERT_TRUE(hc) << "c moved up into b's place";
+  EXPECT_EQ(fb.wait_for(500ms), std::future_status::timeout) << "b granted on its removed entry while c holds";
+  hc->release();
+  ASSERT_EQ(fb.wait_for(kPrompt), std::future_status::ready);
+  std::optional<Hold> hb = fb.get();
+  EXPECT_TRUE(hb) << "b queued again and was granted after c";
+  if (hb) hb->release();
+  EXPECT_TRUE(Eventually([&] { return Entries(name) == 0u; }, kPrompt)) << Entries(name) << " entries left";
+}
+
+// A hold granted when the one entry ahead went (no list after the wake-up)
+// still watches its own entry: removed, it is told kLost.
+TEST_P(AsyncTest, AHoldGrantedWhenTheEntryAheadWentIsToldLostWhenItsEntryIsRemoved) {
+  Client a = NewClient();
+  Client b = NewClient();
+  Client op = NewClient();
+  const std::string name = UniqueName("turn-lost");
+  Mutex ma(a, name), mb(b, name);
+  std::optional<Hold> first = ma.acquire(5s);
+  ASSERT_TRUE(first);
+  std::future<std::optional<Hold>> fb = mb.acquire_future(kPrompt);
+  ASSERT_TRUE(Eventually([&] { return Entries(name) == 2u; }, kPrompt));
+  first->release();
+  ASSERT_EQ(fb.wait_for(kPrompt), std::future_status::ready);
+  std::optional<Hold> hb = fb.get();
+  ASSERT_TRUE(hb);
+  EXPECT_EQ(hb->state(), HoldState::kHeld);
+  std::atomic<int> told_lost{0};
+  auto sub = hb->on_state_change([&](HoldState s) { told_lost += s == HoldState::kLost; });
+  auto listed = op.list_entries(name, false);
+  ASSERT_TRUE(listed.ok());
+  ASSERT_EQ(listed->size(), 1u);
+  ASSERT_TRUE(op.remove_entry(name, listed->front().id).ok());
+  EXPECT_TRUE(Eventually([&] { return told_lost.load() == 1; }, kPrompt));
+  EXPECT_EQ(hb->state(), HoldState::kLost);
+}
+
+// A downgrade puts a read entry in the place of the write entry it replaces,
+// ahead of the writer waiting behind it: when the write entry goes, that
+// writer must still wait (the one case where an entry joins ahead).
+TEST_P(AsyncTest, AWriterBehindADowngradeWaitsForTheReadHoldThatTookItsPlace) {
+  Client a = NewClient();
+  Client b = NewClient();
+  const std::string name = UniqueName("downgrade");
+  ReadWriteLock ra(a, name), rb(b, name);
+  ra.writer().lock();
+  std::future<std::optional<Hold>> fw = rb.writer().acquire_future(kPrompt);
+  ASSERT_TRUE(Eventually([&] { return Entries(name) == 2u; }, kPrompt));
+  ra.reader().lock_shared();  // downgrade: the read entry takes the write entry's place
+  ASSERT_TRUE(Eventually([&] { return Entries(name) == 3u; }, kPrompt));
+  ra.writer().unlock();
+  EXPECT_EQ(fw.wait_for(500ms), std::future_status::timeout) << "a writer granted while a reader holds";
+  ra.reader().unlock_shared();
+  ASSERT_EQ(fw.wait_for(kPrompt), std::future_status::ready);
+  std::optional<Hold> hw = fw.get();
+  EXPECT_TRUE(hw);
+  if (hw) hw->release();
+  EXPECT_TRUE(Eventually([&] { return Entries(name) == 0u; }, kPrompt)) << Entries(name) << " entries left";
+}
+
 TEST_P(AsyncTest, ABlockingCallOnTheDlockThreadIsRefused) {
   Client c = NewClient();
   const std::string name = UniqueName("refused");

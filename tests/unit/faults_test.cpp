@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <filesystem>
+#include <future>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -44,6 +45,27 @@ TEST(Faults, EachReleaseWakesExactlyOneWaiter) {
   threads.clear();
   // kWaiters handoffs; a herd would wake every waiter on every release.
   EXPECT_EQ(store->op_count("wake") - wakes_before, static_cast<std::uint64_t>(kWaiters));
+}
+
+// A handoff to a waiter that waited for the one entry ahead of it takes no
+// list after the wake-up: the store vouches that the waiter's own entry was
+// still there when that entry went (Session::async_wait_turn).
+TEST(Faults, AHandoffToTheNextInLineTakesNoSecondLook) {
+  auto store = MemStore::create();
+  auto holder = Client::with_store(store);
+  auto waiter = Client::with_store(store);
+  Mutex mh(holder, "turn"), mw(waiter, "turn");
+  std::optional<Hold> held = mh.acquire(5s);
+  ASSERT_TRUE(held);
+  std::future<std::optional<Hold>> next = mw.acquire_future(60s);
+  ASSERT_TRUE(Eventually([&] { return store->entry_count() == 2u; }));
+  const std::uint64_t lists_before = store->op_count("list");
+  held->release();
+  ASSERT_EQ(next.wait_for(60s), std::future_status::ready);
+  std::optional<Hold> granted = next.get();
+  ASSERT_TRUE(granted);
+  EXPECT_EQ(store->op_count("list") - lists_before, 0u) << "a list after the wake-up";
+  EXPECT_GT(granted->fencing_token(), held->fencing_token());
 }
 
 // mem:// waits are records in the store, not threads; an injected fault or

@@ -19,6 +19,7 @@
 #include "stores/one_outcome.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <condition_variable>
 #include <cstdio>
 #include <deque>
@@ -59,6 +60,10 @@ struct MemStore::State {
     std::string queue;
     std::vector<std::string> ids;
     std::shared_ptr<internal::OneOutcome> outcome;
+    // async_wait_turn's: the waiter's own entry, and whether it was still
+    // there when the wait was settled with OK (set under mu, read after).
+    std::string own;
+    std::shared_ptr<std::atomic<bool>> own_intact;
   };
   std::uint64_t next_waiter DLOCK_GUARDED_BY(mu) = 1;
   // By queue, so that a removal looks only at the waiters of its queue.
@@ -99,6 +104,25 @@ struct MemStore::State {
     clock->wait_until(changed, lock, {}, until, [&] { return clock->now() >= until; });
   }
   // True if the reply of this `op` is to be lost.
+  // A fault, delay or lost reply is queued for `op` (or for every op).
+  bool scripted(std::string_view op) const DLOCK_REQUIRES(mu) {
+    for (std::string_view key : {op, std::string_view("*")}) {
+      auto f = failures.find(key);
+      auto d = delays.find(key);
+      auto l = lost_replies.find(key);
+      if ((f != failures.end() && !f->second.empty()) || (d != delays.end() && !d->second.empty()) ||
+          (l != lost_replies.end() && l->second > 0)) {
+        return true;
+      }
+    }
+    return false;
+  }
+  // async_wait_turn's vouching (see Waiter::own): the own entry is there,
+  // and no test has scripted the list it would save (a test that delays or
+  // fails "list" after a wake-up means to reach that list).
+  bool vouches_for(std::string_view queue, std::string_view own) const DLOCK_REQUIRES(mu) {
+    return present(queue, own) && !scripted("list");
+  }
   bool lose_reply(std::string_view op) DLOCK_REQUIRES(mu) {
     for (std::string_view key : {op, std::string_view("*")}) {
       auto it = lost_replies.find(key);
@@ -169,6 +193,7 @@ struct MemStore::State {
         out.emplace_back(w.outcome, SessionLostError("session " + w.session + " ended while waiting"));
       } else if (any_gone(w.queue, w.ids)) {
         ++ops["wake"];
+        if (w.own_intact) w.own_intact->store(vouches_for(w.queue, w.own));
         out.emplace_back(w.outcome, OkStatus());
       } else {
         ++it;
@@ -326,10 +351,31 @@ class MemStore::MemSession final : public Session {
   // here, on the calling thread.
   std::shared_ptr<void> async_wait_any_gone(std::string_view queue, std::span<const std::string> ids,
                                             std::function<void(Status)> done) override {
+    return start_wait(queue, ids, std::move(done), {}, nullptr);
+  }
+
+  // Exact: the store reads our entry under the same lock as the removal
+  // that wakes the wait.
+  std::shared_ptr<void> async_wait_turn(std::string_view queue, std::span<const std::string> ids, std::string_view own,
+                                        std::function<void(Status, bool)> done) override {
+    auto intact = std::make_shared<std::atomic<bool>>(false);
+    return start_wait(
+        queue, ids,
+        [intact, done = std::move(done)](Status s) {
+          const bool vouched = s.ok() && intact->load();
+          done(std::move(s), vouched);
+        },
+        std::string(own), intact);
+  }
+
+  // Either wait: `own_intact`, if given, is set when the wait is settled.
+  std::shared_ptr<void> start_wait(std::string_view queue, std::span<const std::string> ids,
+                                   std::function<void(Status)> done, std::string own,
+                                   std::shared_ptr<std::atomic<bool>> own_intact) {
     auto outcome = std::make_shared<internal::OneOutcome>(std::move(done));
     std::weak_ptr<State> weak = state_;
     std::uint64_t key = 0;
-    std::optional<Status> now = register_wait(queue, ids, outcome, key);
+    std::optional<Status> now = register_wait(queue, ids, outcome, key, std::move(own), std::move(own_intact));
     if (now) outcome->complete(std::move(*now));
     return std::shared_ptr<void>(nullptr, [weak, queue = std::string(queue), key, outcome](void*) {
       if (auto state = weak.lock(); state && key != 0) {
@@ -393,7 +439,8 @@ class MemStore::MemSession final : public Session {
   // Registers a wait under `key`, or returns its outcome if it has one at
   // once (then `key` stays 0).
   std::optional<Status> register_wait(std::string_view queue, std::span<const std::string> ids,
-                                      const std::shared_ptr<internal::OneOutcome>& outcome, std::uint64_t& key) {
+                                      const std::shared_ptr<internal::OneOutcome>& outcome, std::uint64_t& key,
+                                      std::string own, std::shared_ptr<std::atomic<bool>> own_intact) {
     if (Status s = CheckQueue(queue); !s.ok()) return s;
     if (ids.empty()) return InvalidArgumentError("wait_any_gone needs at least one entry id");
     internal::MutexLock lock(state_->mu);
@@ -403,11 +450,12 @@ class MemStore::MemSession final : public Session {
     std::vector<std::string> wanted(ids.begin(), ids.end());
     if (state_->any_gone(queue, wanted)) {
       ++state_->ops["wake"];
+      if (own_intact) own_intact->store(state_->vouches_for(queue, own));
       return OkStatus();
     }
     key = state_->next_waiter++;
-    state_->waiters[std::string(queue)].emplace(key,
-                                                State::Waiter{id_, std::string(queue), std::move(wanted), outcome});
+    state_->waiters[std::string(queue)].emplace(
+        key, State::Waiter{id_, std::string(queue), std::move(wanted), outcome, std::move(own), std::move(own_intact)});
     return std::nullopt;
   }
 

@@ -859,7 +859,8 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
   // thread (or inline, for an argument or session error, or on the thread
   // that destroys the handle, with kCancelled).
   std::shared_ptr<void> async_wait_any_gone(std::string_view queue, std::span<const std::string> ids,
-                                            std::function<void(Status)> done) {
+                                            std::function<void(Status)> done, std::string_view own = {},
+                                            std::shared_ptr<std::atomic<bool>> own_intact = nullptr) {
     Status early;
     if (early = ValidateLockName(queue); early.ok() && ids.empty()) {
       early = InvalidArgumentError("wait_any_gone needs at least one entry id");
@@ -879,6 +880,8 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
     // Raw `this`: ~RedisSession quiesces the subscriber before the core can go.
     spec.check = [this, k](const std::string& q, const std::vector<std::string>& which) { return check(q, k, which); };
     spec.done = std::move(done);
+    spec.own = std::string(own);
+    spec.own_intact = std::move(own_intact);
     return store_->subscriber().start(std::move(spec));
   }
 
@@ -1543,6 +1546,19 @@ class RedisSession final : public Session {
   Status wait_any_gone(std::string_view queue, std::span<const std::string> ids, Clock::time_point deadline,
                        std::stop_token stop) override {
     return core_->wait_any_gone(queue, ids, deadline, std::move(stop));
+  }
+  // The subscriber vouches for `own` (Subscriber::WaitSpec::own): watched
+  // with `ids`, it costs nothing more (the same check, the same channel).
+  std::shared_ptr<void> async_wait_turn(std::string_view queue, std::span<const std::string> ids, std::string_view own,
+                                        std::function<void(Status, bool)> done) override {
+    auto intact = std::make_shared<std::atomic<bool>>(false);
+    return core_->async_wait_any_gone(
+        queue, ids,
+        [intact, done = std::move(done)](Status s) {
+          const bool vouched = s.ok() && intact->load();
+          done(std::move(s), vouched);
+        },
+        own, intact);
   }
   std::shared_ptr<void> async_wait_any_gone(std::string_view queue, std::span<const std::string> ids,
                                             std::function<void(Status)> done) override {

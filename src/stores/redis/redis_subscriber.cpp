@@ -16,15 +16,18 @@ struct Subscriber::Waiter {
   // Fixed by start().
   const void* owner = nullptr;
   std::vector<std::string> ids;
+  std::string own;                                // async_wait_turn's, or empty
+  std::shared_ptr<std::atomic<bool>> own_intact;  // set with own
   SessionFn session;
   CheckFn check;
   // Guarded by mu_ from here on.
   enum class Phase { kWaiting, kSettled, kDelivering, kDelivered };
   Phase phase = Phase::kWaiting;
-  Channel* channel = nullptr;    // while kWaiting
-  bool checked = false;          // a check covering this waiter is done
-  Clock::time_point retry_at{};  // when to retry a failed first check
-  Status outcome;                // once settled
+  Channel* channel = nullptr;            // while kWaiting
+  bool checked = false;                  // a check covering this waiter is done
+  std::uint64_t checked_generation = 0;  // the channel's generation of the last one
+  Clock::time_point retry_at{};          // when to retry a failed first check
+  Status outcome;                        // once settled
   std::function<void(Status)> done;
   std::thread::id deliverer;  // while kDelivering
 };
@@ -181,14 +184,25 @@ Clock::time_point Subscriber::next_check_at(Clock::time_point now, std::int64_t 
   return now + after;
 }
 
-void Subscriber::mark_gone(Channel& ch, const std::vector<std::string>& gone) {
+void Subscriber::mark_gone(Channel& ch, const std::vector<std::string>& gone, const std::vector<std::string>* checked) {
   if (gone.empty()) return;
+  auto in = [](const std::vector<std::string>& set, const std::string& id) {
+    return std::find(set.begin(), set.end(), id) != set.end();
+  };
   std::vector<std::shared_ptr<Waiter>> hit;
   for (const auto& w : ch.waiters) {
-    if (std::any_of(w->ids.begin(), w->ids.end(),
-                    [&](const std::string& id) { return std::find(gone.begin(), gone.end(), id) != gone.end(); })) {
-      hit.push_back(w);
+    const bool own_gone = !w->own.empty() && in(gone, w->own);
+    if (!own_gone && std::none_of(w->ids.begin(), w->ids.end(), [&](const std::string& id) { return in(gone, id); })) {
+      continue;
     }
+    hit.push_back(w);
+    if (!w->own_intact || w->phase != Waiter::Phase::kWaiting) continue;
+    // Vouched (see WaitSpec::own): not gone, and read by this very check
+    // (at once with the id it found gone), or told by a message of the
+    // subscription under which the waiter's last check looked at it, so
+    // that no message telling its removal can have been missed.
+    const bool seen = checked ? in(*checked, w->own) : (w->checked && w->checked_generation == ch.generation);
+    w->own_intact->store(!own_gone && seen);
   }
   for (const auto& w : hit) settle(w, OkStatus());
 }
@@ -204,6 +218,8 @@ std::shared_ptr<void> Subscriber::start(WaitSpec spec) {
   auto w = std::make_shared<Waiter>();
   w->owner = spec.owner;
   w->ids = std::move(spec.ids);
+  w->own = std::move(spec.own);
+  w->own_intact = std::move(spec.own_intact);
   w->session = std::move(spec.session);
   w->check = std::move(spec.check);
   w->done = std::move(spec.done);
@@ -356,6 +372,9 @@ std::optional<Subscriber::CheckJob> Subscriber::next_job(Clock::time_point now) 
       for (const auto& id : w->ids) {
         if (std::find(job.ids.begin(), job.ids.end(), id) == job.ids.end()) job.ids.push_back(id);
       }
+      if (!w->own.empty() && std::find(job.ids.begin(), job.ids.end(), w->own) == job.ids.end()) {
+        job.ids.push_back(w->own);
+      }
     }
     ch->check_running = true;
     checking_owner_ = first ? (*first)->owner : ch->waiters.front()->owner;
@@ -373,8 +392,11 @@ void Subscriber::after_check(const CheckJob& job, const Result<CheckResult>& r) 
   ch.check_running = false;
   const Clock::time_point now = opt_.clock->now();
   if (r.ok()) {
-    for (const auto& w : job.members) w->checked = true;
-    mark_gone(ch, r->gone);
+    for (const auto& w : job.members) {
+      w->checked = true;
+      w->checked_generation = job.generation;
+    }
+    mark_gone(ch, r->gone, &job.ids);
     ch.next_check = next_check_at(now, r->soonest_ttl_ms);
     // Crossed a re-subscription: look again for what was published meanwhile.
     if (ch.generation != job.generation) ch.next_check = now;
@@ -611,7 +633,7 @@ void Subscriber::dispatch(const std::string& channel, std::string_view payload) 
   if (it == channels_.end()) return;
   std::vector<std::string> ids;
   SplitIds(payload, ids);
-  mark_gone(*it->second, ids);
+  mark_gone(*it->second, ids, nullptr);
 }
 
 void Subscriber::drop(Link& link) {

@@ -27,6 +27,7 @@
 #ifndef DLOCK_SRC_STORES_REDIS_REDIS_SUBSCRIBER_HPP_
 #define DLOCK_SRC_STORES_REDIS_REDIS_SUBSCRIBER_HPP_
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -92,6 +93,16 @@ class Subscriber : public std::enable_shared_from_this<Subscriber> {
     // Called exactly once, without mu_: OK (an id is gone), the session's
     // error, a check's error other than kUnavailable, or kCancelled.
     std::function<void(Status)> done;
+    // For Session::async_wait_turn: the waiter's own entry, watched with
+    // `ids` (its removal wakes the wait too), and where to say, before
+    // `done` runs, whether an OK outcome vouches that `own` was still there
+    // when an id was seen gone. It does when one check script read both
+    // (an id gone, `own` not), or when the message that told an id gone came
+    // on the subscription under which this waiter's last check ran: the
+    // server publishes every removal on the queue's channel in the order it
+    // runs them, so a removal of `own` before it would have come first.
+    std::string own;
+    std::shared_ptr<std::atomic<bool>> own_intact;
   };
 
   // A Subscriber with its thread running; its owner must call shut_down().
@@ -145,7 +156,9 @@ class Subscriber : public std::enable_shared_from_this<Subscriber> {
   void after_check(const CheckJob& job, const Result<CheckResult>& r) DLOCK_REQUIRES(mu_);
   void serve_waits() DLOCK_EXCLUDES(mu_);
   IoClock::time_point next_wait_event(IoClock::time_point io_now) DLOCK_EXCLUDES(mu_);
-  void mark_gone(Channel& ch, const std::vector<std::string>& gone) DLOCK_REQUIRES(mu_);
+  // `checked`: the ids a check script read at once (nullptr: a message).
+  void mark_gone(Channel& ch, const std::vector<std::string>& gone, const std::vector<std::string>* checked)
+      DLOCK_REQUIRES(mu_);
   Clock::time_point next_check_at(Clock::time_point now, std::int64_t soonest_ms) const;
 
   explicit Subscriber(SubscriberOptions options);
