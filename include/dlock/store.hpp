@@ -211,18 +211,19 @@ class DLOCK_EXPORT Session {
                                                     std::function<void(Status)> done);
 
   // async_wait_any_gone for a waiter whose own entry `own` (of this session)
-  // was in the same reading of `queue` that named `ids`. `done` gets what
-  // async_wait_any_gone would (it may also get OK when `own` goes first),
-  // plus `own_intact`: true only with OK, when
-  // the store vouches that there was a moment, after that reading, at which
-  // an entry of `ids` was gone and `own` was still a live entry of the
-  // queue (a reading as good as a list at that moment, as far as `own` and
-  // `ids` go). False says nothing: the caller reads the queue again. The
-  // default never vouches; a store overrides it where its notifications
-  // prove it (ordered removals on one connection, a check that reads both
-  // at once) at no extra round trip.
+  // was in the same reading of `queue` that named `ids` and `ahead` (the
+  // entries ahead of `own` in it). `done` gets what async_wait_any_gone
+  // would (it may also get OK when `own` goes first), plus `own_intact`:
+  // true only with OK, when the store vouches that there was a moment, after
+  // that reading, at which an entry of `ids` and every entry of `ahead` were
+  // gone and `own` was still a live entry of the queue (as good as a list
+  // read at that moment, as far as these entries go). False says nothing:
+  // the caller reads the queue again. The default never vouches; a store
+  // overrides it where its notifications prove it (ordered removals on one
+  // connection, a check that reads them at once) at no extra round trip.
   virtual std::shared_ptr<void> async_wait_turn(std::string_view queue, std::span<const std::string> ids,
-                                                std::string_view own, std::function<void(Status, bool)> done);
+                                                std::span<const std::string> ahead, std::string_view own,
+                                                std::function<void(Status, bool)> done);
 
   // Ends the session and its entries. Every subscriber hears kClosed, and has
   // returned, before any entry of the session can be seen as gone by another

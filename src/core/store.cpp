@@ -81,7 +81,8 @@ std::shared_ptr<void> Session::async_wait_any_gone(std::string_view queue, std::
 }
 
 std::shared_ptr<void> Session::async_wait_turn(std::string_view queue, std::span<const std::string> ids,
-                                               std::string_view /*own*/, std::function<void(Status, bool)> done) {
+                                               std::span<const std::string> /*ahead*/, std::string_view /*own*/,
+                                               std::function<void(Status, bool)> done) {
   return async_wait_any_gone(queue, ids, [done = std::move(done)](Status s) { done(std::move(s), false); });
 }
 

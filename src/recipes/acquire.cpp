@@ -261,7 +261,7 @@ class Acquisition : public Operation<Acquisition> {
     if (turn_queue_) {
       auto waited = then<std::pair<Status, bool>>(
           [](Acquisition& a, std::pair<Status, bool> w) { a.on_waited(std::move(w.first), w.second); });
-      wait_ = session_->async_wait_turn(req_.queue, v.wait_for, entry_.id,
+      wait_ = session_->async_wait_turn(req_.queue, v.wait_for, ahead_, entry_.id,
                                         [waited = std::move(waited)](Status s, bool own_intact) {
                                           waited(std::make_pair(std::move(s), own_intact));
                                         });
@@ -273,28 +273,30 @@ class Acquisition : public Operation<Acquisition> {
     on_interrupt_ = [this] { wait_.reset(); };
   }
 
-  // The queue as it will be once the one entry we wait for is gone, if then
-  // the rule grants us at once and no entry can have come in ahead of us:
-  // entries only join at the back, except a downgrade, which puts a read
-  // entry in the place of the write entry it replaces (read_write_lock.cpp).
-  // So: exactly one entry ahead, the one waited for, not a write entry unless
-  // we are a reader (a read entry in its place would not stop us), and the
-  // rule grants us first in line. Otherwise nullopt: list after the wake-up.
-  std::optional<std::vector<Entry>> next_in_line(const std::vector<Entry>& queue, std::size_t ours,
-                                                 const Verdict& v) const {
-    if (req_.sequence || ours != 1 || v.wait_for.size() != 1 || v.wait_for.front() != queue.front().id) {
-      return std::nullopt;
+  // The queue as it will be once every entry ahead of ours is gone (their
+  // ids in ahead_), if then the rule grants us at once and no entry can have
+  // come in ahead of us meanwhile: entries only join at the back, except a
+  // downgrade, which puts a read entry in the place of the write entry it
+  // replaces (read_write_lock.cpp), ahead of the waiters behind it. So: one
+  // entry waited for, no write entry ahead unless we are a reader (a read
+  // entry in its place would not stop us), and the rule grants us first in
+  // line. Otherwise nullopt: list after the wake-up.
+  std::optional<std::vector<Entry>> next_in_line(const std::vector<Entry>& queue, std::size_t ours, const Verdict& v) {
+    ahead_.clear();
+    if (req_.sequence || ours == 0 || v.wait_for.size() != 1) return std::nullopt;
+    for (std::size_t i = 0; i < ours; ++i) {
+      if (queue[i].kind == entry_kind::kWrite && req_.kind != entry_kind::kRead) return std::nullopt;
     }
-    if (queue.front().kind == entry_kind::kWrite && req_.kind != entry_kind::kRead) return std::nullopt;
-    std::vector<Entry> next(queue.begin() + 1, queue.end());
+    std::vector<Entry> next(queue.begin() + static_cast<std::ptrdiff_t>(ours), queue.end());
     if (!req_.rule(next, 0).granted) return std::nullopt;
+    for (std::size_t i = 0; i < ours; ++i) ahead_.push_back(queue[i].id);
     return next;
   }
 
   // `own_intact`: the store vouches that our entry was still there when the
-  // one entry ahead of us was seen gone (Session::async_wait_turn); with a
-  // session that is still connected, we are first, as a list then would
-  // have said: granted without that list.
+  // entry waited for and every other entry ahead of ours were seen gone
+  // (Session::async_wait_turn); with a session that is still connected, we
+  // are first, as a list then would have said: granted without that list.
   void on_waited(Status waited, bool own_intact = false) {
     wait_.reset();
     on_interrupt_ = nullptr;
@@ -370,6 +372,7 @@ class Acquisition : public Operation<Acquisition> {
   std::shared_ptr<void> wait_;  // the store wait in progress
   std::vector<Entry> granted_queue_;
   std::optional<std::vector<Entry>> turn_queue_;  // while waiting: next_in_line()
+  std::vector<std::string> ahead_;                // its entries ahead of ours
   Status error_;
 };
 

@@ -693,10 +693,13 @@ TEST_P(ConformanceTest, AsyncWaitTurnNeverVouchesForARemovedOwnEntry) {
   auto waiter = NewSession();
   ASSERT_TRUE(holder && waiter);
   const std::string q = Queue("async-turn");
-  auto wait_turn = [&](const Entry& ahead, const Entry& own, Outcomes<Turn>& out) {
+  auto wait_turn = [&](const Entry& ahead, const Entry& own, Outcomes<Turn>& out,
+                       std::vector<std::string> before = {}) {
     std::vector<std::string> ids{ahead.id};
+    before.push_back(ahead.id);
     auto cb = out.Callback();
-    return waiter->async_wait_turn(q, ids, own.id, [cb](Status s, bool intact) { cb(Turn(std::move(s), intact)); });
+    return waiter->async_wait_turn(q, ids, before, own.id,
+                                   [cb](Status s, bool intact) { cb(Turn(std::move(s), intact)); });
   };
   for (bool early : {false, true}) {
     Entry ahead = Append(*holder, q);
@@ -716,10 +719,30 @@ TEST_P(ConformanceTest, AsyncWaitTurnNeverVouchesForARemovedOwnEntry) {
     handle.reset();
     EXPECT_EQ(done.Count(), 1u);
   }
+  {
+    // An entry ahead of the one waited for is still there: not first.
+    Entry first = Append(*holder, q);
+    Entry ahead = Append(*holder, q);
+    Entry own = Append(*waiter, q);
+    Outcomes<Turn> done;
+    auto handle = wait_turn(ahead, own, done, {first.id});
+    EXPECT_TRUE(done.NoneWithin(kStillBlocked));
+    ASSERT_THAT(holder->remove(q, ahead.id, In(kPrompt)), IsOk());
+    Turn t = done.First();
+    EXPECT_THAT(t.first, IsOk());
+    EXPECT_FALSE(t.second) << "vouched while an entry ahead was still there";
+    handle.reset();
+    ASSERT_THAT(holder->remove(q, first.id, In(kPrompt)), IsOk());
+    ASSERT_THAT(waiter->remove(q, own.id, In(kPrompt)), IsOk());
+  }
+  Entry first = Append(*holder, q);
   Entry ahead = Append(*holder, q);
   Entry own = Append(*waiter, q);
   Outcomes<Turn> done;
-  auto handle = wait_turn(ahead, own, done);
+  auto handle = wait_turn(ahead, own, done, {first.id});
+  EXPECT_TRUE(done.NoneWithin(kStillBlocked));
+  ASSERT_THAT(holder->remove(q, first.id, In(kPrompt)), IsOk());  // told, not woken
+  EXPECT_TRUE(done.NoneWithin(kStillBlocked));
   EXPECT_TRUE(done.NoneWithin(kStillBlocked));
   ASSERT_THAT(holder->remove(q, ahead.id, In(kPrompt)), IsOk());
   Turn t = done.First();

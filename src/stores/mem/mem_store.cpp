@@ -63,6 +63,7 @@ struct MemStore::State {
     // async_wait_turn's: the waiter's own entry, and whether it was still
     // there when the wait was settled with OK (set under mu, read after).
     std::string own;
+    std::vector<std::string> ahead;
     std::shared_ptr<std::atomic<bool>> own_intact;
   };
   std::uint64_t next_waiter DLOCK_GUARDED_BY(mu) = 1;
@@ -120,8 +121,12 @@ struct MemStore::State {
   // async_wait_turn's vouching (see Waiter::own): the own entry is there,
   // and no test has scripted the list it would save (a test that delays or
   // fails "list" after a wake-up means to reach that list).
-  bool vouches_for(std::string_view queue, std::string_view own) const DLOCK_REQUIRES(mu) {
-    return present(queue, own) && !scripted("list");
+  bool vouches_for(std::string_view queue, std::string_view own, const std::vector<std::string>& ahead) const
+      DLOCK_REQUIRES(mu) {
+    return present(queue, own) && !scripted("list") && std::none_of(ahead.begin(), ahead.end(), [&](const auto& id) {
+             mu.assert_held();  // called by none_of right here
+             return present(queue, id);
+           });
   }
   bool lose_reply(std::string_view op) DLOCK_REQUIRES(mu) {
     for (std::string_view key : {op, std::string_view("*")}) {
@@ -193,7 +198,7 @@ struct MemStore::State {
         out.emplace_back(w.outcome, SessionLostError("session " + w.session + " ended while waiting"));
       } else if (any_gone(w.queue, w.ids)) {
         ++ops["wake"];
-        if (w.own_intact) w.own_intact->store(vouches_for(w.queue, w.own));
+        if (w.own_intact) w.own_intact->store(vouches_for(w.queue, w.own, w.ahead));
         out.emplace_back(w.outcome, OkStatus());
       } else {
         ++it;
@@ -351,12 +356,13 @@ class MemStore::MemSession final : public Session {
   // here, on the calling thread.
   std::shared_ptr<void> async_wait_any_gone(std::string_view queue, std::span<const std::string> ids,
                                             std::function<void(Status)> done) override {
-    return start_wait(queue, ids, std::move(done), {}, nullptr);
+    return start_wait(queue, ids, std::move(done), {}, {}, nullptr);
   }
 
   // Exact: the store reads our entry under the same lock as the removal
   // that wakes the wait.
-  std::shared_ptr<void> async_wait_turn(std::string_view queue, std::span<const std::string> ids, std::string_view own,
+  std::shared_ptr<void> async_wait_turn(std::string_view queue, std::span<const std::string> ids,
+                                        std::span<const std::string> ahead, std::string_view own,
                                         std::function<void(Status, bool)> done) override {
     auto intact = std::make_shared<std::atomic<bool>>(false);
     return start_wait(
@@ -365,17 +371,18 @@ class MemStore::MemSession final : public Session {
           const bool vouched = s.ok() && intact->load();
           done(std::move(s), vouched);
         },
-        std::string(own), intact);
+        std::string(own), std::vector<std::string>(ahead.begin(), ahead.end()), intact);
   }
 
   // Either wait: `own_intact`, if given, is set when the wait is settled.
   std::shared_ptr<void> start_wait(std::string_view queue, std::span<const std::string> ids,
-                                   std::function<void(Status)> done, std::string own,
+                                   std::function<void(Status)> done, std::string own, std::vector<std::string> ahead,
                                    std::shared_ptr<std::atomic<bool>> own_intact) {
     auto outcome = std::make_shared<internal::OneOutcome>(std::move(done));
     std::weak_ptr<State> weak = state_;
     std::uint64_t key = 0;
-    std::optional<Status> now = register_wait(queue, ids, outcome, key, std::move(own), std::move(own_intact));
+    std::optional<Status> now =
+        register_wait(queue, ids, outcome, key, std::move(own), std::move(ahead), std::move(own_intact));
     if (now) outcome->complete(std::move(*now));
     return std::shared_ptr<void>(nullptr, [weak, queue = std::string(queue), key, outcome](void*) {
       if (auto state = weak.lock(); state && key != 0) {
@@ -440,7 +447,8 @@ class MemStore::MemSession final : public Session {
   // once (then `key` stays 0).
   std::optional<Status> register_wait(std::string_view queue, std::span<const std::string> ids,
                                       const std::shared_ptr<internal::OneOutcome>& outcome, std::uint64_t& key,
-                                      std::string own, std::shared_ptr<std::atomic<bool>> own_intact) {
+                                      std::string own, std::vector<std::string> ahead,
+                                      std::shared_ptr<std::atomic<bool>> own_intact) {
     if (Status s = CheckQueue(queue); !s.ok()) return s;
     if (ids.empty()) return InvalidArgumentError("wait_any_gone needs at least one entry id");
     internal::MutexLock lock(state_->mu);
@@ -450,12 +458,13 @@ class MemStore::MemSession final : public Session {
     std::vector<std::string> wanted(ids.begin(), ids.end());
     if (state_->any_gone(queue, wanted)) {
       ++state_->ops["wake"];
-      if (own_intact) own_intact->store(state_->vouches_for(queue, own));
+      if (own_intact) own_intact->store(state_->vouches_for(queue, own, ahead));
       return OkStatus();
     }
     key = state_->next_waiter++;
     state_->waiters[std::string(queue)].emplace(
-        key, State::Waiter{id_, std::string(queue), std::move(wanted), outcome, std::move(own), std::move(own_intact)});
+        key, State::Waiter{id_, std::string(queue), std::move(wanted), outcome, std::move(own), std::move(ahead),
+                           std::move(own_intact)});
     return std::nullopt;
   }
 

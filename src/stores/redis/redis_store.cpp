@@ -860,6 +860,7 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
   // that destroys the handle, with kCancelled).
   std::shared_ptr<void> async_wait_any_gone(std::string_view queue, std::span<const std::string> ids,
                                             std::function<void(Status)> done, std::string_view own = {},
+                                            std::span<const std::string> ahead = {},
                                             std::shared_ptr<std::atomic<bool>> own_intact = nullptr) {
     Status early;
     if (early = ValidateLockName(queue); early.ok() && ids.empty()) {
@@ -881,6 +882,7 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
     spec.check = [this, k](const std::string& q, const std::vector<std::string>& which) { return check(q, k, which); };
     spec.done = std::move(done);
     spec.own = std::string(own);
+    spec.ahead.assign(ahead.begin(), ahead.end());
     spec.own_intact = std::move(own_intact);
     return store_->subscriber().start(std::move(spec));
   }
@@ -1549,7 +1551,8 @@ class RedisSession final : public Session {
   }
   // The subscriber vouches for `own` (Subscriber::WaitSpec::own): watched
   // with `ids`, it costs nothing more (the same check, the same channel).
-  std::shared_ptr<void> async_wait_turn(std::string_view queue, std::span<const std::string> ids, std::string_view own,
+  std::shared_ptr<void> async_wait_turn(std::string_view queue, std::span<const std::string> ids,
+                                        std::span<const std::string> ahead, std::string_view own,
                                         std::function<void(Status, bool)> done) override {
     auto intact = std::make_shared<std::atomic<bool>>(false);
     return core_->async_wait_any_gone(
@@ -1558,7 +1561,7 @@ class RedisSession final : public Session {
           const bool vouched = s.ok() && intact->load();
           done(std::move(s), vouched);
         },
-        own, intact);
+        own, ahead, intact);
   }
   std::shared_ptr<void> async_wait_any_gone(std::string_view queue, std::span<const std::string> ids,
                                             std::function<void(Status)> done) override {

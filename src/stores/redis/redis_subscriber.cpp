@@ -18,6 +18,7 @@ struct Subscriber::Waiter {
   std::vector<std::string> ids;
   std::string own;                                // async_wait_turn's, or empty
   std::shared_ptr<std::atomic<bool>> own_intact;  // set with own
+  std::vector<std::string> ahead_left;            // of its `ahead`, those not seen gone yet
   SessionFn session;
   CheckFn check;
   // Guarded by mu_ from here on.
@@ -184,25 +185,29 @@ Clock::time_point Subscriber::next_check_at(Clock::time_point now, std::int64_t 
   return now + after;
 }
 
-void Subscriber::mark_gone(Channel& ch, const std::vector<std::string>& gone, const std::vector<std::string>* checked) {
+void Subscriber::mark_gone(Channel& ch, const std::vector<std::string>& gone, const CheckJob* job) {
   if (gone.empty()) return;
   auto in = [](const std::vector<std::string>& set, const std::string& id) {
     return std::find(set.begin(), set.end(), id) != set.end();
   };
   std::vector<std::shared_ptr<Waiter>> hit;
   for (const auto& w : ch.waiters) {
+    // A check counts for a waiter only if it covered it (its ids, `own` and
+    // `ahead` were among the check's).
+    const bool covered = job && std::find(job->members.begin(), job->members.end(), w) != job->members.end();
+    if (!job || covered) std::erase_if(w->ahead_left, [&](const std::string& id) { return in(gone, id); });
     const bool own_gone = !w->own.empty() && in(gone, w->own);
     if (!own_gone && std::none_of(w->ids.begin(), w->ids.end(), [&](const std::string& id) { return in(gone, id); })) {
       continue;
     }
     hit.push_back(w);
     if (!w->own_intact || w->phase != Waiter::Phase::kWaiting) continue;
-    // Vouched (see WaitSpec::own): not gone, and read by this very check
-    // (at once with the id it found gone), or told by a message of the
-    // subscription under which the waiter's last check looked at it, so
-    // that no message telling its removal can have been missed.
-    const bool seen = checked ? in(*checked, w->own) : (w->checked && w->checked_generation == ch.generation);
-    w->own_intact->store(!own_gone && seen);
+    // Vouched (see WaitSpec::own): every entry ahead seen gone, and `own`
+    // not, read by this very check at once with the id it found gone, or
+    // told by a message of the subscription under which the waiter's last
+    // check looked at `own`, so that no message of its removal was missed.
+    const bool seen = job ? covered : (w->checked && w->checked_generation == ch.generation);
+    w->own_intact->store(!own_gone && seen && w->ahead_left.empty());
   }
   for (const auto& w : hit) settle(w, OkStatus());
 }
@@ -220,6 +225,7 @@ std::shared_ptr<void> Subscriber::start(WaitSpec spec) {
   w->ids = std::move(spec.ids);
   w->own = std::move(spec.own);
   w->own_intact = std::move(spec.own_intact);
+  w->ahead_left = std::move(spec.ahead);
   w->session = std::move(spec.session);
   w->check = std::move(spec.check);
   w->done = std::move(spec.done);
@@ -372,9 +378,11 @@ std::optional<Subscriber::CheckJob> Subscriber::next_job(Clock::time_point now) 
       for (const auto& id : w->ids) {
         if (std::find(job.ids.begin(), job.ids.end(), id) == job.ids.end()) job.ids.push_back(id);
       }
-      if (!w->own.empty() && std::find(job.ids.begin(), job.ids.end(), w->own) == job.ids.end()) {
-        job.ids.push_back(w->own);
-      }
+      auto add = [&](const std::string& id) {
+        if (std::find(job.ids.begin(), job.ids.end(), id) == job.ids.end()) job.ids.push_back(id);
+      };
+      if (!w->own.empty()) add(w->own);
+      for (const auto& id : w->ahead_left) add(id);
     }
     ch->check_running = true;
     checking_owner_ = first ? (*first)->owner : ch->waiters.front()->owner;
@@ -396,7 +404,7 @@ void Subscriber::after_check(const CheckJob& job, const Result<CheckResult>& r) 
       w->checked = true;
       w->checked_generation = job.generation;
     }
-    mark_gone(ch, r->gone, &job.ids);
+    mark_gone(ch, r->gone, &job);
     ch.next_check = next_check_at(now, r->soonest_ttl_ms);
     // Crossed a re-subscription: look again for what was published meanwhile.
     if (ch.generation != job.generation) ch.next_check = now;

@@ -94,14 +94,19 @@ class Subscriber : public std::enable_shared_from_this<Subscriber> {
     // error, a check's error other than kUnavailable, or kCancelled.
     std::function<void(Status)> done;
     // For Session::async_wait_turn: the waiter's own entry, watched with
-    // `ids` (its removal wakes the wait too), and where to say, before
-    // `done` runs, whether an OK outcome vouches that `own` was still there
-    // when an id was seen gone. It does when one check script read both
-    // (an id gone, `own` not), or when the message that told an id gone came
-    // on the subscription under which this waiter's last check ran: the
-    // server publishes every removal on the queue's channel in the order it
-    // runs them, so a removal of `own` before it would have come first.
+    // `ids` (its removal wakes the wait too), the entries ahead of it, and
+    // where to say, before `done` runs, whether an OK outcome vouches that
+    // `own` was still there when an id and every entry of `ahead` were seen
+    // gone. Removals are facts that stay true: the ones told by any message,
+    // or by a check that covered this waiter, count. `own` staying is not: it
+    // is vouched for by a check that covered this waiter and found an id gone
+    // (one atomic read of all of them), or by the message that told an id
+    // gone, if it came on the subscription under which this waiter's last
+    // check ran: the server publishes every removal on the queue's channel
+    // from inside the script that makes it, one script at a time, so a
+    // removal of `own` before it would have come first.
     std::string own;
+    std::vector<std::string> ahead;
     std::shared_ptr<std::atomic<bool>> own_intact;
   };
 
@@ -156,9 +161,8 @@ class Subscriber : public std::enable_shared_from_this<Subscriber> {
   void after_check(const CheckJob& job, const Result<CheckResult>& r) DLOCK_REQUIRES(mu_);
   void serve_waits() DLOCK_EXCLUDES(mu_);
   IoClock::time_point next_wait_event(IoClock::time_point io_now) DLOCK_EXCLUDES(mu_);
-  // `checked`: the ids a check script read at once (nullptr: a message).
-  void mark_gone(Channel& ch, const std::vector<std::string>& gone, const std::vector<std::string>* checked)
-      DLOCK_REQUIRES(mu_);
+  // `job`: the check that found `gone` (nullptr: a message).
+  void mark_gone(Channel& ch, const std::vector<std::string>& gone, const CheckJob* job) DLOCK_REQUIRES(mu_);
   Clock::time_point next_check_at(Clock::time_point now, std::int64_t soonest_ms) const;
 
   explicit Subscriber(SubscriberOptions options);
