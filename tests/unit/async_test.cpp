@@ -341,6 +341,7 @@ TEST_P(AsyncTest, AWaiterWhoseEntryWasRemovedIsNotGrantedWhenTheEntryAheadGoes) 
   ASSERT_EQ(listed->size(), 3u);
   ASSERT_TRUE(op.remove_entry(name, (*listed)[1].id).ok());  // b's
   EXPECT_EQ(fb.wait_for(300ms), std::future_status::timeout) << "b granted while a holds";
+  EXPECT_EQ(fc.wait_for(0ms), std::future_status::timeout) << "c granted while a holds (the entry it waited for went)";
   first->release();
   ASSERT_EQ(fc.wait_for(kPrompt), std::future_status::ready);
   std::optional<Hold> hc = fc.get();
