@@ -283,7 +283,10 @@ class Acquisition : public Operation<Acquisition> {
   // line. Otherwise nullopt: list after the wake-up.
   std::optional<std::vector<Entry>> next_in_line(const std::vector<Entry>& queue, std::size_t ours, const Verdict& v) {
     ahead_.clear();
-    if (req_.sequence || ours == 0 || v.wait_for.size() != 1) return std::nullopt;
+    // The store reads every entry ahead with each check: deep in a long
+    // queue, a plain wait and a list after it cost less.
+    constexpr std::size_t kMaxAhead = 32;
+    if (req_.sequence || ours == 0 || ours > kMaxAhead || v.wait_for.size() != 1) return std::nullopt;
     for (std::size_t i = 0; i < ours; ++i) {
       if (queue[i].kind == entry_kind::kWrite && req_.kind != entry_kind::kRead) return std::nullopt;
     }
