@@ -19,6 +19,7 @@ struct Subscriber::Waiter {
   std::string own;                                // async_wait_turn's, or empty
   std::shared_ptr<std::atomic<bool>> own_intact;  // set with own
   std::vector<std::string> ahead_left;            // of its `ahead`, those not seen gone yet
+  std::vector<std::string> ahead;                 // all of them (again after a re-subscription)
   SessionFn session;
   CheckFn check;
   // Guarded by mu_ from here on.
@@ -225,6 +226,7 @@ std::shared_ptr<void> Subscriber::start(WaitSpec spec) {
   w->ids = std::move(spec.ids);
   w->own = std::move(spec.own);
   w->own_intact = std::move(spec.own_intact);
+  w->ahead = spec.ahead;
   w->ahead_left = std::move(spec.ahead);
   w->session = std::move(spec.session);
   w->check = std::move(spec.check);
@@ -624,6 +626,9 @@ void Subscriber::on_subscribed(const std::string& name) {
   // Waiters that checked under an earlier subscription may have missed
   // messages while it was down: re-check the queue now.
   ++ch.generation;
+  // A server that lost data brings removed entries back;
+  // removals told before this subscription are looked at again.
+  for (const auto& w : ch.waiters) w->ahead_left = w->ahead;
   bool stale = std::any_of(ch.waiters.begin(), ch.waiters.end(), [](const auto& w) { return w->checked; });
   if (stale) ch.next_check = opt_.clock->now();
   // Waiters that have not checked yet are checked on the thread's next turn.
