@@ -1,12 +1,21 @@
-// Reviewer's repro: an entry ahead recorded gone by a message, then brought
-// back by a restart from an older snapshot, is not looked at again.
+// The handoff without the second look (Session::async_wait_turn) on a
+// redis:// store whose server is less than perfect: it restarts from an older
+// snapshot, so an entry ahead that was removed (and whose removal the
+// subscriber was told of) comes back. The waiter must not be vouched for, and
+// a Mutex waiter must not be granted beside the holder whose entry came back.
 #include <chrono>
+#include <cstdio>
 #include <future>
+#include <optional>
+#include <string>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include <gtest/gtest.h>
 
 #include "dlock/dlock.hpp"
+#include "redis/holding_proxy.hpp"
 #include "redis/redis_server.hpp"
 #include "redis/redis_test_util.hpp"
 
@@ -15,7 +24,7 @@ namespace {
 using namespace std::chrono_literals;
 using namespace testing;
 
-TEST(HandoffReview, AnEntryAheadBackFromASnapshotIsNotVouchedGone) {
+TEST(RedisHandoff, AnEntryAheadBackFromASnapshotIsNotVouchedGone) {
   auto server = RedisServer::Start();
   ASSERT_TRUE(server);
   const std::string q = "review/rollback";
@@ -59,19 +68,11 @@ TEST(HandoffReview, AnEntryAheadBackFromASnapshotIsNotVouchedGone) {
                           "session) is first in the queue";
 }
 
-}  // namespace
-}  // namespace dlock
-
-#include "redis/holding_proxy.hpp"
-
-namespace dlock {
-namespace {
-
 // The same through Mutex: X's holder never hears of the break (its
 // subscriber's replies are held by a proxy), the server restarts from a
 // snapshot that has X, so X's holder still holds (kHeld, its renewals see X).
 // P then goes: the waiter behind it is granted without a look, while X holds.
-TEST(HandoffReview, TwoMutexHoldersAfterARollback) {
+TEST(RedisHandoff, TwoMutexHoldersAfterARollback) {
   auto server = RedisServer::Start();
   ASSERT_TRUE(server);
   HoldingProxy proxy(server->port());
