@@ -7,7 +7,12 @@
 //    its connection meanwhile (the server then runs the request late);
 //  - a lost reply: HoldRepliesTo(marker) lets the request through but keeps
 //    what the server answers, so the client times out after the server acted;
-//  - a failover: SetUpstream(port) sends new connections to another server.
+//  - a failover: SetUpstream(port) sends new connections to another server;
+//  - a host that vanished without a word: HalfOpenSubscribers() turns every
+//    connection that has sent a SUBSCRIBE into a half-open one: nothing
+//    passes either way any more, and when the server closes its side the
+//    client is not told (no FIN, as when the server's host lost power), so
+//    the client learns only from its own timeouts.
 //
 // One thread, poll(2), non-blocking sockets; nothing outside the test is
 // touched. Markers are plain substrings of the RESP bytes (a key, an owner
@@ -91,6 +96,12 @@ class HoldingProxy {
     hold_requests_.clear();
     release_requests_ = true;
   }
+  // See the file comment: a subscriber's connection goes silent, and stays
+  // open on the client's side whatever the server does.
+  void HalfOpenSubscribers() {
+    std::lock_guard<std::mutex> g(mu_);
+    half_open_asked_ = true;
+  }
   // New connections go to `port`.
   void SetUpstream(int port) { upstream_.store(port); }
   // Closes every connection open now, both sides; returns once done.
@@ -119,6 +130,8 @@ class HoldingProxy {
     bool released = false;     // its held requests were let go
     bool answered = false;     // and the server has answered since
     bool client_gone = false;  // the client closed; deliver what is held, then drain
+    bool subscriber = false;   // it has sent a SUBSCRIBE
+    bool half_open = false;    // HalfOpenSubscribers(): silent both ways, the client never told
   };
 
   static sockaddr_in Loopback(int port) {
@@ -185,17 +198,19 @@ class HoldingProxy {
       if (!hold_requests_.empty() && hay.find(hold_requests_) != std::string::npos) c.hold_up = true;
       if (!hold_replies_.empty() && hay.find(hold_replies_) != std::string::npos) c.hold_down = true;
     }
+    if (hay.find("SUBSCRIBE") != std::string::npos) c.subscriber = true;
     c.tail = hay.substr(hay.size() > 256 ? hay.size() - 256 : 0);
     c.up += data;
   }
 
   void Run() {
     while (!stop_.load()) {
-      bool release_requests = false, release_replies = false;
+      bool release_requests = false, release_replies = false, half_open = false;
       {
         std::lock_guard<std::mutex> g(mu_);
         release_requests = std::exchange(release_requests_, false);
         release_replies = std::exchange(release_replies_, false);
+        half_open = half_open_asked_;
         if (cuts_done_ < cuts_asked_) {
           for (auto& c : conns_) CloseBoth(c);
           conns_.clear();
@@ -209,6 +224,11 @@ class HoldingProxy {
           c.hold_up = false;
         }
         if (release_replies) c.hold_down = false;
+        if (half_open && c.subscriber && !c.half_open) {
+          c.half_open = true;
+          c.up.clear();
+          c.down.clear();
+        }
       }
       std::vector<pollfd> fds;
       std::vector<Conn*> polled;
@@ -229,6 +249,20 @@ class HoldingProxy {
         const short cre = fds[1 + 2 * k].revents, sre = fds[2 + 2 * k].revents;
         bool dead = false;
         std::string data;
+        if (c.half_open) {
+          // Whatever comes is dropped; the server's close is not passed on.
+          if (c.client >= 0 && (cre & (POLLIN | POLLHUP | POLLERR)) && Read(c.client, data) == 0) {
+            ::close(c.client);
+            c.client = -1;
+            c.client_gone = true;
+          }
+          if (c.server >= 0 && (sre & (POLLIN | POLLHUP | POLLERR)) && Read(c.server, data) == 0) {
+            ::close(c.server);
+            c.server = -1;
+          }
+          if (c.client_gone) CloseBoth(c);
+          continue;
+        }
         if (!c.client_gone && (cre & (POLLIN | POLLHUP | POLLERR))) {
           int r = Read(c.client, data);
           if (r == 1) {
@@ -258,7 +292,7 @@ class HoldingProxy {
         if (!dead && !c.client_gone && !c.hold_down && !Flush(c.client, c.down)) dead = true;
         if (dead) CloseBoth(c);
       }
-      conns_.remove_if([](const Conn& c) { return c.server < 0; });
+      conns_.remove_if([](const Conn& c) { return c.server < 0 && !(c.half_open && !c.client_gone); });
       int up = 0, down = 0;
       for (const auto& c : conns_) {
         up += c.hold_up ? 1 : 0;
@@ -283,6 +317,7 @@ class HoldingProxy {
   bool release_replies_ = false;   // guarded by mu_
   std::uint64_t cuts_asked_ = 0;   // guarded by mu_
   std::uint64_t cuts_done_ = 0;    // guarded by mu_
+  bool half_open_asked_ = false;   // guarded by mu_
   std::condition_variable cv_;
   std::list<Conn> conns_;  // the proxy thread's
   std::thread thread_;

@@ -119,5 +119,61 @@ TEST(RedisHandoff, TwoMutexHoldersAfterARollback) {
   if (!granted) fut.wait();
 }
 
+
+// The same rollback, but the waiter's subscriber does not notice it: its
+// connection is half-open (the server's host lost power and came back; no
+// FIN reached us), so there is no re-subscription, while the store's
+// command connections, opened again, reach the restarted server. A check of
+// the queue made then (here: for a second wait on it; else the fallback
+// re-check, within a TTL) must not vouch on the strength of an entry ahead
+// that a message of the old server told gone: X is back and first.
+TEST(RedisHandoff, ACheckOnARestartedServerBeforeTheSubscriberNoticesDoesNotVouch) {
+  auto server = RedisServer::Start();
+  ASSERT_TRUE(server);
+  HoldingProxy proxy(server->port());
+  const std::string q = "review/half-open";
+  const std::string direct = server->url("?ttl=10s&connect_timeout=1s");
+  auto sa = MustOpen(direct), sb = MustOpen(direct);
+  auto sc = MustOpen(proxy.url("?ttl=10s&connect_timeout=1s"));  // the waiter's, through the proxy
+  auto a = MustSession(*sa), b = MustSession(*sb), c = MustSession(*sc);
+  ASSERT_TRUE(a && b && c);
+  auto x = a->append(q, Spec(), In(5s));  // the holder
+  auto p = b->append(q, Spec(), In(5s));  // a waiter
+  auto w = c->append(q, Spec(), In(5s));  // ours
+  ASSERT_TRUE(x.ok() && p.ok() && w.ok());
+  ASSERT_EQ(server->CmdStr({"SAVE"}), "OK");  // X, P, W
+
+  std::promise<std::pair<Status, bool>> done;
+  auto fut = done.get_future();
+  std::vector<std::string> ids{p->entry.id};
+  std::vector<std::string> ahead{x->entry.id, p->entry.id};
+  auto handle = c->async_wait_turn(q, ids, ahead, w->entry.id,
+                                   [&done](Status s, bool intact) { done.set_value({std::move(s), intact}); });
+  std::this_thread::sleep_for(500ms);                   // past the first check
+  ASSERT_TRUE(b->remove(q, x->entry.id, In(5s)).ok());  // `dlock break` of X
+  std::this_thread::sleep_for(300ms);                   // its message reaches our subscriber
+  proxy.HalfOpenSubscribers();
+  std::this_thread::sleep_for(100ms);
+  ASSERT_TRUE(server->Restart());  // from the snapshot: X is back
+  ASSERT_EQ(server->CmdInt({"EXISTS", "dlock:{" + q + "}:e:" + x->entry.id}), 1);
+  ASSERT_TRUE(b->remove(q, p->entry.id, In(5s)).ok());  // P goes, on the restarted server
+  ASSERT_EQ(fut.wait_for(0s), std::future_status::timeout) << "woken while the subscription is silent";
+  // A second wait on the queue: its first check reads every waiter's ids.
+  auto other = c->async_wait_any_gone(q, std::vector<std::string>{x->entry.id}, [](Status) {});
+  std::optional<std::pair<Status, bool>> got;
+  if (fut.wait_for(5s) == std::future_status::ready) got = fut.get();
+  const bool x_there = server->CmdInt({"EXISTS", "dlock:{" + q + "}:e:" + x->entry.id}) == 1;
+  std::printf("woken: %d; %s own_intact=%d; X on the server: %d; C: %s\n", int(got.has_value()),
+              got ? got->first.to_string().c_str() : "-", got ? int(got->second) : 0, int(x_there),
+              std::string(SessionStateName(c->state())).c_str());
+  EXPECT_TRUE(x_there);
+  if (got) {
+    EXPECT_FALSE(got->first.ok() && got->second)
+        << "vouched that every entry ahead is gone while X (back from the snapshot) is first in the queue";
+  }
+  other.reset();
+  handle.reset();
+}
+
 }  // namespace
 }  // namespace dlock
