@@ -198,17 +198,26 @@ void Subscriber::mark_gone(Channel& ch, const std::vector<std::string>& gone, co
     const bool covered = job && std::find(job->members.begin(), job->members.end(), w) != job->members.end();
     if (!job || covered) std::erase_if(w->ahead_left, [&](const std::string& id) { return in(gone, id); });
     const bool own_gone = !w->own.empty() && in(gone, w->own);
+    // A check vouches from what it read itself: every entry ahead (next_job
+    // asks for all of them), in the same atomic read as `own`. Removals
+    // recorded before it may have been told by an earlier incarnation of the
+    // server (one that lost data since, while our subscription has not yet
+    // noticed: a half-open connection), so they do not count for a check.
+    const bool ahead_read_gone =
+        covered && std::all_of(w->ahead.begin(), w->ahead.end(), [&](const std::string& id) { return in(gone, id); });
     if (!own_gone && std::none_of(w->ids.begin(), w->ids.end(), [&](const std::string& id) { return in(gone, id); })) {
       continue;
     }
     hit.push_back(w);
     if (!w->own_intact || w->phase != Waiter::Phase::kWaiting) continue;
-    // Vouched (see WaitSpec::own): every entry ahead seen gone, and `own`
-    // not, read by this very check at once with the id it found gone, or
-    // told by a message of the subscription under which the waiter's last
-    // check looked at `own`, so that no message of its removal was missed.
-    const bool seen = job ? covered : (w->checked && w->checked_generation == ch.generation);
-    w->own_intact->store(!own_gone && seen && w->ahead_left.empty());
+    // Vouched (see WaitSpec::own): every entry ahead and the id waited for
+    // gone, and `own` not, all read by this very check at once; or told by a
+    // message of the subscription under which the waiter's last check looked
+    // at `own` (so that no message of its removal was missed), with every
+    // entry ahead told gone since that subscription began.
+    const bool vouched = job ? ahead_read_gone
+                             : (w->checked && w->checked_generation == ch.generation && w->ahead_left.empty());
+    w->own_intact->store(!own_gone && vouched);
   }
   for (const auto& w : hit) settle(w, OkStatus());
 }
@@ -384,7 +393,7 @@ std::optional<Subscriber::CheckJob> Subscriber::next_job(Clock::time_point now) 
         if (std::find(job.ids.begin(), job.ids.end(), id) == job.ids.end()) job.ids.push_back(id);
       };
       if (!w->own.empty()) add(w->own);
-      for (const auto& id : w->ahead_left) add(id);
+      for (const auto& id : w->ahead) add(id);  // all of them: see mark_gone
     }
     ch->check_running = true;
     checking_owner_ = first ? (*first)->owner : ch->waiters.front()->owner;

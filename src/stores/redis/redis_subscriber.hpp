@@ -97,14 +97,18 @@ class Subscriber : public std::enable_shared_from_this<Subscriber> {
     // `ids` (its removal wakes the wait too), the entries ahead of it, and
     // where to say, before `done` runs, whether an OK outcome vouches that
     // `own` was still there when an id and every entry of `ahead` were seen
-    // gone. Removals are facts that stay true: the ones told by any message,
-    // or by a check that covered this waiter, count. `own` staying is not: it
-    // is vouched for by a check that covered this waiter and found an id gone
-    // (one atomic read of all of them), or by the message that told an id
-    // gone, if it came on the subscription under which this waiter's last
-    // check ran: the server publishes every removal on the queue's channel
-    // from inside the script that makes it, one script at a time, so a
-    // removal of `own` before it would have come first.
+    // gone. It is vouched for by a check that covered this waiter and found
+    // an id and every entry of `ahead` gone and `own` there (one atomic read
+    // of all of them: each check asks for every entry of `ahead`), or by the
+    // message that told an id gone, if it came on the subscription under
+    // which this waiter's last check ran and every entry of `ahead` was told
+    // gone since that subscription began (by its messages or a check): the
+    // server publishes every removal on the queue's channel from inside the
+    // script that makes it, one script at a time, so a removal of `own`
+    // before it would have come first. A removal told before is not trusted:
+    // a server that lost data since (a restart from an older snapshot) may
+    // have the entry again, and a check may reach that server before the
+    // subscription has noticed the restart (a half-open connection).
     std::string own;
     std::vector<std::string> ahead;
     std::shared_ptr<std::atomic<bool>> own_intact;
