@@ -42,17 +42,18 @@ TEST(RedisHandoff, AnEntryAheadBackFromASnapshotIsNotVouchedGone) {
   auto fut = done.get_future();
   std::vector<std::string> ids{p->entry.id};
   std::vector<std::string> ahead{x->entry.id, p->entry.id};
-  auto handle = c->async_wait_turn(q, ids, ahead, w->entry.id,
-                                   [&done](Status s, bool intact) { done.set_value({std::move(s), intact}); });
-  std::this_thread::sleep_for(500ms);                              // past the first check
-  ASSERT_TRUE(b->remove(q, x->entry.id, In(5s)).ok());             // `dlock break` of X
-  std::this_thread::sleep_for(300ms);                              // its message reaches our subscriber
-  ASSERT_TRUE(server->Restart());                                  // from the snapshot: X is back
+  auto handle = c->async_wait_turn(q, ids, ahead, w->entry.id, [&done](Status s, bool intact) {
+    done.set_value({std::move(s), intact});
+  });
+  std::this_thread::sleep_for(500ms);                   // past the first check
+  ASSERT_TRUE(b->remove(q, x->entry.id, In(5s)).ok());  // `dlock break` of X
+  std::this_thread::sleep_for(300ms);                   // its message reaches our subscriber
+  ASSERT_TRUE(server->Restart());                       // from the snapshot: X is back
   ASSERT_EQ(server->CmdInt({"EXISTS", "dlock:{" + q + "}:e:" + x->entry.id}), 1);
-  std::this_thread::sleep_for(3s);                                 // reconnect, re-check
+  std::this_thread::sleep_for(3s);  // reconnect, re-check
   ASSERT_EQ(fut.wait_for(0s), std::future_status::timeout) << "woken early";
   std::printf("A (owner of X) state before: %s\n", std::string(SessionStateName(a->state())).c_str());
-  ASSERT_TRUE(b->remove(q, p->entry.id, In(5s)).ok());             // P goes
+  ASSERT_TRUE(b->remove(q, p->entry.id, In(5s)).ok());  // P goes
   ASSERT_EQ(fut.wait_for(10s), std::future_status::ready);
   auto [st, intact] = fut.get();
   auto listed = c->list(q, {}, In(5s));
@@ -94,10 +95,10 @@ TEST(RedisHandoff, TwoMutexHoldersAfterARollback) {
   ASSERT_TRUE(before.ok());
   ASSERT_EQ(before->size(), 3u);
   const std::string x_id = (*before)[0].id, w_id = (*before)[2].id;
-  ASSERT_EQ(server->CmdStr({"SAVE"}), "OK");              // X, P, W
-  ASSERT_TRUE(b->remove(name, x_id, In(5s)).ok());         // `dlock break` of X
+  ASSERT_EQ(server->CmdStr({"SAVE"}), "OK");        // X, P, W
+  ASSERT_TRUE(b->remove(name, x_id, In(5s)).ok());  // `dlock break` of X
   std::this_thread::sleep_for(200ms);
-  ASSERT_TRUE(server->Restart());                          // X is back
+  ASSERT_TRUE(server->Restart());  // X is back
   std::this_thread::sleep_for(3s);
   std::printf("after the restart: X's hold %s; C granted yet: %d\n", std::string(HoldStateName(hx->state())).c_str(),
               int(fut.wait_for(0s) == std::future_status::ready));
@@ -111,14 +112,14 @@ TEST(RedisHandoff, TwoMutexHoldersAfterARollback) {
   std::optional<Hold> hw = granted ? fut.get() : std::nullopt;
   std::printf("\nX's hold: %s token %llu; W granted: %d", std::string(HoldStateName(hx->state())).c_str(),
               static_cast<unsigned long long>(hx->fencing_token()), int(hw.has_value()));
-  if (hw) std::printf(" state %s token %llu", std::string(HoldStateName(hw->state())).c_str(),
-                      static_cast<unsigned long long>(hw->fencing_token()));
+  if (hw)
+    std::printf(" state %s token %llu", std::string(HoldStateName(hw->state())).c_str(),
+                static_cast<unsigned long long>(hw->fencing_token()));
   std::printf("\n");
   EXPECT_FALSE(hw && hx->state() == HoldState::kHeld && hw->state() == HoldState::kHeld) << "two holders";
   proxy.Release();
   if (!granted) fut.wait();
 }
-
 
 // The same rollback, but the waiter's subscriber does not notice it: its
 // connection is half-open (the server's host lost power and came back; no
@@ -147,8 +148,9 @@ TEST(RedisHandoff, ACheckOnARestartedServerBeforeTheSubscriberNoticesDoesNotVouc
   auto fut = done.get_future();
   std::vector<std::string> ids{p->entry.id};
   std::vector<std::string> ahead{x->entry.id, p->entry.id};
-  auto handle = c->async_wait_turn(q, ids, ahead, w->entry.id,
-                                   [&done](Status s, bool intact) { done.set_value({std::move(s), intact}); });
+  auto handle = c->async_wait_turn(q, ids, ahead, w->entry.id, [&done](Status s, bool intact) {
+    done.set_value({std::move(s), intact});
+  });
   std::this_thread::sleep_for(500ms);                   // past the first check
   ASSERT_TRUE(b->remove(q, x->entry.id, In(5s)).ok());  // `dlock break` of X
   std::this_thread::sleep_for(300ms);                   // its message reaches our subscriber

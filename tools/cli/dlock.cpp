@@ -631,7 +631,7 @@ int Break(const std::string& url, const std::string& name, const std::string& en
   if (auto s = dlock::ValidateLockName(name); !s.ok()) Die(kUsage, s.message());
   auto client = ConnectOrDie(url);
   auto entries = dlock::Inspect(client, name);
-  if (!entries.ok()) Die(ExitFor(entries.status()), entries.status().to_string());
+  if (!entries.ok()) return Report(ExitFor(entries.status()), entries.status().to_string());
   // ENTRY as status shows it: the whole id, the id shortened in the middle
   // ("head...tail"), or a prefix of it; it must name one entry.
   std::vector<const dlock::EntryInfo*> targets;
@@ -654,21 +654,21 @@ int Break(const std::string& url, const std::string& name, const std::string& en
     if (match) targets.push_back(&e);
   }
   if (targets.empty()) {
-    Die(1, entry_id.empty() ? name + " has no holder" : "no entry " + entry_id + " in " + name);
+    return Report(1, entry_id.empty() ? name + " has no holder" : "no entry " + entry_id + " in " + name);
   }
   if (targets.size() > 1 && !entry_id.empty()) {
     std::string ids;
     for (auto* t : targets) ids += "\n  " + t->entry.id;
-    Die(kUsage, "ENTRY " + entry_id + " matches " + std::to_string(targets.size()) + " entries of " + name +
-                    "; give more of it:" + ids);
+    return Report(kUsage, "ENTRY " + entry_id + " matches " + std::to_string(targets.size()) + " entries of " + name +
+                              "; give more of it:" + ids);
   }
   if (targets.size() > 1) {
     std::string ids;
     for (auto* t : targets) ids += "\n  " + t->entry.id + " (" + t->entry.kind + ", " + Describe(*t) + ")";
-    Die(kUsage, name + " has " + std::to_string(targets.size()) + " holders; name the entry to break:" + ids);
+    return Report(kUsage, name + " has " + std::to_string(targets.size()) + " holders; name the entry to break:" + ids);
   }
   const auto& t = *targets.front();
-  if (auto s = client.remove_entry(t.queue, t.entry.id); !s.ok()) Die(ExitFor(s), s.to_string());
+  if (auto s = client.remove_entry(t.queue, t.entry.id); !s.ok()) return Report(ExitFor(s), s.to_string());
   std::printf("removed %s entry %s of %s (token %s, %s)\n", t.holds ? "holder" : "waiter", t.entry.id.c_str(),
               t.queue.c_str(), t.entry.token ? std::to_string(*t.entry.token).c_str() : "-", Describe(t).c_str());
   return 0;

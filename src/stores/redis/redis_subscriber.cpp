@@ -215,8 +215,8 @@ void Subscriber::mark_gone(Channel& ch, const std::vector<std::string>& gone, co
     // message of the subscription under which the waiter's last check looked
     // at `own` (so that no message of its removal was missed), with every
     // entry ahead told gone since that subscription began.
-    const bool vouched = job ? ahead_read_gone
-                             : (w->checked && w->checked_generation == ch.generation && w->ahead_left.empty());
+    const bool vouched =
+        job ? ahead_read_gone : (w->checked && w->checked_generation == ch.generation && w->ahead_left.empty());
     w->own_intact->store(!own_gone && vouched);
   }
   for (const auto& w : hit) settle(w, OkStatus());

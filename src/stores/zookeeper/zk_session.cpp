@@ -791,7 +791,9 @@ Status Core::await(Batch& b, Clock::time_point until, const std::string& what) {
 }
 
 void Core::finish(Slot* slot, int rc, bool from_server) {
-  MarkDlockThread();  // on the C client's completion thread, usually
+  // The C client's completion thread (not a caller whose request the C
+  // client refused at once: that thread is the program's).
+  if (from_server) MarkDlockThread();
   bool release = false;
   {
     std::shared_ptr<Batch> finished;  // released after the lock: may be the last owner
