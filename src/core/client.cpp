@@ -83,13 +83,7 @@ ClientCore::~ClientCore() {
   // The opener holds a reference to this object while it works, so it is
   // either done (joined by on_last_user_gone, or not yet) or is the thread
   // running this destructor.
-  if (opener.joinable()) {
-    if (opener.get_id() == std::this_thread::get_id()) {
-      opener.detach();
-    } else {
-      opener.join();
-    }
-  }
+  JoinOrDetach(opener);
   if (session) session->close();
 }
 

@@ -9,6 +9,8 @@
 #ifndef DLOCK_SRC_CORE_DLOCK_THREAD_HPP_
 #define DLOCK_SRC_CORE_DLOCK_THREAD_HPP_
 
+#include <thread>
+
 namespace dlock::internal {
 
 // Marks the calling thread as dlock's, for as long as it lives.
@@ -16,6 +18,19 @@ void MarkDlockThread() noexcept;
 
 // True on a thread marked by MarkDlockThread().
 bool OnDlockThread() noexcept;
+
+// Joins `thread`; called on that very thread (the last owner of what runs
+// it went inside one of its callbacks), detaches it instead: it then ends
+// when that callback returns, so it must hold what it still uses.
+template <class Thread>
+void JoinOrDetach(Thread& thread) noexcept {
+  if (!thread.joinable()) return;
+  if (thread.get_id() == std::this_thread::get_id()) {
+    thread.detach();
+  } else {
+    thread.join();
+  }
+}
 
 }  // namespace dlock::internal
 

@@ -82,12 +82,7 @@ class Executor::Queue : public std::enable_shared_from_this<Queue> {
     // Outside mu_: destroying a task may destroy what posts to this queue.
     ready.clear();
     timers.clear();
-    if (!thread.joinable()) return;
-    if (thread.get_id() == std::this_thread::get_id()) {
-      thread.detach();  // from one of our own tasks: the thread ends when it returns
-    } else {
-      thread.join();
-    }
+    JoinOrDetach(thread);  // from one of our own tasks: the thread ends when it returns
   }
 
   // The thread's loop (QueueThread runs it).

@@ -26,12 +26,7 @@ RequestLoop::~RequestLoop() {
   // Only once the thread's reference is gone: it has returned (or is
   // returning, if this runs on it).
   MutexLock lk(thread_mu_);
-  if (!thread_.joinable()) return;
-  if (thread_.get_id() == std::this_thread::get_id()) {
-    thread_.detach();
-  } else {
-    thread_.join();
-  }
+  JoinOrDetach(thread_);
 }
 
 void RequestLoop::shut_down() noexcept {
@@ -42,12 +37,7 @@ void RequestLoop::shut_down() noexcept {
   }
   thread.request_stop();
   if (stop_) stop_->signal();
-  if (!thread.joinable()) return;
-  if (thread.get_id() == std::this_thread::get_id()) {
-    thread.detach();  // inside a `done`: the thread ends when it returns
-  } else {
-    thread.join();
-  }
+  JoinOrDetach(thread);  // inside a callback: the thread ends when it returns
 }
 
 void RequestLoop::submit(std::vector<Command> cmds, IoClock::time_point deadline, Done done) {

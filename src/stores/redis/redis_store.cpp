@@ -1235,17 +1235,7 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
       MutexLock lk(mu_);
       cv_.notify_all();
     }
-    if (thread_.joinable()) {
-      try {
-        if (thread_.get_id() == std::this_thread::get_id()) {
-          thread_.detach();  // close() from a listener: the thread ends on its own
-        } else {
-          thread_.join();
-        }
-      } catch (const std::system_error&) {
-        // Cannot happen for a joinable thread other than this one.
-      }
-    }
+    JoinOrDetach(thread_);  // close() from a listener: the thread ends on its own
     clock_subscription_.reset();
   }
 

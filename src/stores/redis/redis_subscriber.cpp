@@ -137,12 +137,7 @@ Subscriber::~Subscriber() {
   // Only once the thread's reference is gone: it has returned (or is
   // returning, if this runs on it).
   MutexLock lk(thread_mu_);
-  if (!thread_.joinable()) return;
-  if (thread_.get_id() == std::this_thread::get_id()) {
-    thread_.detach();
-  } else {
-    thread_.join();
-  }
+  JoinOrDetach(thread_);
 }
 
 void Subscriber::shut_down() noexcept {
@@ -156,12 +151,7 @@ void Subscriber::shut_down() noexcept {
   subscription.reset();
   thread.request_stop();
   if (stop_) stop_->signal();
-  if (!thread.joinable()) return;
-  if (thread.get_id() == std::this_thread::get_id()) {
-    thread.detach();  // inside a `done` or a check: the thread ends when it returns
-  } else {
-    thread.join();
-  }
+  JoinOrDetach(thread);  // inside a callback: the thread ends when it returns
 }
 
 void Subscriber::wake() const {

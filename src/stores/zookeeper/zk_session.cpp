@@ -1634,15 +1634,9 @@ ZkSession::ZkSession(std::shared_ptr<Core> core) : core_(std::move(core)) {}
 ZkSession::~ZkSession() {
   core_->close();
   thread_.request_stop();
-  if (thread_.joinable()) {
-    // A subscriber may drop the last reference from the session thread
-    // itself; the thread owns the core and finishes on its own then.
-    if (thread_.get_id() == std::this_thread::get_id()) {
-      thread_.detach();
-    } else {
-      thread_.join();
-    }
-  }
+  // A subscriber may drop the last reference from the session thread
+  // itself; the thread owns the core and finishes on its own then.
+  JoinOrDetach(thread_);
 }
 
 Status ZkSession::await_open(Clock::time_point deadline) { return core_->await_open(deadline); }
