@@ -34,35 +34,57 @@ std::shared_ptr<HoldCore> HoldCore::make(std::shared_ptr<ClientCore> client, std
 void HoldCore::watch_entries() {
   std::map<std::string, std::vector<std::string>> by_queue;
   for (const HeldEntry& e : entries_) by_queue[e.queue].push_back(e.id);
-  std::vector<std::shared_ptr<void>> watches;
+  for (const auto& [queue, ids] : by_queue) watch_queue(queue, ids, 0);
+}
+
+void HoldCore::watch_queue(const std::string& queue, const std::vector<std::string>& ids, int round) {
   std::weak_ptr<HoldCore> weak = weak_from_this();
-  for (const auto& [queue, ids] : by_queue) {
-    watches.push_back(session_->async_wait_any_gone(queue, ids, [weak](Status waited) {
-      if (auto self = weak.lock()) self->on_entry_gone(waited);
-    }));
-  }
-  std::vector<std::shared_ptr<void>> late;  // a release came first: cancel them outside mu_
+  std::shared_ptr<void> watch = session_->async_wait_any_gone(queue, ids, [weak, queue, ids, round](Status waited) {
+    if (auto self = weak.lock()) self->on_entry_watch(queue, ids, round, waited);
+  });
+  std::shared_ptr<void> spent;  // cancelled (or destroyed) outside mu_
   {
     MutexLock g(mu_);
-    if (state_ == HoldState::kReleased) {
-      late = std::move(watches);
+    auto& slot = entry_watches_[queue];
+    if (state_ == HoldState::kReleased || (slot.second && slot.first > round)) {
+      spent = std::move(watch);  // released meanwhile, or an older round answering late
     } else {
-      entry_watches_ = std::move(watches);
+      spent = std::exchange(slot, {round, std::move(watch)}).second;
     }
   }
 }
 
-void HoldCore::on_entry_gone(const Status& waited) {
-  // Only a removal counts: a session that ends is told by its listener,
-  // a cancel is our own release, and an unavailable store is a suspension
-  // the session reports.
-  if (!waited.ok()) return;
-  // Told from the executor, never inside the store's completion: a release
-  // cancels this wait and may wait for the completion to return, and a
-  // listener may block (review finding: a listener that locked deadlocked
-  // with a release on the dlock thread).
-  client_->executor().post(
-      [self = shared_from_this()] { self->delivery_.post([self] { self->apply(HoldState::kLost); }); });
+void HoldCore::on_entry_watch(const std::string& queue, const std::vector<std::string>& ids, int round,
+                              const Status& waited) {
+  if (waited.ok()) {
+    // Told from the executor, never inside the store's completion: a
+    // release cancels this wait and may wait for the completion to return,
+    // and a listener may block (review finding: a listener that locked
+    // deadlocked with a release on the dlock thread).
+    client_->executor().post(
+        [self = shared_from_this()] { self->delivery_.post([self] { self->apply(HoldState::kLost); }); });
+    return;
+  }
+  // A cancel is our own release; a session that ends is told by its
+  // listener; a bad argument would fail again.
+  const ErrorCode code = waited.code();
+  if (code == ErrorCode::kCancelled || code == ErrorCode::kSessionLost || code == ErrorCode::kInvalidArgument) return;
+  // Store trouble (an unavailable store is also a suspension the session
+  // reports): watch again, 50 ms doubling to 2 s after each failure.
+  if (round + 1 == 5)
+    client_->report(UnavailableError("still failing to watch the entry of " + name_ + ": " + waited.to_string()));
+  const auto pause =
+      std::min<Clock::duration>(std::chrono::milliseconds(50) * (1 << std::min(round, 6)), std::chrono::seconds(2));
+  std::weak_ptr<HoldCore> weak = weak_from_this();
+  client_->executor().at(DeadlineAfter(client_->now(), pause), [weak, queue, ids, round] {
+    auto self = weak.lock();
+    if (!self) return;
+    {
+      MutexLock g(self->mu_);
+      if (self->state_ == HoldState::kReleased || self->state_ == HoldState::kLost) return;
+    }
+    self->watch_queue(queue, ids, round + 1);
+  });
 }
 
 HoldCore::HoldCore(std::shared_ptr<ClientCore> client, std::shared_ptr<Session> session, std::string name,
@@ -131,7 +153,7 @@ std::shared_ptr<void> HoldCore::on_state_change(std::function<void(HoldState)> f
 
 void HoldCore::release() noexcept {
   std::shared_ptr<void> subscription;
-  std::vector<std::shared_ptr<void>> watches;
+  std::map<std::string, std::pair<int, std::shared_ptr<void>>> watches;
   {
     MutexLock g(mu_);
     if (state_ == HoldState::kReleased) return;

@@ -67,7 +67,13 @@ class HoldCore : public std::enable_shared_from_this<HoldCore> {
   // Watches our own entries: one removed by anyone else (an operator's
   // `dlock break`, a Redis client pruning) ends the hold.
   void watch_entries() DLOCK_EXCLUDES(mu_);
-  void on_entry_gone(const Status& waited) DLOCK_EXCLUDES(mu_);
+  // One queue's watch; `round` counts the watches of it that failed before.
+  void watch_queue(const std::string& queue, const std::vector<std::string>& ids, int round) DLOCK_EXCLUDES(mu_);
+  // What ended a watch: a removal (kLost), our release or the session (the
+  // end of it), or store trouble: the watch is set again after a pause, or
+  // a later removal would go untold (review finding).
+  void on_entry_watch(const std::string& queue, const std::vector<std::string>& ids, int round, const Status& waited)
+      DLOCK_EXCLUDES(mu_);
 
   // Constant after construction.
   const std::shared_ptr<ClientCore> client_;
@@ -83,7 +89,9 @@ class HoldCore : public std::enable_shared_from_this<HoldCore> {
   mutable Mutex mu_;
   HoldState state_ DLOCK_GUARDED_BY(mu_) = HoldState::kHeld;
   std::shared_ptr<void> subscription_ DLOCK_GUARDED_BY(mu_);
-  std::vector<std::shared_ptr<void>> entry_watches_ DLOCK_GUARDED_BY(mu_);
+  // By queue: the live watch, and the round it belongs to (a late store
+  // answer of an older round must not replace a newer watch).
+  std::map<std::string, std::pair<int, std::shared_ptr<void>>> entry_watches_ DLOCK_GUARDED_BY(mu_);
 };
 
 }  // namespace dlock::internal

@@ -513,5 +513,25 @@ TEST(Regressions, DestroyingTheLastHandleWaitsForTheSessionOpener) {
       << "the last Client and Mutex were gone while a dlock thread was still opening a session";
 }
 
+// Review finding: a hold's watch on its own entry ended for good after a
+// store error (a file:// epoll failure, a Redis check error): a later
+// `dlock break` of the entry was never told.
+TEST(Regressions, AHoldsEntryWatchIsArmedAgainAfterAStoreError) {
+  auto store = MemStore::create();
+  Client owner = Client::with_store(store);
+  Client other = Client::with_store(store);
+  const std::string name = "review/rewatch";
+  store->fail_next("wait", UnavailableError("injected: the watch failed"), 2);
+  std::optional<Hold> h = Mutex(owner, name).acquire(5s);  // uncontended: the first wait is the hold's watch
+  ASSERT_TRUE(h);
+  auto listed = other.list_entries(name, false);
+  ASSERT_TRUE(listed.ok());
+  ASSERT_EQ(listed->size(), 1u);
+  ASSERT_TRUE(other.remove_entry(name, listed->front().id).ok());  // `dlock break`
+  EXPECT_TRUE(Eventually([&] { return h->state() == HoldState::kLost; }, 30s))
+      << "the hold is still " << HoldStateName(h->state()) << " after its entry was removed";
+  EXPECT_GE(store->op_count("wait"), 3u);
+}
+
 }  // namespace
 }  // namespace dlock
