@@ -756,6 +756,35 @@ TEST_P(ConformanceTest, AsyncWaitTurnNeverVouchesForARemovedOwnEntry) {
   EXPECT_EQ(done.Count(), 1u);
 }
 
+// The positive side: with one entry ahead, removed while the own entry
+// stays, the stores that can prove it vouch (mem, Redis, and ZooKeeper from
+// the order of its watch events), so the waiter is granted without a list.
+TEST_P(ConformanceTest, AsyncWaitTurnVouchesBehindOneEntryWhereTheStoreCan) {
+  auto holder = NewSession();
+  auto waiter = NewSession();
+  ASSERT_TRUE(holder && waiter);
+  const std::string q = Queue("async-turn-one");
+  Entry ahead = Append(*holder, q);
+  Entry own = Append(*waiter, q);
+  Outcomes<Turn> done;
+  std::vector<std::string> ids{ahead.id};
+  auto cb = done.Callback();
+  auto handle =
+      waiter->async_wait_turn(q, ids, ids, own.id, [cb](Status s, bool intact) { cb(Turn(std::move(s), intact)); });
+  EXPECT_TRUE(done.NoneWithin(kStillBlocked));  // past the wait's first look
+  ASSERT_THAT(holder->remove(q, ahead.id, In(kPrompt)), IsOk());
+  Turn t = done.First();
+  EXPECT_THAT(t.first, IsOk());
+  const std::string& store = GetParam();
+  const bool vouches = store.rfind("mem", 0) == 0 || store.rfind("redis", 0) == 0 || store.rfind("zk", 0) == 0;
+  if (vouches) {
+    EXPECT_TRUE(t.second) << "this store vouches behind one entry (mem, redis, zk)";
+  }
+  handle.reset();
+  EXPECT_EQ(done.Count(), 1u);
+  ASSERT_THAT(waiter->remove(q, own.id, In(kPrompt)), IsOk());
+}
+
 TEST_P(ConformanceTest, DestroyingTheHandleCancelsTheWaitWithOneOutcome) {
   auto holder = NewSession();
   auto waiter = NewSession();

@@ -732,6 +732,44 @@ TEST_F(ZkStoreTest, RemoveAndWaitThroughADroppedConnection) {
   EXPECT_EQ(log.states(), (std::vector<SessionState>{SessionState::kSuspended, SessionState::kConnected}));
 }
 
+// async_wait_turn vouches from the order of one connection's watch events.
+// Removals made while the session is cut off come back on the next
+// connection, replayed in no particular order: the own entry's removal may
+// come after the one waited for, so a wait that reconnected never vouches.
+TEST_F(ZkStoreTest, AWaitTurnNeverVouchesAcrossAReconnect) {
+  testing::TcpProxy proxy(std::stoi(hosts_.substr(hosts_.rfind(':') + 1)));
+  for (int round = 0; round < 4; ++round) {
+    auto s = NewSession("session_timeout=8s", proxy.hosts());
+    auto other = NewSession();
+    ASSERT_TRUE(s && other);
+    const std::string q = "turn-reconnect-" + std::to_string(round);
+    auto ahead = other->append(q, Spec("lock"), In(10s));
+    auto own = s->append(q, Spec("lock"), In(10s));
+    ASSERT_TRUE(ahead.ok() && own.ok());
+    std::promise<std::pair<Status, bool>> came;
+    std::vector<std::string> ids{ahead->entry.id};
+    auto handle = s->async_wait_turn(q, ids, ids, own->entry.id, [&came](Status st, bool intact) {
+      came.set_value({std::move(st), intact});
+    });
+    std::this_thread::sleep_for(300ms);  // both watches set
+    proxy.partition();
+    proxy.reset();
+    ASSERT_TRUE(Eventually([&] { return s->state() == SessionState::kSuspended; }, 15s));
+    // While cut off: our own entry goes first (`dlock break`), then the one
+    // ahead.
+    ASSERT_TRUE(other->remove(q, own->entry.id, In(10s)).ok());
+    ASSERT_TRUE(other->remove(q, ahead->entry.id, In(10s)).ok());
+    proxy.heal();
+    proxy.reset();
+    auto f = came.get_future();
+    ASSERT_EQ(f.wait_for(30s), std::future_status::ready) << "round " << round;
+    auto [st, intact] = f.get();
+    EXPECT_THAT(st, IsOk());
+    EXPECT_FALSE(intact) << "round " << round << ": vouched for an own entry removed before the one ahead";
+    handle.reset();
+  }
+}
+
 // Not a pass/fail test: what one request costs on this machine.
 TEST_F(ZkStoreTest, TimingRoundTrips) {
   auto s = NewSession();

@@ -170,7 +170,7 @@ Slot* AsSlot(const void* data) { return static_cast<Slot*>(const_cast<void*>(dat
 // the mutex held (the analysis cannot name another object's private mutex
 // here).
 struct AsyncWaiter {
-  AsyncWaiter(std::vector<std::string> p, std::string w, std::function<void(Status)> d)
+  AsyncWaiter(std::vector<std::string> p, std::string w, std::function<void(Status, bool)> d)
       : paths(std::move(p)), what(std::move(w)), done_(std::move(d)) {}
 
   const std::vector<std::string> paths;  // sorted, unique
@@ -179,8 +179,18 @@ struct AsyncWaiter {
 
  private:
   friend class Core;
-  std::function<void(Status)> done_;
-  std::set<std::string> armed_;   // paths with a watch set in this session
+  friend class ZkSession;
+  std::function<void(Status, bool)> done_;  // the outcome, and whether vouched (async_wait_turn)
+  std::set<std::string> armed_;             // paths with a watch set in this session
+  // async_wait_turn only (ZkSession::async_wait_turn): the own entry's path;
+  // the path whose removal vouches (empty: none may); whether the own
+  // entry's watch is set, and on which connection (Core::conn_gen_); and the
+  // verdict, set when a removal decides the outcome.
+  std::string own_path_;
+  std::string vouch_by_;
+  bool own_watched_ = false;
+  std::uint64_t own_conn_ = 0;
+  bool vouched_ = false;
   std::set<std::string> hidden_;  // getData forbidden by an ACL: watched with exists
   bool registered_ = false;       // in the core's maps
   bool arming_ = false;           // a round of watches is in flight
@@ -406,6 +416,15 @@ class Core : public std::enable_shared_from_this<Core> {
   // that need a round of watches.
   std::unordered_map<AsyncWaiter*, std::shared_ptr<AsyncWaiter>> waiters_ DLOCK_GUARDED_BY(mu_);
   std::unordered_map<std::string, std::vector<AsyncWaiter*>> watch_map_ DLOCK_GUARDED_BY(mu_);
+  // The data watches set in this session that have not fired yet, with the
+  // connection each was set on: a waiter of such a path shares the watch
+  // instead of setting one (the C client calls one watcher per path, and a
+  // hold's watch on its own entry takes over its wait's, no request).
+  std::unordered_map<std::string, std::uint64_t> watched_ DLOCK_GUARDED_BY(mu_);
+  // Counts session events (connections made and lost): events set up on
+  // one connection are in the server's order; across a reconnect, the
+  // events the server replays for watches set again may not be.
+  std::uint64_t conn_gen_ DLOCK_GUARDED_BY(mu_) = 0;
   std::unordered_set<AsyncWaiter*> to_arm_ DLOCK_GUARDED_BY(mu_);
   // Completions for the session thread to run, without mu_: never on the C
   // client's completion thread, where a completion that dropped the last
@@ -977,6 +996,7 @@ void Core::on_auth(int rc, const void* data) {
 
 void Core::on_session_state(zhandle_t* zh, int zstate) {
   MutexLock g(mu_);
+  ++conn_gen_;
   if (zstate == ZOO_CONNECTED_STATE) {
     on_connected(zh);
   } else if (zstate == ZOO_EXPIRED_SESSION_STATE) {
@@ -1044,15 +1064,23 @@ void Core::on_disconnected() {
 
 void Core::on_path_event(int type, const char* path) {
   MutexLock g(mu_);
+  watched_.erase(path);  // a watch fires once
   auto it = watch_map_.find(path);
   if (it == watch_map_.end()) return;                     // nobody waits any more: the watch was left to fire
   const std::vector<AsyncWaiter*> watching = it->second;  // decide() edits the map
   for (AsyncWaiter* w : watching) {
     if (type == ZOO_DELETED_EVENT) {
+      // The entry waited for went while the own entry's watch, set on this
+      // same connection, has not fired: the own entry was still there
+      // (its removal, earlier in the server's order, would have come first).
+      if (!w->vouch_by_.empty() && w->vouch_by_ == path && w->own_watched_ && w->own_conn_ == conn_gen_) {
+        w->vouched_ = true;
+      }
       decide(*w, OkStatus());
     } else {
       // Changed data, or a watch the server dropped: spent, set it again.
       w->armed_.erase(path);
+      if (w->own_path_ == path) w->own_watched_ = false;
       want_arm(*w);
     }
   }
@@ -1351,8 +1379,9 @@ void Core::end_waiters() {
 }
 
 void Core::deliver(const std::shared_ptr<AsyncWaiter>& w) {
-  std::function<void(Status)> fn;
+  std::function<void(Status, bool)> fn;
   Status outcome;
+  bool vouched = false;
   {
     MutexLock g(mu_);
     if (w->claimed_) return;  // cancelled (and so completed) meanwhile
@@ -1360,9 +1389,10 @@ void Core::deliver(const std::shared_ptr<AsyncWaiter>& w) {
     w->delivering_ = std::this_thread::get_id();
     fn = std::move(w->done_);
     outcome = *w->outcome_;
+    vouched = w->vouched_ && outcome.ok();
   }
   try {
-    if (fn) fn(std::move(outcome));
+    if (fn) fn(std::move(outcome), vouched);
   } catch (...) {  // `done` must not throw (store.hpp); the session thread survives it
   }
   fn = nullptr;
@@ -1374,7 +1404,7 @@ void Core::deliver(const std::shared_ptr<AsyncWaiter>& w) {
 void Core::cancel(const std::shared_ptr<AsyncWaiter>& w) { complete_now(w, CancelledError(w->what)); }
 
 void Core::complete_now(const std::shared_ptr<AsyncWaiter>& w, Status why) {
-  std::function<void(Status)> fn;
+  std::function<void(Status, bool)> fn;
   {
     MutexLock lk(mu_);
     decide(*w, why);
@@ -1394,7 +1424,7 @@ void Core::complete_now(const std::shared_ptr<AsyncWaiter>& w, Status why) {
     fn = std::move(w->done_);
   }
   try {
-    if (fn) fn(std::move(why));
+    if (fn) fn(std::move(why), false);
   } catch (...) {  // `done` must not throw (store.hpp)
   }
   fn = nullptr;
@@ -1559,6 +1589,15 @@ void Core::send_arms() {
       b->waiter = waiters_.at(&w);
       for (const auto& p : w.paths) {
         if (w.armed_.count(p)) continue;
+        if (auto set = watched_.find(p); set != watched_.end()) {
+          // Set already and not fired: shared, no request.
+          w.armed_.insert(p);
+          if (p == w.own_path_) {
+            w.own_watched_ = true;
+            w.own_conn_ = set->second;
+          }
+          continue;
+        }
         const bool with_exists = w.hidden_.count(p) > 0;
         // getData with a watch is the check and the watch in one atomic
         // step, and leaves no watch behind when the entry is already gone.
@@ -1571,8 +1610,13 @@ void Core::send_arms() {
         }
         b->arms.emplace_back(p, with_exists);
       }
-      w.arming_ = true;
       it = to_arm_.erase(it);
+      if (b->arms.empty()) {  // every watch shared: armed as if answered
+        w.tried_ = true;
+        w.cv.notify_all();
+        continue;
+      }
+      w.arming_ = true;
       batches.push_back(std::move(b));
     }
   }
@@ -1582,11 +1626,28 @@ void Core::send_arms() {
 void Core::on_armed(const Batch& b) {
   AsyncWaiter& w = *b.waiter;
   w.arming_ = false;
+  // The watches set, whatever became of the waiter: others may share them.
+  for (std::size_t i = 0; i < b.size; ++i) {
+    if (b.slots[i].rc == ZOK) watched_[b.arms[i].first] = conn_gen_;
+  }
   if (w.outcome_) return;
   w.tried_ = true;
   w.cv.notify_all();
   for (std::size_t i = 0; i < b.size; ++i) {
-    if (b.slots[i].rc == ZNONODE) return decide(w, OkStatus());  // already gone
+    if (b.slots[i].rc == ZOK && b.arms[i].first == w.own_path_) {
+      w.own_watched_ = true;
+      w.own_conn_ = conn_gen_;
+    }
+  }
+  for (std::size_t i = 0; i < b.size; ++i) {
+    if (b.slots[i].rc != ZNONODE) continue;
+    // Already gone. If it is the one that vouches, and the own entry is
+    // watched on this connection (read there in this round, or earlier):
+    // the own entry was there after it went. One connection delivers the
+    // server's answers and events in its order, so an own entry removed
+    // before that read would have decided this wait already.
+    if (b.arms[i].first == w.vouch_by_ && w.own_watched_ && w.own_conn_ == conn_gen_) w.vouched_ = true;
+    return decide(w, OkStatus());
   }
   bool trouble = false;
   for (std::size_t i = 0; i < b.size; ++i) {
@@ -1701,7 +1762,41 @@ std::shared_ptr<void> ZkSession::async_wait_any_gone(std::string_view queue, std
     done(paths.status());
     return std::make_shared<int>(0);  // nothing left to cancel
   }
+  auto w = std::make_shared<AsyncWaiter>(std::move(paths->first), std::move(paths->second),
+                                         [done = std::move(done)](Status s, bool) { done(std::move(s)); });
+  if (Status s = core_->add_waiter(w); !s.ok()) {
+    core_->complete_now(w, std::move(s));
+    return std::make_shared<int>(0);
+  }
+  return std::make_shared<WaitHandle>(core_, std::move(w));
+}
+
+// The wait also watches the own entry (in the same round trip), and the
+// hold made after the grant shares that watch (Core::watched_), so the
+// watch costs no request of its own. It vouches when the one entry waited
+// for is the only one ahead, and its removal came while the own entry's
+// watch, set on the same connection, had not fired (ZooKeeper delivers a
+// session's watch events in the order of the changes).
+std::shared_ptr<void> ZkSession::async_wait_turn(std::string_view queue, std::span<const std::string> ids,
+                                                 std::span<const std::string> ahead, std::string_view own,
+                                                 std::function<void(Status, bool)> done) {
+  std::vector<std::string> watch(ids.begin(), ids.end());
+  watch.emplace_back(own);
+  auto paths = WaitPaths(core_->cfg(), queue, watch);
+  auto own_path = WaitPaths(core_->cfg(), queue, std::span<const std::string>(&watch.back(), 1));
+  if (!paths.ok() || !own_path.ok()) {
+    done(paths.ok() ? own_path.status() : paths.status(), false);
+    return std::make_shared<int>(0);  // nothing left to cancel
+  }
   auto w = std::make_shared<AsyncWaiter>(std::move(paths->first), std::move(paths->second), std::move(done));
+  w->own_path_ = own_path->first.front();
+  const bool only_ahead =
+      ids.size() == 1 && ids.front() != own &&
+      std::all_of(ahead.begin(), ahead.end(), [&](const std::string& a) { return a == ids.front(); });
+  if (only_ahead) {
+    auto by = WaitPaths(core_->cfg(), queue, ids);
+    if (by.ok()) w->vouch_by_ = by->first.front();
+  }
   if (Status s = core_->add_waiter(w); !s.ok()) {
     core_->complete_now(w, std::move(s));
     return std::make_shared<int>(0);

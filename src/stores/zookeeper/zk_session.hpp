@@ -90,6 +90,9 @@ class ZkSession final : public Session {
                       std::function<void(Result<std::optional<Entry>>)> done) override;
   std::shared_ptr<void> async_wait_any_gone(std::string_view queue, std::span<const std::string> ids,
                                             std::function<void(Status)> done) override;
+  std::shared_ptr<void> async_wait_turn(std::string_view queue, std::span<const std::string> ids,
+                                        std::span<const std::string> ahead, std::string_view own,
+                                        std::function<void(Status, bool)> done) override;
   Status remove(std::string_view queue, std::string_view id, Clock::time_point deadline) override;
   Result<std::optional<Entry>> find_own(std::string_view queue, std::string_view attempt_id,
                                         Clock::time_point deadline) override;
