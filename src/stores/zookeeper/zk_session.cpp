@@ -114,6 +114,7 @@ struct Slot {
  private:
   friend class Core;
   bool done_ = false;  // guarded by the batch's Core::mu_ (see Batch)
+  std::uint64_t conn_ = 0;  // Core::conn_gen_ when the reply came (arm batches)
 };
 
 // Requests sent back to back and waited for together. While any reply is
@@ -821,6 +822,15 @@ void Core::finish(Slot* slot, int rc, bool from_server) {
     if (slot->done_) return;  // a held-back batch dropped while close_handle reaped it
     slot->rc = rc;
     slot->done_ = true;
+    if (from_server && rc == ZOK && b->purpose == Batch::Purpose::kArm) {
+      // The watch is set as of this reply: recorded now, in the order the
+      // C client delivers replies and events, so that an event for the path
+      // later in this batch erases it (review: recorded at the batch's end,
+      // a watch that fired meanwhile stayed "set" for good).
+      const auto i = static_cast<std::size_t>(slot - b->slots.get());
+      watched_[b->arms[i].first] = conn_gen_;
+      slot->conn_ = conn_gen_;
+    }
     if (b->counted_ && requests_in_flight_ > 0) {
       --requests_in_flight_;
       // Room for a held-back batch: this thread sends it, unless another
@@ -1626,17 +1636,15 @@ void Core::send_arms() {
 void Core::on_armed(const Batch& b) {
   AsyncWaiter& w = *b.waiter;
   w.arming_ = false;
-  // The watches set, whatever became of the waiter: others may share them.
-  for (std::size_t i = 0; i < b.size; ++i) {
-    if (b.slots[i].rc == ZOK) watched_[b.arms[i].first] = conn_gen_;
-  }
+  // The watches set were recorded as their replies came (finish()).
   if (w.outcome_) return;
   w.tried_ = true;
   w.cv.notify_all();
   for (std::size_t i = 0; i < b.size; ++i) {
-    if (b.slots[i].rc == ZOK && b.arms[i].first == w.own_path_) {
+    // Still set only if no event for it came after its reply.
+    if (b.slots[i].rc == ZOK && b.arms[i].first == w.own_path_ && watched_.count(w.own_path_)) {
       w.own_watched_ = true;
-      w.own_conn_ = conn_gen_;
+      w.own_conn_ = b.slots[i].conn_;
     }
   }
   for (std::size_t i = 0; i < b.size; ++i) {
@@ -1654,7 +1662,7 @@ void Core::on_armed(const Batch& b) {
     const auto& [path, with_exists] = b.arms[i];
     const int rc = b.slots[i].rc;
     if (rc == ZOK) {
-      w.armed_.insert(path);
+      if (watched_.count(path)) w.armed_.insert(path);  // else it fired within the batch: set it again
     } else if (rc == ZNOAUTH && !with_exists) {
       w.hidden_.insert(path);  // again at once, with exists
     } else if (ConnectionTrouble(rc)) {
@@ -1780,6 +1788,15 @@ std::shared_ptr<void> ZkSession::async_wait_any_gone(std::string_view queue, std
 std::shared_ptr<void> ZkSession::async_wait_turn(std::string_view queue, std::span<const std::string> ids,
                                                  std::span<const std::string> ahead, std::string_view own,
                                                  std::function<void(Status, bool)> done) {
+  // Review: the own entry's watch only pays off when this wait can vouch
+  // (one entry ahead); otherwise it is a request the short hold after the
+  // grant often never made (released before its watch was sent).
+  const bool can_vouch =
+      ids.size() == 1 && ids.front() != own &&
+      std::all_of(ahead.begin(), ahead.end(), [&](const std::string& a) { return a == ids.front(); });
+  if (!can_vouch) {
+    return async_wait_any_gone(queue, ids, [done = std::move(done)](Status s) { done(std::move(s), false); });
+  }
   std::vector<std::string> watch(ids.begin(), ids.end());
   watch.emplace_back(own);
   auto paths = WaitPaths(core_->cfg(), queue, watch);
