@@ -113,7 +113,7 @@ struct Slot {
 
  private:
   friend class Core;
-  bool done_ = false;  // guarded by the batch's Core::mu_ (see Batch)
+  bool done_ = false;       // guarded by the batch's Core::mu_ (see Batch)
   std::uint64_t conn_ = 0;  // Core::conn_gen_ when the reply came (arm batches)
 };
 
