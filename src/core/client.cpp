@@ -103,9 +103,7 @@ struct UserRefs {
 std::shared_ptr<ClientCore> ClientCore::make(std::shared_ptr<Store> store, ClientOptions options) {
   auto engine = std::make_shared<ClientCore>(std::move(store), std::move(options));
   auto refs = std::make_shared<UserRefs>(engine);
-  std::shared_ptr<ClientCore> user(refs, engine.get());  // counts in `refs`, points at the engine
-  engine->user_refs_ = user;
-  return user;
+  return std::shared_ptr<ClientCore>(refs, engine.get());  // counts in `refs`, points at the engine
 }
 
 void ClientCore::on_last_user_gone() noexcept {

@@ -73,8 +73,8 @@ class LocalLine {
 // A client's engine. Two kinds of references lead to it:
 //  - the user's: Client copies (and so lock objects and awaitables), the
 //    Holds made through it, and acquisitions until they have handed over
-//    their outcome. All share one count (UserRef() and the aliasing
-//    pointer that Client::with_store makes);
+//    their outcome. All share one count (the aliasing pointer that
+//    make() returns, whose control block is UserRefs in client.cpp);
 //  - the engine's own (shared_from_this): the session opener, and what the
 //    store threads and the executor keep while they work.
 // When the last user reference goes on a thread that is not dlock's, the
@@ -91,8 +91,6 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
 
   // A new client: the returned pointer is a user reference.
   static std::shared_ptr<ClientCore> make(std::shared_ptr<Store> store, ClientOptions options);
-  // A user reference, while any is left (null after the last one went).
-  std::shared_ptr<ClientCore> user_ref() const noexcept { return user_refs_.lock(); }
   // Run by the last user reference: see the class comment.
   void on_last_user_gone() noexcept DLOCK_EXCLUDES(mu_);
 
@@ -160,8 +158,6 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
   void retry_later(Pending p) noexcept DLOCK_EXCLUDES(mu_);
   void open_sessions() DLOCK_EXCLUDES(mu_);
 
-  // Set by make(), then constant: the count of user references.
-  std::weak_ptr<ClientCore> user_refs_;
   // Constant after construction.
   const std::shared_ptr<Store> store_;
   const ClientOptions options_;

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdio>
 #include <future>
+#include <memory>
 #include <optional>
 #include <string>
 #include <thread>
@@ -24,43 +25,68 @@ namespace {
 using namespace std::chrono_literals;
 using namespace testing;
 
+// X (a holder), P (a waiter) and W (ours) in one queue, saved to the
+// snapshot; W waits its turn behind P (X and P ahead of it); then X is
+// removed (`dlock break`) and its message has had time to reach W's
+// subscriber. W's session uses `waiter_url` (direct, or through a proxy).
+struct BrokenAhead {
+  void Start(RedisServer& server, const std::string& q, const std::string& waiter_url) {
+    const std::string direct = server.url("?ttl=10s&connect_timeout=1s");
+    sa = MustOpen(direct);
+    sb = MustOpen(direct);
+    sc = MustOpen(waiter_url);
+    a = MustSession(*sa);
+    b = MustSession(*sb);
+    c = MustSession(*sc);
+    ASSERT_TRUE(a && b && c);
+    auto ax = a->append(q, Spec(), In(5s));
+    auto bp = b->append(q, Spec(), In(5s));
+    auto cw = c->append(q, Spec(), In(5s));
+    ASSERT_TRUE(ax.ok() && bp.ok() && cw.ok());
+    x = ax->entry;
+    p = bp->entry;
+    w = cw->entry;
+    ASSERT_EQ(server.CmdStr({"SAVE"}), "OK");  // X, P, W
+    std::vector<std::string> ids{p.id};
+    std::vector<std::string> ahead{x.id, p.id};
+    handle = c->async_wait_turn(q, ids, ahead, w.id, [this](Status s, bool intact) {
+      done.set_value({std::move(s), intact});
+    });
+    std::this_thread::sleep_for(500ms);            // past the first check
+    ASSERT_TRUE(b->remove(q, x.id, In(5s)).ok());  // `dlock break` of X
+    std::this_thread::sleep_for(300ms);            // its message reaches our subscriber
+  }
+
+  std::shared_ptr<Store> sa, sb, sc;
+  std::shared_ptr<Session> a, b, c;
+  Entry x, p, w;
+  std::promise<std::pair<Status, bool>> done;
+  std::future<std::pair<Status, bool>> fut = done.get_future();
+  std::shared_ptr<void> handle;  // last: cancelled first
+};
+
 TEST(RedisHandoff, AnEntryAheadBackFromASnapshotIsNotVouchedGone) {
   auto server = RedisServer::Start();
   ASSERT_TRUE(server);
   const std::string q = "review/rollback";
-  const std::string url = server->url("?ttl=10s&connect_timeout=1s");
-  auto sa = MustOpen(url), sb = MustOpen(url), sc = MustOpen(url);
-  auto a = MustSession(*sa), b = MustSession(*sb), c = MustSession(*sc);
-  ASSERT_TRUE(a && b && c);
-  auto x = a->append(q, Spec(), In(5s));  // the holder
-  auto p = b->append(q, Spec(), In(5s));  // a waiter
-  auto w = c->append(q, Spec(), In(5s));  // ours
-  ASSERT_TRUE(x.ok() && p.ok() && w.ok());
-  ASSERT_EQ(server->CmdStr({"SAVE"}), "OK");  // X, P, W
-
-  std::promise<std::pair<Status, bool>> done;
-  auto fut = done.get_future();
-  std::vector<std::string> ids{p->entry.id};
-  std::vector<std::string> ahead{x->entry.id, p->entry.id};
-  auto handle = c->async_wait_turn(q, ids, ahead, w->entry.id, [&done](Status s, bool intact) {
-    done.set_value({std::move(s), intact});
-  });
-  std::this_thread::sleep_for(500ms);                   // past the first check
-  ASSERT_TRUE(b->remove(q, x->entry.id, In(5s)).ok());  // `dlock break` of X
-  std::this_thread::sleep_for(300ms);                   // its message reaches our subscriber
-  ASSERT_TRUE(server->Restart());                       // from the snapshot: X is back
-  ASSERT_EQ(server->CmdInt({"EXISTS", "dlock:{" + q + "}:e:" + x->entry.id}), 1);
+  BrokenAhead t;
+  ASSERT_NO_FATAL_FAILURE(t.Start(*server, q, server->url("?ttl=10s&connect_timeout=1s")));
+  auto &a = t.a, &b = t.b, &c = t.c;
+  const Entry &x = t.x, &p = t.p, &w = t.w;
+  auto& fut = t.fut;
+  ASSERT_TRUE(server->Restart());  // from the snapshot: X is back
+  ASSERT_EQ(server->CmdInt({"EXISTS", "dlock:{" + q + "}:e:" + x.id}), 1);
   std::this_thread::sleep_for(3s);  // reconnect, re-check
   ASSERT_EQ(fut.wait_for(0s), std::future_status::timeout) << "woken early";
   std::printf("A (owner of X) state before: %s\n", std::string(SessionStateName(a->state())).c_str());
-  ASSERT_TRUE(b->remove(q, p->entry.id, In(5s)).ok());  // P goes
+  ASSERT_TRUE(b->remove(q, p.id, In(5s)).ok());  // P goes
   ASSERT_EQ(fut.wait_for(10s), std::future_status::ready);
   auto [st, intact] = fut.get();
   auto listed = c->list(q, {}, In(5s));
   ASSERT_TRUE(listed.ok());
   std::printf("queue after P went:");
   for (const auto& e : *listed) {
-    std::printf(" %s%s", e.id == x->entry.id ? "X" : e.id == w->entry.id ? "W(own)" : e.id.c_str(), "");
+    std::printf(" %s%s", e.id == x.id ? "X" : e.id == w.id ? "W(own)" : e.id.c_str(), "");
   }
   std::printf("\nwait: %s own_intact=%d; A (owner of X): %s, C: %s\n", st.to_string().c_str(), int(intact),
               std::string(SessionStateName(a->state())).c_str(), std::string(SessionStateName(c->state())).c_str());
@@ -133,38 +159,22 @@ TEST(RedisHandoff, ACheckOnARestartedServerBeforeTheSubscriberNoticesDoesNotVouc
   ASSERT_TRUE(server);
   HoldingProxy proxy(server->port());
   const std::string q = "review/half-open";
-  const std::string direct = server->url("?ttl=10s&connect_timeout=1s");
-  auto sa = MustOpen(direct), sb = MustOpen(direct);
-  auto sc = MustOpen(proxy.url("?ttl=10s&connect_timeout=1s"));  // the waiter's, through the proxy
-  auto a = MustSession(*sa), b = MustSession(*sb), c = MustSession(*sc);
-  ASSERT_TRUE(a && b && c);
-  auto x = a->append(q, Spec(), In(5s));  // the holder
-  auto p = b->append(q, Spec(), In(5s));  // a waiter
-  auto w = c->append(q, Spec(), In(5s));  // ours
-  ASSERT_TRUE(x.ok() && p.ok() && w.ok());
-  ASSERT_EQ(server->CmdStr({"SAVE"}), "OK");  // X, P, W
-
-  std::promise<std::pair<Status, bool>> done;
-  auto fut = done.get_future();
-  std::vector<std::string> ids{p->entry.id};
-  std::vector<std::string> ahead{x->entry.id, p->entry.id};
-  auto handle = c->async_wait_turn(q, ids, ahead, w->entry.id, [&done](Status s, bool intact) {
-    done.set_value({std::move(s), intact});
-  });
-  std::this_thread::sleep_for(500ms);                   // past the first check
-  ASSERT_TRUE(b->remove(q, x->entry.id, In(5s)).ok());  // `dlock break` of X
-  std::this_thread::sleep_for(300ms);                   // its message reaches our subscriber
+  BrokenAhead t;  // the waiter's session through the proxy
+  ASSERT_NO_FATAL_FAILURE(t.Start(*server, q, proxy.url("?ttl=10s&connect_timeout=1s")));
+  auto &b = t.b, &c = t.c;
+  const Entry &x = t.x, &p = t.p;
+  auto& fut = t.fut;
   proxy.HalfOpenSubscribers();
   std::this_thread::sleep_for(100ms);
   ASSERT_TRUE(server->Restart());  // from the snapshot: X is back
-  ASSERT_EQ(server->CmdInt({"EXISTS", "dlock:{" + q + "}:e:" + x->entry.id}), 1);
-  ASSERT_TRUE(b->remove(q, p->entry.id, In(5s)).ok());  // P goes, on the restarted server
+  ASSERT_EQ(server->CmdInt({"EXISTS", "dlock:{" + q + "}:e:" + x.id}), 1);
+  ASSERT_TRUE(b->remove(q, p.id, In(5s)).ok());  // P goes, on the restarted server
   ASSERT_EQ(fut.wait_for(0s), std::future_status::timeout) << "woken while the subscription is silent";
   // A second wait on the queue: its first check reads every waiter's ids.
-  auto other = c->async_wait_any_gone(q, std::vector<std::string>{x->entry.id}, [](Status) {});
+  auto other = c->async_wait_any_gone(q, std::vector<std::string>{x.id}, [](Status) {});
   std::optional<std::pair<Status, bool>> got;
   if (fut.wait_for(5s) == std::future_status::ready) got = fut.get();
-  const bool x_there = server->CmdInt({"EXISTS", "dlock:{" + q + "}:e:" + x->entry.id}) == 1;
+  const bool x_there = server->CmdInt({"EXISTS", "dlock:{" + q + "}:e:" + x.id}) == 1;
   std::printf("woken: %d; %s own_intact=%d; X on the server: %d; C: %s\n", int(got.has_value()),
               got ? got->first.to_string().c_str() : "-", got ? int(got->second) : 0, int(x_there),
               std::string(SessionStateName(c->state())).c_str());
@@ -174,7 +184,7 @@ TEST(RedisHandoff, ACheckOnARestartedServerBeforeTheSubscriberNoticesDoesNotVouc
         << "vouched that every entry ahead is gone while X (back from the snapshot) is first in the queue";
   }
   other.reset();
-  handle.reset();
+  t.handle.reset();
 }
 
 }  // namespace

@@ -684,6 +684,13 @@ struct Turn {
   bool second;
 };
 
+// Starts `waiter`'s async_wait_turn; its outcomes go to `out`.
+std::shared_ptr<void> WaitTurn(Session& waiter, const std::string& q, std::span<const std::string> ids,
+                               std::span<const std::string> ahead, const std::string& own, Outcomes<Turn>& out) {
+  auto cb = out.Callback();
+  return waiter.async_wait_turn(q, ids, ahead, own, [cb](Status s, bool intact) { cb(Turn(std::move(s), intact)); });
+}
+
 // Session::async_wait_turn: it wakes as async_wait_any_gone does, and never
 // vouches for an own entry removed before (or with) the one waited for,
 // whether the removals come while it waits or before its first look. Where
@@ -697,9 +704,7 @@ TEST_P(ConformanceTest, AsyncWaitTurnNeverVouchesForARemovedOwnEntry) {
                        std::vector<std::string> before = {}) {
     std::vector<std::string> ids{ahead.id};
     before.push_back(ahead.id);
-    auto cb = out.Callback();
-    return waiter->async_wait_turn(q, ids, before, own.id,
-                                   [cb](Status s, bool intact) { cb(Turn(std::move(s), intact)); });
+    return WaitTurn(*waiter, q, ids, before, own.id, out);
   };
   for (bool early : {false, true}) {
     Entry ahead = Append(*holder, q);
@@ -768,9 +773,7 @@ TEST_P(ConformanceTest, AsyncWaitTurnVouchesBehindOneEntryWhereTheStoreCan) {
   Entry own = Append(*waiter, q);
   Outcomes<Turn> done;
   std::vector<std::string> ids{ahead.id};
-  auto cb = done.Callback();
-  auto handle =
-      waiter->async_wait_turn(q, ids, ids, own.id, [cb](Status s, bool intact) { cb(Turn(std::move(s), intact)); });
+  auto handle = WaitTurn(*waiter, q, ids, ids, own.id, done);
   EXPECT_TRUE(done.NoneWithin(kStillBlocked));  // past the wait's first look
   ASSERT_THAT(holder->remove(q, ahead.id, In(kPrompt)), IsOk());
   Turn t = done.First();

@@ -3,6 +3,7 @@
 #include <zookeeper/zookeeper.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cerrno>
 #include <condition_variable>
@@ -1083,7 +1084,7 @@ void Core::on_path_event(int type, const char* path) {
       // The entry waited for went while the own entry's watch, set on this
       // same connection, has not fired: the own entry was still there
       // (its removal, earlier in the server's order, would have come first).
-      if (!w->vouch_by_.empty() && w->vouch_by_ == path && w->own_watched_ && w->own_conn_ == conn_gen_) {
+      if (w->vouch_by_ == path && w->own_watched_ && w->own_conn_ == conn_gen_) {
         w->vouched_ = true;
       }
       decide(*w, OkStatus());
@@ -1761,6 +1762,16 @@ class WaitHandle {
   const std::shared_ptr<AsyncWaiter> w_;
 };
 
+// Registers `w` and hands back its handle; on a session that has ended, `w`
+// is completed at once (with why) and there is nothing to cancel.
+std::shared_ptr<void> StartWait(const std::shared_ptr<Core>& core, std::shared_ptr<AsyncWaiter> w) {
+  if (Status s = core->add_waiter(w); !s.ok()) {
+    core->complete_now(w, std::move(s));
+    return std::make_shared<int>(0);
+  }
+  return std::make_shared<WaitHandle>(core, std::move(w));
+}
+
 }  // namespace
 
 std::shared_ptr<void> ZkSession::async_wait_any_gone(std::string_view queue, std::span<const std::string> ids,
@@ -1770,13 +1781,9 @@ std::shared_ptr<void> ZkSession::async_wait_any_gone(std::string_view queue, std
     done(paths.status());
     return std::make_shared<int>(0);  // nothing left to cancel
   }
-  auto w = std::make_shared<AsyncWaiter>(std::move(paths->first), std::move(paths->second),
-                                         [done = std::move(done)](Status s, bool) { done(std::move(s)); });
-  if (Status s = core_->add_waiter(w); !s.ok()) {
-    core_->complete_now(w, std::move(s));
-    return std::make_shared<int>(0);
-  }
-  return std::make_shared<WaitHandle>(core_, std::move(w));
+  return StartWait(core_,
+                   std::make_shared<AsyncWaiter>(std::move(paths->first), std::move(paths->second),
+                                                 [done = std::move(done)](Status s, bool) { done(std::move(s)); }));
 }
 
 // The wait also watches the own entry (in the same round trip), and the
@@ -1797,28 +1804,17 @@ std::shared_ptr<void> ZkSession::async_wait_turn(std::string_view queue, std::sp
   if (!can_vouch) {
     return async_wait_any_gone(queue, ids, [done = std::move(done)](Status s) { done(std::move(s), false); });
   }
-  std::vector<std::string> watch(ids.begin(), ids.end());
-  watch.emplace_back(own);
-  auto paths = WaitPaths(core_->cfg(), queue, watch);
-  auto own_path = WaitPaths(core_->cfg(), queue, std::span<const std::string>(&watch.back(), 1));
-  if (!paths.ok() || !own_path.ok()) {
-    done(paths.ok() ? own_path.status() : paths.status(), false);
+  const std::array<std::string, 2> watch{ids.front(), std::string(own)};
+  auto paths = WaitPaths(core_->cfg(), queue, watch);  // checks both ids
+  if (!paths.ok()) {
+    done(paths.status(), false);
     return std::make_shared<int>(0);  // nothing left to cancel
   }
   auto w = std::make_shared<AsyncWaiter>(std::move(paths->first), std::move(paths->second), std::move(done));
-  w->own_path_ = own_path->first.front();
-  const bool only_ahead =
-      ids.size() == 1 && ids.front() != own &&
-      std::all_of(ahead.begin(), ahead.end(), [&](const std::string& a) { return a == ids.front(); });
-  if (only_ahead) {
-    auto by = WaitPaths(core_->cfg(), queue, ids);
-    if (by.ok()) w->vouch_by_ = by->first.front();
-  }
-  if (Status s = core_->add_waiter(w); !s.ok()) {
-    core_->complete_now(w, std::move(s));
-    return std::make_shared<int>(0);
-  }
-  return std::make_shared<WaitHandle>(core_, std::move(w));
+  const std::string base = QueuePath(core_->cfg().chroot, queue);
+  w->vouch_by_ = base + "/" + watch[0];
+  w->own_path_ = base + "/" + watch[1];
+  return StartWait(core_, std::move(w));
 }
 
 // The asynchronous wait, blocked on: its outcome, or the deadline or stop,
