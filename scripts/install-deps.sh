@@ -2,6 +2,14 @@
 # Installs the Debian packages dlock needs to build, test, package and
 # benchmark (dpkg-dev and file: cpack -G DEB; man-db: the man page test;
 # clang-format and clang-tidy: scripts/lint.sh).
+#
+# The etcd store (docs/etcd.md): etcd-server and etcd-client (etcd, etcdctl)
+# for the tests; gRPC++ and protoc with its gRPC plugin to generate the v3
+# API stubs at build time; golang-etcd-server-dev for etcd's own .proto files
+# (rpc.proto, kv.proto, auth.proto under /usr/share/gocode), with
+# golang-github-gogo-protobuf-dev (gogoproto/gogo.proto) and
+# golang-github-grpc-ecosystem-grpc-gateway-dev (google/api/annotations.proto)
+# for what they import. Nothing is downloaded at build time.
 # Does nothing when they are all present (so it also works offline then).
 set -euo pipefail
 
@@ -12,6 +20,8 @@ packages=(
   libzookeeper-mt-dev zookeeper default-jre-headless python3-kazoo
   libcurator-recipes-java default-jdk-headless
   libhiredis-dev redis-server python3-redis
+  etcd-server etcd-client libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
+  golang-etcd-server-dev golang-github-gogo-protobuf-dev golang-github-grpc-ecosystem-grpc-gateway-dev
   procps iproute2 gdb
   dpkg-dev file man-db
 )
