@@ -14,6 +14,9 @@
 #ifdef DLOCK_HAVE_REDIS
 #include "stores/redis/redis_store.hpp"
 #endif
+#ifdef DLOCK_HAVE_ETCD
+#include "stores/etcd/etcd_store.hpp"
+#endif
 
 namespace dlock {
 namespace {
@@ -36,6 +39,9 @@ struct StoreKind {
 
 // Every store this build has, in the order SupportedSchemes() gives them.
 constexpr StoreKind kStores[] = {
+#ifdef DLOCK_HAVE_ETCD
+    {"etcd", "", &internal::OpenEtcdStore},
+#endif
     {"file", "", &internal::OpenFileStore},
     {"mem", "", &OpenMemStore},
 #ifdef DLOCK_HAVE_REDIS

@@ -1,0 +1,1308 @@
+// The etcd:// store. See etcd_store.hpp for what it guarantees,
+// etcd_layout.hpp for the keys, docs/etcd.md for every operation as etcd
+// RPCs and why.
+//
+// One gRPC channel per store carries everything:
+//  - unary calls (Txn, LeaseGrant, LeaseRevoke): the blocking Session methods
+//    make them on the calling thread (gRPC's synchronous stubs), the async_
+//    ones on the store's Loop, whose one thread runs their completions;
+//  - one LeaseKeepAlive stream for the leases of every session (KeepAlives);
+//  - one Watch stream for the waits of every session (Watches).
+// Both streams, their bookkeeping and the timers belong to the Loop's
+// thread: other threads post to it. So a store runs one thread of its own,
+// whatever the number of sessions, waits and holds. (gRPC runs a few
+// process-wide threads of its own, which never run dlock code.)
+//
+// Lease accounting: a renewal request sent at time S and answered with
+// TTL > 0 proves that the leader renewed the lease after S, so it lives at
+// least until S + TTL on the server. The session counts itself lost at
+// (latest such S + TTL) - TTL/10, by its own clock, and at once on TTL <= 0.
+#include "stores/etcd/etcd_store.hpp"
+
+#include <grpcpp/grpcpp.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <fstream>
+#include <map>
+#include <optional>
+#include <set>
+#include <sstream>
+
+#include "core/dlock_thread.hpp"
+#include "core/listeners.hpp"
+#include "core/serial_delivery.hpp"
+#include "core/thread_annotations.hpp"
+#include "etcd/etcdserver/etcdserverpb/rpc.grpc.pb.h"
+#include "stores/blocking_wait.hpp"
+#include "stores/etcd/etcd_layout.hpp"
+#include "stores/etcd/etcd_loop.hpp"
+#include "stores/one_outcome.hpp"
+
+namespace dlock::internal::etcd {
+namespace {
+
+namespace pb = etcdserverpb;
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+
+constexpr std::uint16_t kDefaultPort = 2379;
+// Waits and stream reopenings retry after this, doubling up to the maximum.
+constexpr milliseconds kFirstRetry{50};
+constexpr milliseconds kMaxRetry{2'000};
+// Reads of more keys than this in one Txn read the queue's range instead
+// (etcd's --max-txn-ops is 128 by default).
+constexpr std::size_t kMaxKeysPerTxn = 64;
+
+// --- Configuration
+
+struct Config {
+  std::string url;     // redacted
+  std::string target;  // gRPC target: "ipv4:a:p,b:q", "ipv6:...", "dns:///h:p"
+  std::string prefix;  // "" or ending in '/'
+  seconds ttl{10};
+  milliseconds connect_timeout{10'000};
+  std::shared_ptr<Clock> clock;
+  bool tls = false;
+  std::string ca_pem, cert_pem, key_pem;
+  std::optional<std::string> user, password;
+};
+
+bool IsIpv4(const std::string& host) {
+  int dots = 0;
+  for (char c : host) {
+    if (c == '.') {
+      ++dots;
+    } else if (c < '0' || c > '9') {
+      return false;
+    }
+  }
+  return dots == 3;
+}
+
+Result<std::string> ReadFile(const std::string& what, const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return InvalidArgumentError("etcd:// " + what + " file '" + path + "' cannot be read");
+  std::ostringstream out;
+  out << in.rdbuf();
+  return out.str();
+}
+
+Result<Config> ParseConfig(const ParsedUrl& url, const StoreOptions& options) {
+  if (auto s = CheckQueryKeys(url, {"ttl", "connect_timeout", "ca", "cert", "key"}); !s.ok()) return s;
+  Config cfg;
+  cfg.url = url.redacted();
+  cfg.clock = options.clock ? options.clock : Clock::system();
+  if (url.hosts.empty()) return InvalidArgumentError("etcd:// URL needs at least one host, e.g. etcd://127.0.0.1:2379");
+  bool all_v4 = true, all_v6 = true;
+  for (const auto& hp : url.hosts) {
+    all_v4 = all_v4 && IsIpv4(hp.host);
+    all_v6 = all_v6 && hp.host.find(':') != std::string::npos;
+  }
+  std::string list;
+  for (const auto& hp : url.hosts) {
+    if (!list.empty()) list += ',';
+    const bool v6 = hp.host.find(':') != std::string::npos;
+    list += (v6 ? "[" + hp.host + "]" : hp.host) + ":" + std::to_string(hp.port.value_or(kDefaultPort));
+  }
+  if (all_v4) {
+    cfg.target = "ipv4:" + list;
+  } else if (all_v6) {
+    cfg.target = "ipv6:" + list;
+  } else if (url.hosts.size() == 1) {
+    cfg.target = "dns:///" + list;
+  } else {
+    return InvalidArgumentError("etcd:// URL with several endpoints: give them as IP addresses (" + list +
+                                "); a host name is taken only alone");
+  }
+  std::string prefix = url.path;
+  while (!prefix.empty() && prefix.front() == '/') prefix.erase(0, 1);
+  while (!prefix.empty() && prefix.back() == '/') prefix.pop_back();
+  if (!prefix.empty()) {
+    if (auto s = ValidateLockName(prefix); !s.ok()) {
+      return InvalidArgumentError("etcd:// prefix '" + prefix + "': " + s.message());
+    }
+    cfg.prefix = prefix + "/";
+  }
+  auto ttl = QueryDuration(url, "ttl", milliseconds(10'000));
+  if (!ttl.ok()) return ttl.status();
+  if (*ttl < seconds(1) || *ttl > std::chrono::hours(24)) {
+    return InvalidArgumentError("etcd:// ttl must be between 1s and 24h");
+  }
+  cfg.ttl = std::chrono::ceil<seconds>(*ttl);
+  auto connect = QueryDuration(url, "connect_timeout", options.connect_timeout);
+  if (!connect.ok()) return connect.status();
+  cfg.connect_timeout = std::max(*connect, milliseconds(1));
+  const std::pair<const char*, std::string*> pems[] = {{"ca", &cfg.ca_pem}, {"cert", &cfg.cert_pem}, {"key", &cfg.key_pem}};
+  for (auto [key, pem] : pems) {
+    auto it = url.query.find(key);
+    if (it == url.query.end()) continue;
+    auto content = ReadFile(key, it->second);
+    if (!content.ok()) return content.status();
+    *pem = std::move(*content);
+    cfg.tls = true;
+  }
+  if (cfg.cert_pem.empty() != cfg.key_pem.empty()) {
+    return InvalidArgumentError("etcd:// cert and key go together (a client certificate and its key)");
+  }
+  if (url.user) {
+    if (url.user->empty()) return InvalidArgumentError("etcd:// URL has an empty user name");
+    if (!url.password) return InvalidArgumentError("etcd:// URL names user '" + *url.user + "' without a password");
+    cfg.user = url.user;
+    cfg.password = url.password;
+  }
+  return cfg;
+}
+
+// --- gRPC status -> dlock status
+
+Status FromGrpc(const grpc::Status& s, std::string_view what) {
+  const std::string m = "etcd store: " + std::string(what) + ": " + s.error_message();
+  switch (s.error_code()) {
+    case grpc::StatusCode::OK: return OkStatus();
+    case grpc::StatusCode::NOT_FOUND:
+      if (s.error_message().find("lease not found") != std::string::npos) return SessionLostError(m);
+      return InternalError(m);
+    case grpc::StatusCode::PERMISSION_DENIED: return PermissionDeniedError(m);
+    case grpc::StatusCode::UNAUTHENTICATED: return UnauthenticatedError(m);
+    case grpc::StatusCode::INVALID_ARGUMENT:
+      if (s.error_message().find("authentication failed") != std::string::npos) return UnauthenticatedError(m);
+      return InternalError(m);
+    case grpc::StatusCode::UNAVAILABLE:
+    case grpc::StatusCode::DEADLINE_EXCEEDED:
+    case grpc::StatusCode::CANCELLED:
+    case grpc::StatusCode::RESOURCE_EXHAUSTED:
+    case grpc::StatusCode::ABORTED:
+    case grpc::StatusCode::UNKNOWN: return UnavailableError(m);
+    default: return InternalError(m);
+  }
+}
+
+// --- Request pieces
+
+pb::RequestOp PutOp(const std::string& key, std::string value, std::int64_t lease) {
+  pb::RequestOp op;
+  auto* put = op.mutable_request_put();
+  put->set_key(key);
+  put->set_value(std::move(value));
+  put->set_lease(lease);
+  return op;
+}
+
+pb::RequestOp RangeOp(const std::string& key, const std::string& range_end, bool keys_only) {
+  pb::RequestOp op;
+  auto* range = op.mutable_request_range();
+  range->set_key(key);
+  if (!range_end.empty()) range->set_range_end(range_end);
+  range->set_keys_only(keys_only);
+  return op;
+}
+
+pb::RequestOp DirOp(const std::string& dir, bool keys_only) { return RangeOp(dir, PrefixEnd(dir), keys_only); }
+
+pb::RequestOp DeleteOp(const std::string& key) {
+  pb::RequestOp op;
+  op.mutable_request_delete_range()->set_key(key);
+  return op;
+}
+
+pb::Compare CreateRevisionIs(const std::string& key, std::int64_t rev) {
+  pb::Compare c;
+  c.set_key(key);
+  c.set_target(pb::Compare::CREATE);
+  c.set_result(pb::Compare::EQUAL);
+  c.set_create_revision(rev);
+  return c;
+}
+
+pb::Compare VersionIs(const std::string& key, std::int64_t version) {
+  pb::Compare c;
+  c.set_key(key);
+  c.set_target(pb::Compare::VERSION);
+  c.set_result(pb::Compare::EQUAL);
+  c.set_version(version);
+  return c;
+}
+
+pb::Compare LeaseIs(const std::string& key, std::int64_t lease) {
+  pb::Compare c;
+  c.set_key(key);
+  c.set_target(pb::Compare::LEASE);
+  c.set_result(pb::Compare::EQUAL);
+  c.set_lease(lease);
+  return c;
+}
+
+std::vector<KeyRead> KeysOf(const pb::ResponseOp& op) {
+  std::vector<KeyRead> out;
+  for (const auto& kv : op.response_range().kvs()) {
+    out.push_back({kv.key(), kv.create_revision(), kv.mod_revision(), kv.lease()});
+  }
+  return out;
+}
+
+std::vector<RecordRead> RecordsOf(const pb::ResponseOp& op) {
+  std::vector<RecordRead> out;
+  for (const auto& kv : op.response_range().kvs()) out.push_back({kv.key(), kv.value()});
+  return out;
+}
+
+std::vector<Entry> JustEntries(std::vector<Listed> listed) {
+  std::vector<Entry> out;
+  out.reserve(listed.size());
+  for (Listed& l : listed) out.push_back(std::move(l.entry));
+  return out;
+}
+
+using TxnDone = std::function<void(Result<pb::TxnResponse>)>;
+
+class SessionCore;
+class KeepAlives;
+class Watches;
+
+// --- The shared part of a store: channel, stubs, loop
+
+class Core : public std::enable_shared_from_this<Core> {
+ public:
+  Core(Config cfg, std::shared_ptr<grpc::Channel> channel)
+      : cfg_(std::move(cfg)),
+        channel_(std::move(channel)),
+        kv_(pb::KV::NewStub(channel_)),
+        lease_(pb::Lease::NewStub(channel_)),
+        watch_(pb::Watch::NewStub(channel_)),
+        loop_(Loop::start()) {}
+  ~Core();
+
+  // Makes the loop-thread parts (they need shared_from_this).
+  void start();
+
+  const Config& cfg() const { return cfg_; }
+  Loop& loop() { return *loop_; }
+  KeepAlives& keep_alives() { return *keep_alives_; }  // loop thread only
+  Watches& watches() { return *watches_; }             // loop thread only
+  pb::KV::Stub& kv() { return *kv_; }
+  pb::Lease::Stub& lease_stub() { return *lease_; }
+  pb::Watch::Stub& watch_stub() { return *watch_; }
+
+  void set_token(std::string token) DLOCK_EXCLUDES(token_mu_) {
+    MutexLock lk(token_mu_);
+    token_ = std::move(token);
+  }
+
+  // A call's context: its deadline (see io_deadline) and the auth token.
+  void setup(grpc::ClientContext& ctx, Clock::time_point deadline) DLOCK_EXCLUDES(token_mu_) {
+    ctx.set_deadline(std::chrono::system_clock::now() + io_timeout(deadline));
+    add_token(ctx);
+  }
+  // A stream's: no deadline; a member that loses its leader ends it.
+  void setup_stream(grpc::ClientContext& ctx) DLOCK_EXCLUDES(token_mu_) {
+    ctx.AddMetadata("hasleader", "true");
+    add_token(ctx);
+  }
+
+  // "At most about the deadline plus one round trip", and never more than
+  // the connect timeout (a request that could not be answered in time has
+  // an unknown outcome: kUnavailable).
+  Clock::duration io_timeout(Clock::time_point deadline) const {
+    const Clock::duration cap = cfg_.connect_timeout;
+    const Clock::duration floor = std::min<Clock::duration>(cap, milliseconds(1'000));
+    Clock::duration left = cap;
+    if (deadline != kNoDeadline) left = deadline - cfg_.clock->now();
+    return std::clamp<Clock::duration>(left, floor, cap);
+  }
+
+  // A Txn, on the calling thread (`sync`: `done` runs before this returns)
+  // or on the loop.
+  void txn(const pb::TxnRequest& req, Clock::time_point deadline, bool sync, TxnDone done);
+  void revoke(std::int64_t lease, bool sync);
+
+ private:
+  void add_token(grpc::ClientContext& ctx) DLOCK_EXCLUDES(token_mu_) {
+    MutexLock lk(token_mu_);
+    if (!token_.empty()) ctx.AddMetadata("token", token_);
+  }
+
+  const Config cfg_;
+  const std::shared_ptr<grpc::Channel> channel_;
+  const std::unique_ptr<pb::KV::Stub> kv_;
+  const std::unique_ptr<pb::Lease::Stub> lease_;
+  const std::unique_ptr<pb::Watch::Stub> watch_;
+  const std::shared_ptr<Loop> loop_;
+  std::shared_ptr<KeepAlives> keep_alives_;  // set by start(), then constant
+  std::shared_ptr<Watches> watches_;         // set by start(), then constant
+  Mutex token_mu_;
+  std::string token_ DLOCK_GUARDED_BY(token_mu_);
+};
+
+// A unary call on the loop: `done(status, response)` on the loop thread, or
+// at once with UNAVAILABLE when the loop is shutting down.
+template <class Response, class Request, class Prepare>
+void CallOnLoop(Loop& loop, Prepare prepare, const Request& req, const std::function<void(grpc::ClientContext&)>& setup,
+                std::function<void(const grpc::Status&, Response&)> done) {
+  struct Call {
+    grpc::ClientContext ctx;
+    Response response;
+    grpc::Status status;
+    std::unique_ptr<grpc::ClientAsyncResponseReader<Response>> reader;
+  };
+  auto call = std::make_shared<Call>();
+  setup(call->ctx);
+  void* tag = loop.tag(&call->ctx, [call, done](bool) { done(call->status, call->response); });
+  if (tag == nullptr) {
+    Response none;
+    return done(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the store is closing"), none);
+  }
+  call->reader = prepare(&call->ctx, req, loop.queue());
+  call->reader->StartCall();
+  call->reader->Finish(&call->response, &call->status, tag);
+}
+
+void Core::txn(const pb::TxnRequest& req, Clock::time_point deadline, bool sync, TxnDone done) {
+  auto setup = [this, deadline](grpc::ClientContext& ctx) { this->setup(ctx, deadline); };
+  if (sync) {
+    grpc::ClientContext ctx;
+    setup(ctx);
+    pb::TxnResponse resp;
+    grpc::Status s = kv_->Txn(&ctx, req, &resp);
+    if (!s.ok()) return done(FromGrpc(s, "txn"));
+    return done(std::move(resp));
+  }
+  CallOnLoop<pb::TxnResponse>(
+      *loop_,
+      [this](grpc::ClientContext* ctx, const pb::TxnRequest& r, grpc::CompletionQueue* cq) {
+        return kv_->PrepareAsyncTxn(ctx, r, cq);
+      },
+      req, setup, [done = std::move(done)](const grpc::Status& s, pb::TxnResponse& resp) {
+        if (!s.ok()) return done(FromGrpc(s, "txn"));
+        done(std::move(resp));
+      });
+}
+
+void Core::revoke(std::int64_t lease, bool sync) {
+  pb::LeaseRevokeRequest req;
+  req.set_id(lease);
+  // Short: the lease runs out by itself if this fails.
+  const Clock::time_point deadline = cfg_.clock->now() + std::min<Clock::duration>(cfg_.connect_timeout, seconds(2));
+  if (sync) {
+    grpc::ClientContext ctx;
+    setup(ctx, deadline);
+    pb::LeaseRevokeResponse resp;
+    (void)lease_->LeaseRevoke(&ctx, req, &resp);
+    return;
+  }
+  CallOnLoop<pb::LeaseRevokeResponse>(
+      *loop_,
+      [this](grpc::ClientContext* ctx, const pb::LeaseRevokeRequest& r, grpc::CompletionQueue* cq) {
+        return lease_->PrepareAsyncLeaseRevoke(ctx, r, cq);
+      },
+      req, [this, deadline](grpc::ClientContext& ctx) { setup(ctx, deadline); },
+      [keep = shared_from_this()](const grpc::Status&, pb::LeaseRevokeResponse&) {});
+}
+
+// Retry delays: kFirstRetry, doubling to kMaxRetry.
+class Backoff {
+ public:
+  milliseconds next() {
+    const milliseconds d = delay_;
+    delay_ = std::min(delay_ * 2, kMaxRetry);
+    return d;
+  }
+  void reset() { delay_ = kFirstRetry; }
+
+ private:
+  milliseconds delay_ = kFirstRetry;
+};
+
+Loop::TimePoint RealTimeAt(const Clock& clock, Clock::time_point when) {
+  return std::chrono::steady_clock::now() +
+         std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::max(when - clock.now(), Clock::duration{}));
+}
+
+// --- Sessions
+
+// A pending wait (async_wait_any_gone). The fields below `outcome` belong to
+// the loop thread.
+struct WaitRec {
+  std::weak_ptr<SessionCore> session;
+  std::string queue;
+  std::vector<std::pair<std::string, std::int64_t>> keys;  // key, create revision
+  std::shared_ptr<OneOutcome> outcome;
+
+  bool done = false;      // finished or cancelled: nothing more to do
+  bool checking = false;  // a read is in flight
+  std::vector<std::int64_t> watch_ids;
+  std::uint64_t retry_timer = 0;
+  Backoff backoff;
+};
+
+class SessionCore : public std::enable_shared_from_this<SessionCore> {
+ public:
+  SessionCore(std::shared_ptr<Core> core, std::int64_t lease, seconds ttl, Clock::time_point granted_sent)
+      : core_(std::move(core)),
+        cfg_(core_->cfg()),
+        lease_(lease),
+        sid_(LeaseHex(lease)),
+        ttl_(ttl),
+        layout_(cfg_.prefix) {
+    lost_at_.store((granted_sent + ttl_ - margin()).time_since_epoch().count());
+  }
+
+  // Puts the lease on the keep-alive stream.
+  void start();
+
+  const std::string& id() const { return sid_; }
+  const std::shared_ptr<Clock>& clock() const { return cfg_.clock; }
+  std::int64_t lease() const { return lease_; }
+  seconds ttl() const { return ttl_; }
+  Clock::duration margin() const { return ttl_ / 10; }
+  Clock::time_point lost_at() const { return Clock::time_point(Clock::duration(lost_at_.load())); }
+
+  SessionState state() const noexcept {
+    SessionState s = state_.load();
+    if ((s == SessionState::kConnected || s == SessionState::kSuspended) &&
+        cfg_.clock->now().time_since_epoch().count() >= lost_at_.load()) {
+      return SessionState::kLost;  // the loop's timer is about to say so
+    }
+    return s;
+  }
+
+  std::shared_ptr<void> subscribe(std::function<void(SessionState)> fn) { return listeners_.add(std::move(fn)); }
+
+  Status usable(bool fail_if_suspended) const {
+    switch (state()) {
+      case SessionState::kLost: return SessionLostError("etcd session " + sid_ + " is lost" + lost_reason());
+      case SessionState::kClosed: return SessionLostError("etcd session " + sid_ + " is closed");
+      case SessionState::kSuspended:
+        if (fail_if_suspended) return UnavailableError("etcd session " + sid_ + " is suspended: cannot reach " + cfg_.url);
+        return OkStatus();
+      case SessionState::kConnected: return OkStatus();
+    }
+    return OkStatus();
+  }
+
+  // --- Requests (`sync`: on the calling thread, `done` before returning)
+
+  void append(std::string_view queue, const EntrySpec& spec, Clock::time_point deadline, bool sync,
+              std::function<void(Result<Appended>)> done) {
+    if (auto s = ValidateLockName(queue); !s.ok()) return done(s);
+    if (spec.kind.empty()) return done(InvalidArgumentError("entry kind is empty"));
+    if (spec.attempt_id.empty() || spec.attempt_id.find('/') != std::string::npos) {
+      return done(InvalidArgumentError("etcd store: attempt id '" + spec.attempt_id + "' is not valid"));
+    }
+    if (auto s = usable(true); !s.ok()) return done(s);
+    if (spec.sequence) return downgrade(std::string(queue), spec, deadline, sync, std::move(done));
+    put_entry(std::string(queue), FirstSuffix(lease_), spec, 0, deadline, sync, /*first=*/true, std::move(done));
+  }
+
+  void list(std::string_view queue, const ListOptions& options, Clock::time_point deadline, bool sync,
+            std::function<void(Result<std::vector<Entry>>)> done) {
+    if (auto s = ValidateLockName(queue); !s.ok()) return done(s);
+    if (auto s = usable(true); !s.ok()) return done(s);
+    read_queue(std::string(queue), deadline, sync,
+               [done = std::move(done), owners = options.with_owners, self = shared_from_this(),
+                q = std::string(queue)](Result<pb::TxnResponse> r) {
+                 if (!r.ok()) return done(self->noted(r.status()));
+                 done(JustEntries(self->entries_of(q, *r, 0, owners)));
+               });
+  }
+
+  void remove(std::string_view queue, std::string_view id, Clock::time_point deadline, bool sync,
+              std::function<void(Status)> done) {
+    if (auto s = ValidateLockName(queue); !s.ok()) return done(s);
+    auto parsed = ParseEntryId(id);
+    if (!parsed.ok()) return done(parsed.status());
+    if (auto s = usable(true); !s.ok()) return done(s);
+    const std::string q(queue);
+    const std::string key = layout_.entry_key(q, parsed->suffix);
+    pb::TxnRequest req;
+    *req.add_compare() = CreateRevisionIs(key, parsed->create_revision);
+    *req.add_success() = DeleteOp(key);
+    *req.add_success() = DeleteOp(layout_.record_key(q, parsed->suffix));
+    if (!IsReservationSuffix(parsed->suffix)) {
+      // A write entry's reservation goes with it, unless a downgrade made it
+      // a read entry (it then has a record of its own).
+      const std::string reservation = ReservationSuffix(parsed->suffix);
+      pb::RequestOp nested;
+      auto* inner = nested.mutable_request_txn();
+      *inner->add_compare() = CreateRevisionIs(layout_.entry_key(q, reservation), parsed->create_revision);
+      *inner->add_compare() = VersionIs(layout_.record_key(q, reservation), 0);
+      *inner->add_success() = DeleteOp(layout_.entry_key(q, reservation));
+      *req.add_success() = std::move(nested);
+    }
+    // Not succeeded: the entry was gone already (or is a newer one under
+    // the same key, which this id does not name): OK either way.
+    core_->txn(req, deadline, sync, [done = std::move(done), self = shared_from_this()](Result<pb::TxnResponse> r) {
+      done(r.ok() ? OkStatus() : self->noted(r.status()));
+    });
+  }
+
+  void find_own(std::string_view queue, std::string_view attempt_id, Clock::time_point deadline, bool sync,
+                std::function<void(Result<std::optional<Entry>>)> done) {
+    if (auto s = ValidateLockName(queue); !s.ok()) return done(s);
+    if (attempt_id.empty() || attempt_id.find('/') != std::string_view::npos) {
+      return done(InvalidArgumentError("etcd store: attempt id '" + std::string(attempt_id) + "' is not valid"));
+    }
+    if (auto s = usable(true); !s.ok()) return done(s);
+    const std::string q(queue);
+    // The fence first, in the same Txn as the reading: etcd applies Txns one
+    // at a time, so an append of this attempt still in flight either came
+    // before (the reading has its entry) or fails its compare on the fence.
+    pb::TxnRequest req;
+    *req.add_success() = PutOp(layout_.fence_key(attempt_id), "", lease_);
+    *req.add_success() = DirOp(layout_.queue_dir(q), /*keys_only=*/true);
+    *req.add_success() = DirOp(layout_.record_dir(q), /*keys_only=*/false);
+    core_->txn(req, deadline, sync,
+               [done = std::move(done), self = shared_from_this(), q, attempt = std::string(attempt_id)](
+                   Result<pb::TxnResponse> r) {
+                 if (!r.ok()) return done(self->noted(r.status()));
+                 for (Listed& l : self->entries_of(q, *r, 1, false)) {
+                   if (l.entry.attempt_id == attempt && l.lease == self->lease_) {
+                     return done(std::optional<Entry>(std::move(l.entry)));
+                   }
+                 }
+                 done(std::optional<Entry>());
+               });
+  }
+
+  // --- Waits
+
+  std::shared_ptr<void> wait(std::string_view queue, std::span<const std::string> ids,
+                             std::function<void(Status)> done);
+
+  // --- State
+
+  void close() noexcept;
+
+  // Loop thread: a renewal sent at `sent` was answered with `ttl`.
+  void renewed(Clock::time_point sent, seconds ttl) {
+    const Clock::time_point until = sent + ttl - margin();
+    if (until > lost_at()) lost_at_.store(until.time_since_epoch().count());
+    arm_lost_timer();
+    transition(SessionState::kConnected);
+  }
+  // Loop thread: the keep-alive stream failed, or a renewal is overdue.
+  void suspend() { transition(SessionState::kSuspended); }
+  // Any thread.
+  void lose(std::string reason) {
+    {
+      MutexLock lk(mu_);
+      if (lost_reason_.empty()) lost_reason_ = std::move(reason);
+    }
+    transition(SessionState::kLost);
+  }
+  // Loop thread: the timer that tells kLost from the client's own clock.
+  void arm_lost_timer();
+
+  void forget_wait(const std::shared_ptr<WaitRec>& w) DLOCK_EXCLUDES(mu_) {
+    MutexLock lk(mu_);
+    waits_.erase(w);
+  }
+
+ private:
+  std::string lost_reason() const DLOCK_EXCLUDES(mu_) {
+    MutexLock lk(mu_);
+    return lost_reason_.empty() ? std::string() : " (" + lost_reason_ + ")";
+  }
+
+  // A request's error, with what it says about the session: a lease the
+  // server no longer knows is a lost session.
+  Status noted(Status s) {
+    if (s.code() == ErrorCode::kSessionLost) lose("the server no longer knows its lease");
+    return s;
+  }
+
+  // The queue's entries from the two ranges at `first` and `first + 1` of a Txn's responses.
+  std::vector<Listed> entries_of(const std::string& queue, const pb::TxnResponse& r, int first, bool owners) const {
+    if (r.responses_size() < first + 2) return {};
+    return EntriesOf(layout_, queue, KeysOf(r.responses(first)), RecordsOf(r.responses(first + 1)), owners);
+  }
+
+  void read_queue(const std::string& q, Clock::time_point deadline, bool sync, TxnDone done) {
+    pb::TxnRequest req;
+    *req.add_success() = DirOp(layout_.queue_dir(q), /*keys_only=*/true);
+    *req.add_success() = DirOp(layout_.record_dir(q), /*keys_only=*/false);
+    core_->txn(req, deadline, sync, std::move(done));
+  }
+
+  // Appends with the entry key `suffix`: a new key, or (taking != 0) this
+  // session's downgrade reservation made at revision `taking`.
+  void put_entry(const std::string& q, const std::string& suffix, const EntrySpec& spec, std::int64_t taking,
+                 Clock::time_point deadline, bool sync, bool first, std::function<void(Result<Appended>)> done) {
+    const std::string key = layout_.entry_key(q, suffix);
+    const std::string record = layout_.record_key(q, suffix);
+    const std::string fence = layout_.fence_key(spec.attempt_id);
+    const bool write = spec.kind == entry_kind::kWrite && taking == 0;
+    pb::TxnRequest req;
+    if (taking == 0) {
+      *req.add_compare() = CreateRevisionIs(key, 0);
+      if (write) *req.add_compare() = CreateRevisionIs(layout_.entry_key(q, ReservationSuffix(suffix)), 0);
+    } else {
+      *req.add_compare() = CreateRevisionIs(key, taking);
+      *req.add_compare() = LeaseIs(key, lease_);
+      *req.add_compare() = VersionIs(record, 0);
+    }
+    *req.add_compare() = VersionIs(fence, 0);
+    *req.add_success() = PutOp(key, "", lease_);
+    *req.add_success() = PutOp(record, EncodeRecord(spec.kind, spec.attempt_id, spec.owner), lease_);
+    if (write) *req.add_success() = PutOp(layout_.entry_key(q, ReservationSuffix(suffix)), "", lease_);
+    const int ranges = req.success_size();
+    *req.add_success() = DirOp(layout_.queue_dir(q), /*keys_only=*/true);
+    *req.add_success() = DirOp(layout_.record_dir(q), /*keys_only=*/false);
+    *req.add_failure() = RangeOp(record, "", /*keys_only=*/false);
+    *req.add_failure() = RangeOp(fence, "", /*keys_only=*/true);
+    core_->txn(req, deadline, sync,
+               [self = shared_from_this(), q, suffix, spec, taking, deadline, sync, first, ranges,
+                done = std::move(done)](Result<pb::TxnResponse> r) mutable {
+                 if (!r.ok()) return done(self->noted(r.status()));
+                 self->appended(q, suffix, spec, taking, deadline, sync, first, ranges, *r, std::move(done));
+               });
+  }
+
+  void appended(const std::string& q, const std::string& suffix, const EntrySpec& spec, std::int64_t taking,
+                Clock::time_point deadline, bool sync, bool first, int ranges, const pb::TxnResponse& r,
+                std::function<void(Result<Appended>)> done) {
+    Appended out;
+    Entry& e = out.entry;
+    e.kind = spec.kind;
+    e.attempt_id = spec.attempt_id;
+    if (r.succeeded()) {
+      const std::int64_t rev = r.header().revision();
+      e.id = EntryId(suffix, taking != 0 ? taking : rev);
+      e.sequence = taking != 0 ? taking : rev;
+      e.token = static_cast<std::uint64_t>(rev);
+      out.queue = JustEntries(entries_of(q, r, ranges, false));
+      return done(std::move(out));
+    }
+    if (r.responses_size() < 2) return done(InternalError("etcd store: malformed reply to an append"));
+    if (r.responses(1).response_range().kvs_size() > 0) {
+      return done(AbortedError("etcd store: append of attempt " + spec.attempt_id + " came after find_own fenced it"));
+    }
+    const auto& records = r.responses(0).response_range().kvs();
+    if (!records.empty()) {
+      auto rec = DecodeRecord(records[0].value());
+      if (rec && rec->attempt_id == spec.attempt_id) {
+        // This attempt's own entry, from a request whose reply was lost:
+        // the record was put with the entry, so it has its revisions.
+        e.id = EntryId(suffix, taking != 0 ? taking : records[0].create_revision());
+        e.sequence = taking != 0 ? taking : records[0].create_revision();
+        e.token = static_cast<std::uint64_t>(records[0].mod_revision());
+        return done(std::move(out));
+      }
+    }
+    if (first && taking == 0) {
+      // The session already has an entry under its plain key (another
+      // thread's, or a downgraded read): this one takes a key of its own.
+      return put_entry(q, OtherSuffix(lease_, spec.attempt_id), spec, 0, deadline, sync, false, std::move(done));
+    }
+    if (taking != 0) {
+      return done(FailedPreconditionError("etcd store: the write entry at revision " + std::to_string(taking) +
+                                          " of queue " + q + " is gone or already downgraded"));
+    }
+    done(InternalError("etcd store: entry key " + layout_.entry_key(q, suffix) + " is taken"));
+  }
+
+  // A downgrade: the read entry takes over the reservation that the write
+  // entry at `spec.sequence` made, so it keeps its place for Go's waiters too.
+  void downgrade(const std::string& q, const EntrySpec& spec, Clock::time_point deadline, bool sync,
+                 std::function<void(Result<Appended>)> done) {
+    read_queue(q, deadline, sync,
+               [self = shared_from_this(), q, spec, deadline, sync, done = std::move(done)](
+                   Result<pb::TxnResponse> r) mutable {
+                 if (!r.ok()) return done(self->noted(r.status()));
+                 if (r->responses_size() < 1) return done(InternalError("etcd store: malformed reply to a range"));
+                 const std::string dir = self->layout_.queue_dir(q);
+                 for (const KeyRead& k : KeysOf(r->responses(0))) {
+                   auto suffix = OwnSegment(k.key, dir);
+                   if (suffix && IsReservationSuffix(*suffix) && k.create_revision == *spec.sequence &&
+                       k.lease == self->lease_) {
+                     return self->put_entry(q, std::string(*suffix), spec, *spec.sequence, deadline, sync, false,
+                                            std::move(done));
+                   }
+                 }
+                 done(FailedPreconditionError("etcd store: no write entry of session " + self->sid_ +
+                                              " with sequence " + std::to_string(*spec.sequence) + " in queue " + q));
+               });
+  }
+
+  // kConnected <-> kSuspended, or -> kLost / kClosed; never back from those.
+  // Returns whether the state changed; the notice is delivered in order.
+  bool transition(SessionState to) DLOCK_EXCLUDES(notice_mu_) {
+    {
+      MutexLock lk(notice_mu_);
+      const SessionState prev = state_.load();
+      if (prev == to || prev == SessionState::kClosed) return false;
+      if (prev == SessionState::kLost && to != SessionState::kClosed) return false;
+      state_.store(to);
+      notices_.push_back(to);
+    }
+    auto task = [self = shared_from_this()] { self->deliver_one(); };
+    if (to == SessionState::kClosed) {
+      delivery_.run(std::move(task));  // close() returns once it is told (unless inside a subscriber)
+    } else {
+      delivery_.post(std::move(task));
+    }
+    return true;
+  }
+
+  // Tells the oldest notice, then does what follows from it.
+  void deliver_one() DLOCK_EXCLUDES(notice_mu_) {
+    SessionState n;
+    {
+      MutexLock lk(notice_mu_);
+      if (notices_.empty()) return;
+      n = notices_.front();
+      notices_.pop_front();
+    }
+    listeners_.notify(n);
+    if (n == SessionState::kLost || n == SessionState::kClosed) ended(n);
+  }
+
+  // After the subscribers heard kLost or kClosed: waits end, and the lease
+  // goes (at once, rather than when it runs out).
+  void ended(SessionState how);
+
+  const std::shared_ptr<Core> core_;
+  const Config& cfg_;
+  const std::int64_t lease_;
+  const std::string sid_;
+  const seconds ttl_;
+  const Layout layout_;
+
+  std::atomic<SessionState> state_{SessionState::kConnected};
+  std::atomic<Clock::duration::rep> lost_at_{0};
+
+  mutable Mutex mu_;
+  std::string lost_reason_ DLOCK_GUARDED_BY(mu_);
+  std::set<std::shared_ptr<WaitRec>> waits_ DLOCK_GUARDED_BY(mu_);
+  bool ended_ DLOCK_GUARDED_BY(mu_) = false;  // ended() ran: no wait is taken any more
+
+  ListenerList<SessionState> listeners_;
+  SerialDelivery delivery_;
+  Mutex notice_mu_;  // orders state changes with their notices
+  std::deque<SessionState> notices_ DLOCK_GUARDED_BY(notice_mu_);
+
+  std::uint64_t lost_timer_ = 0;  // the loop thread's
+};
+
+// --- The keep-alive stream (loop thread)
+
+class KeepAlives {
+ public:
+  explicit KeepAlives(const std::shared_ptr<Core>& core)
+      : core_(core),
+        clock_(core->cfg().clock),
+        loop_(core->loop().shared_from_this()),
+        stream_(loop_, {[this] { on_ready(); }, [this](pb::LeaseKeepAliveResponse& r) { on_message(r); },
+                        [this](const grpc::Status& s) { on_end(s); }}) {}
+
+  void add(const std::shared_ptr<SessionCore>& s) {
+    Track& t = leases_[s->lease()];
+    t.session = s;
+    t.every = s->ttl() / 3;
+    s->arm_lost_timer();
+    if (!stream_.open_or_opening() && reopen_timer_ == 0) open();
+    schedule(s->lease());
+  }
+
+  void remove(std::int64_t lease) {
+    auto it = leases_.find(lease);
+    if (it == leases_.end()) return;
+    loop_->cancel_timer(it->second.timer);
+    leases_.erase(it);
+  }
+
+ private:
+  struct Track {
+    std::weak_ptr<SessionCore> session;
+    Clock::duration every{};
+    std::deque<Clock::time_point> sent;  // requests not answered yet, oldest first
+    std::uint64_t timer = 0;
+  };
+
+  void open() {
+    auto core = core_.lock();
+    if (!core) return;
+    stream_.open(
+        [core](grpc::ClientContext* ctx, grpc::CompletionQueue* cq) {
+          return core->lease_stub().PrepareAsyncLeaseKeepAlive(ctx, cq);
+        },
+        [core](grpc::ClientContext& ctx) { core->setup_stream(ctx); });
+  }
+
+  void schedule(std::int64_t lease) {
+    auto it = leases_.find(lease);
+    if (it == leases_.end()) return;
+    it->second.timer = loop_->at(std::chrono::steady_clock::now() + it->second.every, [this, lease] {
+      renew(lease);
+      schedule(lease);
+    });
+  }
+
+  void renew(std::int64_t lease) {
+    auto it = leases_.find(lease);
+    if (it == leases_.end()) return;
+    Track& t = it->second;
+    auto s = t.session.lock();
+    if (!s) return remove(lease);
+    const Clock::time_point now = clock_->now();
+    if (!t.sent.empty() && now - t.sent.front() > t.every) s->suspend();  // a renewal is overdue
+    if (!stream_.ready()) return;
+    pb::LeaseKeepAliveRequest req;
+    req.set_id(lease);
+    t.sent.push_back(now);
+    stream_.write(std::move(req));
+  }
+
+  void on_ready() {
+    backoff_.reset();
+    for (auto& [lease, t] : leases_) renew(lease);
+  }
+
+  void on_message(pb::LeaseKeepAliveResponse& r) {
+    auto it = leases_.find(r.id());
+    if (it == leases_.end() || it->second.sent.empty()) return;
+    const Clock::time_point sent = it->second.sent.front();
+    it->second.sent.pop_front();
+    auto s = it->second.session.lock();
+    if (!s) return;
+    if (r.ttl() <= 0) return s->lose("the server says its lease expired or was revoked");
+    s->renewed(sent, seconds(r.ttl()));
+  }
+
+  void on_end(const grpc::Status&) {
+    for (auto& [lease, t] : leases_) {
+      t.sent.clear();  // never answered now
+      if (auto s = t.session.lock()) s->suspend();
+    }
+    reopen_timer_ = loop_->at(std::chrono::steady_clock::now() + backoff_.next(), [this] {
+      reopen_timer_ = 0;
+      if (!leases_.empty()) open();
+    });
+  }
+
+  std::weak_ptr<Core> core_;
+  std::shared_ptr<Clock> clock_;
+  std::shared_ptr<Loop> loop_;
+  BidiStream<pb::LeaseKeepAliveRequest, pb::LeaseKeepAliveResponse> stream_;
+  std::map<std::int64_t, Track> leases_;
+  Backoff backoff_;
+  std::uint64_t reopen_timer_ = 0;
+};
+
+// --- The watch stream (loop thread)
+//
+// A wait reads its keys; if all are there, it watches each from the next
+// revision for its deletion. Anything that may have missed an event (the
+// stream ended, a watch was cancelled or compacted) makes it read again:
+// a missed delete is never assumed, nor a delete that was not seen.
+class Watches {
+ public:
+  explicit Watches(const std::shared_ptr<Core>& core)
+      : core_(core),
+        loop_(core->loop().shared_from_this()),
+        stream_(loop_, {[this] { on_ready(); }, [this](pb::WatchResponse& r) { on_message(r); },
+                        [this](const grpc::Status& s) { on_end(s); }}) {}
+
+  void start(const std::shared_ptr<WaitRec>& w) {
+    if (w->done) return;
+    waits_.insert(w);
+    check(w);
+  }
+
+  // The wait is over (cancelled, or its session ended): forget it.
+  void stop(const std::shared_ptr<WaitRec>& w) {
+    w->done = true;
+    unwatch(*w);
+    loop_->cancel_timer(w->retry_timer);
+    waits_.erase(w);
+  }
+
+ private:
+  void check(const std::shared_ptr<WaitRec>& w) {
+    if (w->done || w->checking) return;
+    auto core = core_.lock();
+    if (!core) return;
+    w->checking = true;
+    pb::TxnRequest req;
+    const bool by_key = w->keys.size() <= kMaxKeysPerTxn;
+    if (by_key) {
+      for (const auto& [key, rev] : w->keys) *req.add_success() = RangeOp(key, "", /*keys_only=*/true);
+    } else {
+      const std::string dir = Layout(core->cfg().prefix).queue_dir(w->queue);
+      *req.add_success() = DirOp(dir, /*keys_only=*/true);
+    }
+    core->txn(req, kNoDeadline, /*sync=*/false, [this, w](Result<pb::TxnResponse> r) {
+      w->checking = false;
+      if (w->done) return;
+      if (!r.ok()) return retry(w);
+      checked(w, *r);
+    });
+  }
+
+  void checked(const std::shared_ptr<WaitRec>& w, const pb::TxnResponse& r) {
+    std::map<std::string, std::int64_t> present;
+    for (const auto& resp : r.responses()) {
+      for (const auto& kv : resp.response_range().kvs()) present.emplace(kv.key(), kv.create_revision());
+    }
+    for (const auto& [key, rev] : w->keys) {
+      auto it = present.find(key);
+      if (it == present.end() || it->second != rev) return finish(w, OkStatus());  // gone already
+    }
+    w->backoff.reset();
+    watch(w, r.header().revision() + 1);
+  }
+
+  void watch(const std::shared_ptr<WaitRec>& w, std::int64_t from) {
+    if (!stream_.ready()) {
+      // on_ready reads again for every wait.
+      if (!stream_.open_or_opening() && reopen_timer_ == 0) open();
+      return;
+    }
+    for (const auto& [key, rev] : w->keys) {
+      const std::int64_t id = next_watch_id_++;
+      by_id_[id] = w;
+      w->watch_ids.push_back(id);
+      pb::WatchRequest req;
+      auto* create = req.mutable_create_request();
+      create->set_key(key);
+      create->set_start_revision(from);
+      create->add_filters(pb::WatchCreateRequest::NOPUT);
+      create->set_watch_id(id);
+      stream_.write(std::move(req));
+    }
+  }
+
+  void unwatch(WaitRec& w) {
+    for (std::int64_t id : w.watch_ids) {
+      by_id_.erase(id);
+      pb::WatchRequest req;
+      req.mutable_cancel_request()->set_watch_id(id);
+      stream_.write(std::move(req));
+    }
+    w.watch_ids.clear();
+  }
+
+  void retry(const std::shared_ptr<WaitRec>& w) {
+    unwatch(*w);
+    loop_->cancel_timer(w->retry_timer);
+    w->retry_timer = loop_->at(std::chrono::steady_clock::now() + w->backoff.next(), [this, w] {
+      w->retry_timer = 0;
+      check(w);
+    });
+  }
+
+  void finish(const std::shared_ptr<WaitRec>& w, Status s) {
+    stop(w);
+    if (auto session = w->session.lock()) session->forget_wait(w);
+    w->outcome->complete(std::move(s));
+  }
+
+  void open() {
+    auto core = core_.lock();
+    if (!core) return;
+    stream_.open([core](grpc::ClientContext* ctx,
+                        grpc::CompletionQueue* cq) { return core->watch_stub().PrepareAsyncWatch(ctx, cq); },
+                 [core](grpc::ClientContext& ctx) { core->setup_stream(ctx); });
+  }
+
+  void on_ready() {
+    std::vector<std::shared_ptr<WaitRec>> all(waits_.begin(), waits_.end());
+    for (const auto& w : all) {
+      if (w->watch_ids.empty()) check(w);
+    }
+  }
+
+  void on_message(pb::WatchResponse& r) {
+    auto it = by_id_.find(r.watch_id());
+    if (it == by_id_.end()) {
+      // A create refused before it had an id (watch_id -1): every wait not
+      // yet confirmed reads again.
+      if (r.canceled() && r.watch_id() < 0) {
+        std::vector<std::shared_ptr<WaitRec>> all(waits_.begin(), waits_.end());
+        for (const auto& w : all) retry(w);
+      }
+      return;
+    }
+    std::shared_ptr<WaitRec> w = it->second;
+    for (const auto& ev : r.events()) {
+      if (ev.type() == mvccpb::Event::DELETE) return finish(w, OkStatus());
+    }
+    if (r.canceled()) retry(w);  // compacted, or refused: read again
+  }
+
+  void on_end(const grpc::Status&) {
+    by_id_.clear();
+    for (const auto& w : waits_) w->watch_ids.clear();
+    if (waits_.empty()) return;  // opened again by the next wait
+    reopen_timer_ = loop_->at(std::chrono::steady_clock::now() + backoff_.next(), [this] {
+      reopen_timer_ = 0;
+      if (!waits_.empty()) open();
+    });
+  }
+
+  std::weak_ptr<Core> core_;
+  std::shared_ptr<Loop> loop_;
+  BidiStream<pb::WatchRequest, pb::WatchResponse> stream_;
+  std::set<std::shared_ptr<WaitRec>> waits_;
+  std::map<std::int64_t, std::shared_ptr<WaitRec>> by_id_;
+  std::int64_t next_watch_id_ = 1;
+  Backoff backoff_;
+  std::uint64_t reopen_timer_ = 0;
+};
+
+Core::~Core() {
+  // Their callbacks may still be in flight: the loop keeps them until it has drained.
+  loop_->keep_until_drained(keep_alives_);
+  loop_->keep_until_drained(watches_);
+  loop_->shut_down();
+}
+
+void Core::start() {
+  keep_alives_ = std::make_shared<KeepAlives>(shared_from_this());
+  watches_ = std::make_shared<Watches>(shared_from_this());
+}
+
+void SessionCore::start() {
+  core_->loop().post([self = shared_from_this()] { self->core_->keep_alives().add(self); });
+}
+
+void SessionCore::arm_lost_timer() {
+  core_->loop().cancel_timer(lost_timer_);
+  lost_timer_ = core_->loop().at(RealTimeAt(*cfg_.clock, lost_at()), [weak = weak_from_this()] {
+    auto self = weak.lock();
+    if (!self) return;
+    self->lost_timer_ = 0;
+    if (self->cfg_.clock->now() >= self->lost_at()) {
+      self->lose("no renewal of its lease was answered in time");
+    } else {
+      self->arm_lost_timer();
+    }
+  });
+}
+
+std::shared_ptr<void> SessionCore::wait(std::string_view queue, std::span<const std::string> ids,
+                                        std::function<void(Status)> done) {
+  auto settled = [&done](Status s) {
+    done(std::move(s));
+    return std::make_shared<int>(0);  // nothing left to cancel
+  };
+  if (auto s = ValidateLockName(queue); !s.ok()) return settled(s);
+  if (ids.empty()) return settled(InvalidArgumentError("nothing to wait for"));
+  auto w = std::make_shared<WaitRec>();
+  w->session = weak_from_this();
+  w->queue = std::string(queue);
+  for (const std::string& id : ids) {
+    auto parsed = ParseEntryId(id);
+    if (!parsed.ok()) return settled(parsed.status());
+    w->keys.emplace_back(layout_.entry_key(queue, parsed->suffix), parsed->create_revision);
+  }
+  w->outcome = std::make_shared<OneOutcome>(std::move(done));
+  bool ended = false;
+  {
+    MutexLock lk(mu_);
+    ended = ended_;  // else ended() will find it
+    if (!ended) waits_.insert(w);
+  }
+  if (ended) {
+    w->outcome->complete(usable(false));
+    return std::make_shared<int>(0);
+  }
+  const bool posted = core_->loop().post([w, core = core_] { core->watches().start(w); });
+  if (!posted) {
+    forget_wait(w);
+    w->outcome->complete(UnavailableError("etcd store: the store is closing"));
+    return std::make_shared<int>(0);
+  }
+  // The handle: cancels (kCancelled unless an outcome came first) and lets
+  // the loop forget the wait.
+  return std::shared_ptr<void>(nullptr, [w, weak = weak_from_this(), core = core_](void*) {
+    w->outcome->cancel();
+    if (auto self = weak.lock()) self->forget_wait(w);
+    core->loop().post([w, core] { core->watches().stop(w); });
+  });
+}
+
+void SessionCore::ended(SessionState how) {
+  std::set<std::shared_ptr<WaitRec>> waits;
+  bool revoke = false;
+  {
+    MutexLock lk(mu_);
+    waits.swap(waits_);
+    revoke = !ended_;
+    ended_ = true;
+  }
+  const Status lost = SessionLostError("etcd session " + sid_ + (how == SessionState::kClosed ? " was closed" : " is lost") +
+                                       (how == SessionState::kLost ? lost_reason() : std::string()));
+  for (const auto& w : waits) {
+    w->outcome->complete(lost);
+    core_->loop().post([w, core = core_] { core->watches().stop(w); });
+  }
+  core_->loop().post([core = core_, lease = lease_] { core->keep_alives().remove(lease); });
+  // The lease goes now: its entries with it. From the loop thread (a kLost
+  // from a timer, a close inside a subscriber) without waiting.
+  if (revoke) core_->revoke(lease_, /*sync=*/!core_->loop().on_loop_thread());
+}
+
+void SessionCore::close() noexcept {
+  try {
+    transition(SessionState::kClosed);
+  } catch (...) {
+    // Out of memory: closed all the same, untold; the lease runs out.
+    state_.store(SessionState::kClosed);
+  }
+}
+
+class EtcdSession final : public Session {
+ public:
+  explicit EtcdSession(std::shared_ptr<SessionCore> core) : core_(std::move(core)) {}
+  ~EtcdSession() override { core_->close(); }
+
+  std::string id() const override { return core_->id(); }
+  SessionState state() const noexcept override { return core_->state(); }
+  std::shared_ptr<void> subscribe(std::function<void(SessionState)> fn) override {
+    return core_->subscribe(std::move(fn));
+  }
+
+  Result<Appended> append(std::string_view queue, const EntrySpec& spec, Clock::time_point deadline) override {
+    return Sync<Appended>([&](auto done) { core_->append(queue, spec, deadline, true, std::move(done)); });
+  }
+  Result<std::vector<Entry>> list(std::string_view queue, const ListOptions& options,
+                                  Clock::time_point deadline) override {
+    return Sync<std::vector<Entry>>([&](auto done) { core_->list(queue, options, deadline, true, std::move(done)); });
+  }
+  Status remove(std::string_view queue, std::string_view id, Clock::time_point deadline) override {
+    std::optional<Status> out;
+    core_->remove(queue, id, deadline, true, [&](Status s) { out = std::move(s); });
+    return out ? *out : InternalError("etcd store: remove had no outcome");
+  }
+  Result<std::optional<Entry>> find_own(std::string_view queue, std::string_view attempt_id,
+                                        Clock::time_point deadline) override {
+    return Sync<std::optional<Entry>>(
+        [&](auto done) { core_->find_own(queue, attempt_id, deadline, true, std::move(done)); });
+  }
+  Status wait_any_gone(std::string_view queue, std::span<const std::string> ids, Clock::time_point deadline,
+                       std::stop_token stop) override {
+    return AwaitAsyncWait(*core_->clock(), queue, deadline, std::move(stop),
+                          [&](std::function<void(Status)> done) { return core_->wait(queue, ids, std::move(done)); });
+  }
+
+  void async_append(std::string_view queue, const EntrySpec& spec, Clock::time_point deadline,
+                    std::function<void(Result<Appended>)> done) override {
+    core_->append(queue, spec, deadline, false, std::move(done));
+  }
+  void async_list(std::string_view queue, const ListOptions& options, Clock::time_point deadline,
+                  std::function<void(Result<std::vector<Entry>>)> done) override {
+    core_->list(queue, options, deadline, false, std::move(done));
+  }
+  void async_remove(std::string_view queue, std::string_view id, Clock::time_point deadline,
+                    std::function<void(Status)> done) override {
+    core_->remove(queue, id, deadline, false, std::move(done));
+  }
+  void async_find_own(std::string_view queue, std::string_view attempt_id, Clock::time_point deadline,
+                      std::function<void(Result<std::optional<Entry>>)> done) override {
+    core_->find_own(queue, attempt_id, deadline, false, std::move(done));
+  }
+  std::shared_ptr<void> async_wait_any_gone(std::string_view queue, std::span<const std::string> ids,
+                                            std::function<void(Status)> done) override {
+    return core_->wait(queue, ids, std::move(done));
+  }
+
+  void close() noexcept override { core_->close(); }
+
+ private:
+  // A request made on this thread: its `done` has run when it returns.
+  template <class T, class Start>
+  static Result<T> Sync(Start start) {
+    std::optional<Result<T>> out;
+    start([&](Result<T> r) { out.emplace(std::move(r)); });
+    if (!out) return InternalError("etcd store: a request had no outcome");
+    return std::move(*out);
+  }
+
+  std::shared_ptr<SessionCore> core_;
+};
+
+// --- The store
+
+class EtcdStore final : public Store {
+ public:
+  explicit EtcdStore(std::shared_ptr<Core> core) : core_(std::move(core)) {}
+
+  std::string url() const override { return core_->cfg().url; }
+
+  Result<std::shared_ptr<Session>> open_session(Clock::time_point deadline) override {
+    const Config& cfg = core_->cfg();
+    pb::LeaseGrantRequest req;
+    req.set_ttl(cfg.ttl.count());
+    grpc::ClientContext ctx;
+    core_->setup(ctx, deadline);
+    const Clock::time_point sent = cfg.clock->now();
+    pb::LeaseGrantResponse resp;
+    grpc::Status s = core_->lease_stub().LeaseGrant(&ctx, req, &resp);
+    if (!s.ok()) return FromGrpc(s, "granting a session lease");
+    if (!resp.error().empty()) return UnavailableError("etcd store: granting a session lease: " + resp.error());
+    if (resp.id() <= 0 || resp.ttl() <= 0) return InternalError("etcd store: the server granted no usable lease");
+    auto session = std::make_shared<SessionCore>(core_, resp.id(), seconds(resp.ttl()), sent);
+    session->start();
+    return std::shared_ptr<Session>(std::make_shared<EtcdSession>(std::move(session)));
+  }
+
+ private:
+  std::shared_ptr<Core> core_;
+};
+
+std::shared_ptr<grpc::ChannelCredentials> Credentials(const Config& cfg) {
+  if (!cfg.tls) return grpc::InsecureChannelCredentials();
+  grpc::SslCredentialsOptions ssl;
+  ssl.pem_root_certs = cfg.ca_pem;
+  ssl.pem_private_key = cfg.key_pem;
+  ssl.pem_cert_chain = cfg.cert_pem;
+  return grpc::SslCredentials(ssl);
+}
+
+}  // namespace
+
+Result<std::shared_ptr<Store>> Open(const ParsedUrl& url, const StoreOptions& options) {
+  auto cfg = ParseConfig(url, options);
+  if (!cfg.ok()) return cfg.status();
+  grpc::ChannelArguments args;
+  // Reconnect soon after a member comes back (gRPC's default backs off to 120 s).
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2'000);
+  // A connection that stops answering is noticed without waiting for TCP.
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10'000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5'000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  auto channel = grpc::CreateCustomChannel(cfg->target, Credentials(*cfg), args);
+  const auto connect_deadline = std::chrono::system_clock::now() + cfg->connect_timeout;
+  if (!channel->WaitForConnected(connect_deadline)) {
+    return UnavailableError("etcd store: cannot connect to " + cfg->url + " within " +
+                            std::to_string(cfg->connect_timeout.count()) + " ms");
+  }
+  auto core = std::make_shared<Core>(std::move(*cfg), channel);
+  core->start();
+  if (core->cfg().user) {
+    auto auth = pb::Auth::NewStub(channel);
+    grpc::ClientContext ctx;
+    ctx.set_deadline(connect_deadline);
+    pb::AuthenticateRequest req;
+    req.set_name(*core->cfg().user);
+    req.set_password(*core->cfg().password);
+    pb::AuthenticateResponse resp;
+    grpc::Status s = auth->Authenticate(&ctx, req, &resp);
+    if (!s.ok()) return FromGrpc(s, "authenticating as " + *core->cfg().user);
+    core->set_token(resp.token());
+  }
+  return std::shared_ptr<Store>(std::make_shared<EtcdStore>(std::move(core)));
+}
+
+}  // namespace dlock::internal::etcd
+
+namespace dlock::internal {
+Result<std::shared_ptr<Store>> OpenEtcdStore(const ParsedUrl& url, const StoreOptions& options) {
+  return etcd::Open(url, options);
+}
+}  // namespace dlock::internal
