@@ -1,0 +1,168 @@
+// The etcd store under faults, each on a private etcd started by the test
+// (tests/servers/etcd.sh), so that freezing or killing a member touches no
+// other suite: a frozen server (the holder hears kSuspended, then kLost from
+// its own clock, before anyone else can hold the lock), and a member of a
+// three-member cluster killed under a holder and a waiter (the session moves
+// to another member and keeps its lease; the waiter gets the lock after the
+// holder lets go, with a larger token).
+#include <signal.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <future>
+#include <thread>
+#include <string>
+
+#include <gtest/gtest.h>
+
+#include "dlock/dlock.hpp"
+#include "support/poll.hpp"
+#include "support/state_log.hpp"
+#include "support/status_matchers.hpp"
+
+#ifndef DLOCK_SOURCE_DIR
+#error "DLOCK_SOURCE_DIR must name the source tree (tests/servers/etcd.sh)"
+#endif
+
+namespace dlock {
+namespace {
+
+using namespace std::chrono_literals;
+using testing::IsOk;
+using testing::StateLog;
+using testing::StatusIs;
+
+std::string ReadFirstLine(const std::filesystem::path& p) {
+  std::ifstream in(p);
+  std::string line;
+  std::getline(in, line);
+  return line;
+}
+
+// A private etcd: one member or three, stopped (and its directory removed)
+// when dropped.
+class PrivateEtcd {
+ public:
+  explicit PrivateEtcd(int members) {
+    dir_ = std::filesystem::temp_directory_path() /
+           ("dlock-etcd-fault-" + std::to_string(::getpid()) + "-" + std::to_string(++count_));
+    const std::string script = std::string(DLOCK_SOURCE_DIR) + "/tests/servers/etcd.sh";
+    const std::string cmd =
+        script + (members == 1 ? " start " : " start-cluster ") + dir_.string() + " >/dev/null 2>&1";
+    ok_ = std::system(cmd.c_str()) == 0;
+    if (!ok_) return;
+    hosts_ = ReadFirstLine(dir_ / "url").substr(7);
+    for (int i = 1; i <= members; ++i) {
+      const auto mdir = members == 1 ? dir_ : dir_ / ("m" + std::to_string(i));
+      pids_.push_back(std::stoi(ReadFirstLine(mdir / "pid")));
+    }
+  }
+  ~PrivateEtcd() {
+    const std::string cmd =
+        std::string(DLOCK_SOURCE_DIR) + "/tests/servers/etcd.sh stop " + dir_.string() + " >/dev/null 2>&1";
+    (void)std::system(cmd.c_str());
+  }
+  bool ok() const { return ok_; }
+  std::string url(const std::string& tail) const { return "etcd://" + hosts_ + tail; }
+  void signal_member(std::size_t i, int sig) const { ::kill(pids_.at(i), sig); }
+
+ private:
+  static inline int count_ = 0;
+  std::filesystem::path dir_;
+  std::string hosts_;
+  std::vector<int> pids_;
+  bool ok_ = false;
+};
+
+Clock::time_point In(Clock::duration d) { return Clock::system()->now() + d; }
+
+EntrySpec Spec() {
+  static int n = 0;
+  char buf[33];
+  std::snprintf(buf, sizeof buf, "%016x%016x", static_cast<unsigned>(::getpid()), static_cast<unsigned>(++n));
+  EntrySpec s;
+  s.kind = "lock";
+  s.attempt_id = buf;
+  return s;
+}
+
+TEST(EtcdFaults, AFrozenServerMakesTheSessionLostFromItsOwnClock) {
+  PrivateEtcd etcd(1);
+  ASSERT_TRUE(etcd.ok()) << "could not start etcd";
+  auto store = OpenStore(etcd.url("/frozen?ttl=3s&connect_timeout=1s"));
+  ASSERT_THAT(store.status(), IsOk());
+  auto s = (*store)->open_session(In(10s));
+  ASSERT_THAT(s.status(), IsOk());
+  StateLog log(**s);
+  auto e = (*s)->append("q", Spec(), In(5s));
+  ASSERT_THAT(e.status(), IsOk());
+  std::this_thread::sleep_for(1500ms);  // a renewal or two answered
+  const auto frozen_at = std::chrono::steady_clock::now();
+  etcd.signal_member(0, SIGSTOP);
+  // The last answered renewal was sent before the freeze: the session must
+  // count itself lost by then + TTL - TTL/10, and not hang on.
+  auto suspended = log.WaitFor(SessionState::kSuspended, 5s);
+  auto lost = log.WaitFor(SessionState::kLost, 6s);
+  etcd.signal_member(0, SIGCONT);
+  ASSERT_TRUE(suspended.has_value()) << "no kSuspended while the server was frozen";
+  ASSERT_TRUE(lost.has_value()) << "no kLost while the server was frozen";
+  EXPECT_LT(*suspended, *lost);
+  const auto lost_after = std::chrono::duration_cast<std::chrono::milliseconds>(*lost - frozen_at).count();
+  EXPECT_LE(lost_after, 2700 + 100) << "kLost later than TTL - TTL/10 after the last renewal could have been sent";
+  std::printf("[ measure ] ttl 3s, server frozen: kLost %lld ms after the freeze\n",
+              static_cast<long long>(lost_after));
+  EXPECT_EQ((*s)->state(), SessionState::kLost);
+  // Back: the session stays lost, a new one works and gets a larger token,
+  // and the lost session's entry goes with its lease.
+  auto s2 = (*store)->open_session(In(10s));
+  ASSERT_THAT(s2.status(), IsOk());
+  auto e2 = (*s2)->append("q", Spec(), In(5s));
+  ASSERT_THAT(e2.status(), IsOk());
+  EXPECT_GT(*e2->entry.token, *e->entry.token);
+  EXPECT_TRUE(testing::Eventually(
+      [&] {
+        auto listed = (*s2)->list("q", {}, In(5s));
+        return listed.ok() && listed->size() == 1 && (*listed)[0].id == e2->entry.id;
+      },
+      10s))
+      << "the lost session's entry stayed";
+  EXPECT_THAT((*s)->append("q", Spec(), In(1s)).status(), StatusIs(ErrorCode::kSessionLost));
+  auto states = log.states();
+  ASSERT_FALSE(states.empty());
+  EXPECT_EQ(states.back(), SessionState::kLost) << "a lost session never reports connected again";
+}
+
+TEST(EtcdFaults, AHolderKeepsItsLockWhenItsMemberIsKilled) {
+  PrivateEtcd etcd(3);
+  ASSERT_TRUE(etcd.ok()) << "could not start a three-member etcd";
+  // Both channels start on the first member (pick_first), the one killed.
+  auto holder_client = Client::connect(etcd.url("/killed?ttl=5s&connect_timeout=2s"));
+  Mutex held(holder_client, "m");
+  auto hold = held.acquire(10s);
+  ASSERT_TRUE(hold.has_value());
+  const std::uint64_t first_token = hold->fencing_token();
+  std::promise<std::uint64_t> waiter_token;
+  std::thread waiter([&] {
+    auto c = Client::connect(etcd.url("/killed?ttl=5s&connect_timeout=2s"));
+    Mutex m(c, "m");
+    auto h = m.acquire(60s);
+    waiter_token.set_value(h ? h->fencing_token() : 0);
+  });
+  std::this_thread::sleep_for(500ms);  // the waiter is queued
+  etcd.signal_member(0, SIGKILL);
+  // The session moves to a live member: uncertain for a moment at most, then held again.
+  EXPECT_TRUE(testing::Eventually([&] { return hold->state() == HoldState::kHeld; }, 20s));
+  std::this_thread::sleep_for(6s);  // past the lease's TTL: only renewals on the new member keep it
+  EXPECT_EQ(hold->state(), HoldState::kHeld) << "the holder's lease did not survive the member's death";
+  auto future = waiter_token.get_future();
+  EXPECT_EQ(future.wait_for(0s), std::future_status::timeout) << "the waiter got the lock while it was held";
+  hold->release();
+  ASSERT_EQ(future.wait_for(30s), std::future_status::ready) << "the waiter never got the lock";
+  EXPECT_GT(future.get(), first_token);
+  waiter.join();
+}
+
+}  // namespace
+}  // namespace dlock
