@@ -45,12 +45,13 @@ std::string ReadFirstLine(const std::filesystem::path& p) {
 // when dropped.
 class PrivateEtcd {
  public:
-  explicit PrivateEtcd(int members) {
+  // `args`: flags for every member (DLOCK_ETCD_ARGS).
+  explicit PrivateEtcd(int members, const std::string& args = "") {
     dir_ = std::filesystem::temp_directory_path() /
            ("dlock-etcd-fault-" + std::to_string(::getpid()) + "-" + std::to_string(++count_));
     const std::string script = std::string(DLOCK_SOURCE_DIR) + "/tests/servers/etcd.sh";
-    const std::string cmd =
-        script + (members == 1 ? " start " : " start-cluster ") + dir_.string() + " >/dev/null 2>&1";
+    const std::string cmd = "DLOCK_ETCD_ARGS='" + args + "' " + script +
+                            (members == 1 ? " start " : " start-cluster ") + dir_.string() + " >/dev/null 2>&1";
     ok_ = std::system(cmd.c_str()) == 0;
     if (!ok_) return;
     hosts_ = ReadFirstLine(dir_ / "url").substr(7);
@@ -65,6 +66,12 @@ class PrivateEtcd {
     (void)std::system(cmd.c_str());
   }
   bool ok() const { return ok_; }
+  // etcdctl on this server; true if it exited 0.
+  bool ctl(const std::string& args) const {
+    const std::string cmd = "ETCDCTL_API=3 timeout 10 etcdctl --endpoints=" + ReadFirstLine(dir_ / "endpoints") +
+                            " " + args + " >/dev/null 2>&1";
+    return std::system(cmd.c_str()) == 0;
+  }
   std::string url(const std::string& tail) const { return "etcd://" + hosts_ + tail; }
   void signal_member(std::size_t i, int sig) const { ::kill(pids_.at(i), sig); }
 
@@ -162,6 +169,51 @@ TEST(EtcdFaults, AHolderKeepsItsLockWhenItsMemberIsKilled) {
   ASSERT_EQ(future.wait_for(30s), std::future_status::ready) << "the waiter never got the lock";
   EXPECT_GT(future.get(), first_token);
   waiter.join();
+}
+
+// etcd's authentication with tokens that expire after a second unused
+// (--auth-token-ttl 1): wrong or missing credentials are refused as
+// kUnauthenticated; with the right ones, locks keep working, and a waiter
+// keeps waiting, across the token's expiry (the store authenticates again).
+TEST(EtcdAuth, TokensAreRenewedAndBadCredentialsRefused) {
+  PrivateEtcd etcd(1, "--auth-token-ttl 1");
+  ASSERT_TRUE(etcd.ok()) << "could not start etcd";
+  ASSERT_TRUE(etcd.ctl("user add root --new-user-password=s3cret"));
+  ASSERT_TRUE(etcd.ctl("auth enable"));
+
+  auto wrong = OpenStore(etcd.url("/auth?ttl=3s").insert(7, "root:wrong@"));
+  EXPECT_THAT(wrong.status(), StatusIs(ErrorCode::kUnauthenticated));
+  auto anonymous = OpenStore(etcd.url("/auth?ttl=3s"));
+  if (anonymous.ok()) {
+    auto session = (*anonymous)->open_session(In(5s));
+    Status refused = session.status();
+    if (session.ok()) refused = (*session)->append("q", Spec(), In(5s)).status();
+    EXPECT_THAT(refused, StatusIs(ErrorCode::kUnauthenticated)) << "a client without credentials got in";
+  } else {
+    EXPECT_THAT(anonymous.status(), StatusIs(ErrorCode::kUnauthenticated));
+  }
+
+  const std::string url = etcd.url("/auth?ttl=3s").insert(7, "root:s3cret@");
+  auto holder = Client::connect(url);
+  auto waiter = Client::connect(url);
+  Mutex a(holder, "m");
+  Mutex b(waiter, "m");
+  auto held = a.acquire(10s);
+  ASSERT_TRUE(held.has_value());
+  std::promise<bool> got;
+  std::thread t([&] { got.set_value(b.acquire(30s).has_value()); });
+  std::this_thread::sleep_for(4s);  // every token so far has expired, and the lease's TTL passed
+  EXPECT_EQ(held->state(), HoldState::kHeld) << "the holder's lease was not kept across the token's expiry";
+  auto future = got.get_future();
+  EXPECT_EQ(future.wait_for(0s), std::future_status::timeout);
+  held->release();
+  ASSERT_EQ(future.wait_for(20s), std::future_status::ready) << "the waiter missed the release";
+  EXPECT_TRUE(future.get());
+  t.join();
+  std::this_thread::sleep_for(2s);  // unused again
+  EXPECT_TRUE(a.try_lock_for(10s));
+  a.unlock();
+  ASSERT_TRUE(etcd.ctl("--user root:s3cret auth disable"));
 }
 
 }  // namespace

@@ -20,6 +20,7 @@
 #
 # DLOCK_ETCD_MEMBERS=3 makes `start` and `run` start a cluster too (what
 # tests/servers/etcd3.sh sets, for a CTest fixture of its own).
+# DLOCK_ETCD_ARGS adds flags to every member (e.g. "--auth-token-ttl 1").
 #
 # DIR (one member) or each DIR/mN (cluster) holds data/, etcd.log, pid,
 # port (client), peer_port and name; DIR holds url, and endpoints (the
@@ -100,7 +101,7 @@ launch() {  # launch MEMBER_DIR NAME CLIENT_PORT PEER_PORT INITIAL_CLUSTER
     --listen-client-urls "http://127.0.0.1:$cport" --advertise-client-urls "http://127.0.0.1:$cport" \
     --listen-peer-urls "http://127.0.0.1:$pport" --initial-advertise-peer-urls "http://127.0.0.1:$pport" \
     --initial-cluster "$initial" --initial-cluster-state new --initial-cluster-token "dlock-test-$$" \
-    --logger zap --log-outputs stderr --log-level warn \
+    --logger zap --log-outputs stderr --log-level warn ${DLOCK_ETCD_ARGS:-} \
     >"$mdir/etcd.log" 2>&1 </dev/null &
   echo $! >"$mdir/pid"
 }

@@ -168,7 +168,10 @@ Status FromGrpc(const grpc::Status& s, std::string_view what) {
     case grpc::StatusCode::PERMISSION_DENIED: return PermissionDeniedError(m);
     case grpc::StatusCode::UNAUTHENTICATED: return UnauthenticatedError(m);
     case grpc::StatusCode::INVALID_ARGUMENT:
-      if (s.error_message().find("authentication failed") != std::string::npos) return UnauthenticatedError(m);
+      if (s.error_message().find("authentication failed") != std::string::npos ||
+          s.error_message().find("user name is empty") != std::string::npos) {
+        return UnauthenticatedError(m);
+      }
       return InternalError(m);
     case grpc::StatusCode::UNAVAILABLE:
     case grpc::StatusCode::DEADLINE_EXCEEDED:
@@ -178,6 +181,15 @@ Status FromGrpc(const grpc::Status& s, std::string_view what) {
     case grpc::StatusCode::UNKNOWN: return UnavailableError(m);
     default: return InternalError(m);
   }
+}
+
+// A call refused for its auth token, which another Authenticate renews:
+// the token expired on the member (simple tokens after --auth-token-ttl
+// without use, on each member of its own), or the auth store changed.
+bool IsStaleToken(const grpc::Status& s) {
+  return s.error_code() == grpc::StatusCode::UNAUTHENTICATED ||
+         s.error_message().find("invalid auth token") != std::string::npos ||
+         s.error_message().find("revision of auth store is old") != std::string::npos;
 }
 
 // --- Request pieces
@@ -286,10 +298,13 @@ class Core : public std::enable_shared_from_this<Core> {
   pb::Lease::Stub& lease_stub() { return *lease_; }
   pb::Watch::Stub& watch_stub() { return *watch_; }
 
-  void set_token(std::string token) DLOCK_EXCLUDES(token_mu_) {
-    MutexLock lk(token_mu_);
-    token_ = std::move(token);
-  }
+  // Authenticates (when the URL has a user) and keeps the token for every
+  // later call. On the calling thread, bounded by the connect timeout.
+  Status authenticate() DLOCK_EXCLUDES(token_mu_);
+  // After a call failed with IsStaleToken: a new token, at most once a
+  // second (several calls fail together when a token expires). Whether the
+  // call is worth one more try.
+  bool renew_token() DLOCK_EXCLUDES(token_mu_);
 
   // A call's context: its deadline (see io_deadline) and the auth token.
   void setup(grpc::ClientContext& ctx, Clock::time_point deadline) DLOCK_EXCLUDES(token_mu_) {
@@ -313,12 +328,25 @@ class Core : public std::enable_shared_from_this<Core> {
     return std::clamp<Clock::duration>(left, floor, cap);
   }
 
+  // A synchronous call on this thread, `call(ctx)` made once more with a
+  // new token if the first was refused for its token.
+  template <class Call>
+  grpc::Status call_sync(Clock::time_point deadline, Call call) {
+    for (int attempt = 0;; ++attempt) {
+      grpc::ClientContext ctx;
+      setup(ctx, deadline);
+      grpc::Status s = call(ctx);
+      if (s.ok() || attempt > 0 || !IsStaleToken(s) || !renew_token()) return s;
+    }
+  }
+
   // A Txn, on the calling thread (`sync`: `done` runs before this returns)
   // or on the loop.
   void txn(const pb::TxnRequest& req, Clock::time_point deadline, bool sync, TxnDone done);
   void revoke(std::int64_t lease, bool sync);
 
  private:
+  void txn_on_loop(const pb::TxnRequest& req, Clock::time_point deadline, bool retried, TxnDone done);
   void add_token(grpc::ClientContext& ctx) DLOCK_EXCLUDES(token_mu_) {
     MutexLock lk(token_mu_);
     if (!token_.empty()) ctx.AddMetadata("token", token_);
@@ -334,6 +362,7 @@ class Core : public std::enable_shared_from_this<Core> {
   std::shared_ptr<Watches> watches_;         // set by start(), then constant
   Mutex token_mu_;
   std::string token_ DLOCK_GUARDED_BY(token_mu_);
+  std::chrono::steady_clock::time_point token_at_ DLOCK_GUARDED_BY(token_mu_);
 };
 
 // A unary call on the loop: `done(status, response)` on the loop thread, or
@@ -359,24 +388,58 @@ void CallOnLoop(Loop& loop, Prepare prepare, const Request& req, const std::func
   call->reader->Finish(&call->response, &call->status, tag);
 }
 
-void Core::txn(const pb::TxnRequest& req, Clock::time_point deadline, bool sync, TxnDone done) {
-  auto setup = [this, deadline](grpc::ClientContext& ctx) { this->setup(ctx, deadline); };
-  if (sync) {
-    grpc::ClientContext ctx;
-    setup(ctx);
-    pb::TxnResponse resp;
-    grpc::Status s = kv_->Txn(&ctx, req, &resp);
-    if (!s.ok()) return done(FromGrpc(s, "txn"));
-    return done(std::move(resp));
+Status Core::authenticate() {
+  if (!cfg_.user) return OkStatus();
+  auto auth = pb::Auth::NewStub(channel_);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + cfg_.connect_timeout);
+  pb::AuthenticateRequest req;
+  req.set_name(*cfg_.user);
+  req.set_password(*cfg_.password);
+  pb::AuthenticateResponse resp;
+  grpc::Status s = auth->Authenticate(&ctx, req, &resp);
+  if (!s.ok()) return FromGrpc(s, "authenticating as " + *cfg_.user);
+  MutexLock lk(token_mu_);
+  token_ = resp.token();
+  token_at_ = std::chrono::steady_clock::now();
+  return OkStatus();
+}
+
+bool Core::renew_token() {
+  if (!cfg_.user) return false;
+  {
+    MutexLock lk(token_mu_);
+    if (std::chrono::steady_clock::now() - token_at_ < seconds(1)) return true;  // just renewed: try again
   }
+  return authenticate().ok();
+}
+
+void Core::txn(const pb::TxnRequest& req, Clock::time_point deadline, bool sync, TxnDone done) {
+  if (sync) {
+    pb::TxnResponse resp;
+    grpc::Status s = call_sync(deadline, [&](grpc::ClientContext& ctx) { return kv_->Txn(&ctx, req, &resp); });
+    if (s.ok()) return done(std::move(resp));
+    return done(FromGrpc(s, "txn"));
+  }
+  txn_on_loop(req, deadline, /*retried=*/false, std::move(done));
+}
+
+void Core::txn_on_loop(const pb::TxnRequest& req, Clock::time_point deadline, bool retried, TxnDone done) {
   CallOnLoop<pb::TxnResponse>(
       *loop_,
       [this](grpc::ClientContext* ctx, const pb::TxnRequest& r, grpc::CompletionQueue* cq) {
         return kv_->PrepareAsyncTxn(ctx, r, cq);
       },
-      req, setup, [done = std::move(done)](const grpc::Status& s, pb::TxnResponse& resp) {
-        if (!s.ok()) return done(FromGrpc(s, "txn"));
-        done(std::move(resp));
+      req, [this, deadline](grpc::ClientContext& ctx) { setup(ctx, deadline); },
+      [self = shared_from_this(), req, deadline, retried, done = std::move(done)](const grpc::Status& s,
+                                                                                  pb::TxnResponse& resp) mutable {
+        if (s.ok()) return done(std::move(resp));
+        // A renewal is one Authenticate on this thread: rare (a token unused
+        // for minutes), and answered by the member that just refused it.
+        if (!retried && IsStaleToken(s) && self->renew_token()) {
+          return self->txn_on_loop(req, deadline, /*retried=*/true, std::move(done));
+        }
+        done(FromGrpc(s, "txn"));
       });
 }
 
@@ -386,10 +449,8 @@ void Core::revoke(std::int64_t lease, bool sync) {
   // Short: the lease runs out by itself if this fails.
   const Clock::time_point deadline = cfg_.clock->now() + std::min<Clock::duration>(cfg_.connect_timeout, seconds(2));
   if (sync) {
-    grpc::ClientContext ctx;
-    setup(ctx, deadline);
     pb::LeaseRevokeResponse resp;
-    (void)lease_->LeaseRevoke(&ctx, req, &resp);
+    (void)call_sync(deadline, [&](grpc::ClientContext& ctx) { return lease_->LeaseRevoke(&ctx, req, &resp); });
     return;
   }
   CallOnLoop<pb::LeaseRevokeResponse>(
@@ -871,7 +932,8 @@ class KeepAlives {
     s->renewed(sent, seconds(r.ttl()));
   }
 
-  void on_end(const grpc::Status&) {
+  void on_end(const grpc::Status& status) {
+    if (auto core = core_.lock(); core && IsStaleToken(status)) core->renew_token();
     for (auto& [lease, t] : leases_) {
       t.sent.clear();  // never answered now
       if (auto s = t.session.lock()) s->suspend();
@@ -1015,6 +1077,12 @@ class Watches {
   }
 
   void on_message(pb::WatchResponse& r) {
+    if (r.canceled() && IsStaleToken(grpc::Status(grpc::StatusCode::UNKNOWN, r.cancel_reason()))) {
+      // The stream's token (sent when it opened) expired: a new token and a
+      // new stream, on which every wait reads again.
+      if (auto core = core_.lock()) core->renew_token();
+      return stream_.cancel();
+    }
     auto it = by_id_.find(r.watch_id());
     if (it == by_id_.end()) {
       // A create refused before it had an id (watch_id -1): every wait not
@@ -1032,7 +1100,8 @@ class Watches {
     if (r.canceled()) retry(w);  // compacted, or refused: read again
   }
 
-  void on_end(const grpc::Status&) {
+  void on_end(const grpc::Status& status) {
+    if (auto core = core_.lock(); core && IsStaleToken(status)) core->renew_token();
     by_id_.clear();
     for (const auto& w : waits_) w->watch_ids.clear();
     if (waits_.empty()) return;  // opened again by the next wait
@@ -1236,11 +1305,12 @@ class EtcdStore final : public Store {
     const Config& cfg = core_->cfg();
     pb::LeaseGrantRequest req;
     req.set_ttl(cfg.ttl.count());
-    grpc::ClientContext ctx;
-    core_->setup(ctx, deadline);
-    const Clock::time_point sent = cfg.clock->now();
     pb::LeaseGrantResponse resp;
-    grpc::Status s = core_->lease_stub().LeaseGrant(&ctx, req, &resp);
+    Clock::time_point sent;
+    grpc::Status s = core_->call_sync(deadline, [&](grpc::ClientContext& ctx) {
+      sent = cfg.clock->now();
+      return core_->lease_stub().LeaseGrant(&ctx, req, &resp);
+    });
     if (!s.ok()) return FromGrpc(s, "granting a session lease");
     if (!resp.error().empty()) return UnavailableError("etcd store: granting a session lease: " + resp.error());
     if (resp.id() <= 0 || resp.ttl() <= 0) return InternalError("etcd store: the server granted no usable lease");
@@ -1284,18 +1354,7 @@ Result<std::shared_ptr<Store>> Open(const ParsedUrl& url, const StoreOptions& op
   }
   auto core = std::make_shared<Core>(std::move(*cfg), channel);
   core->start();
-  if (core->cfg().user) {
-    auto auth = pb::Auth::NewStub(channel);
-    grpc::ClientContext ctx;
-    ctx.set_deadline(connect_deadline);
-    pb::AuthenticateRequest req;
-    req.set_name(*core->cfg().user);
-    req.set_password(*core->cfg().password);
-    pb::AuthenticateResponse resp;
-    grpc::Status s = auth->Authenticate(&ctx, req, &resp);
-    if (!s.ok()) return FromGrpc(s, "authenticating as " + *core->cfg().user);
-    core->set_token(resp.token());
-  }
+  if (auto s = core->authenticate(); !s.ok()) return s;
   return std::shared_ptr<Store>(std::make_shared<EtcdStore>(std::move(core)));
 }
 
