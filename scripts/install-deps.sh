@@ -22,7 +22,7 @@ packages=(
   libhiredis-dev redis-server python3-redis
   etcd-server etcd-client libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
   golang-etcd-server-dev golang-github-gogo-protobuf-dev golang-github-grpc-ecosystem-grpc-gateway-dev
-  procps iproute2 gdb
+  procps iproute2 gdb openssl
   dpkg-dev file man-db
 )
 

@@ -45,16 +45,21 @@ std::string ReadFirstLine(const std::filesystem::path& p) {
 // when dropped.
 class PrivateEtcd {
  public:
-  // `args`: flags for every member (DLOCK_ETCD_ARGS).
-  explicit PrivateEtcd(int members, const std::string& args = "") {
+  // `args`: flags for every member (DLOCK_ETCD_ARGS); `tls`: clients over
+  // TLS with certificates (DLOCK_ETCD_TLS).
+  explicit PrivateEtcd(int members, const std::string& args = "", bool tls = false) {
     dir_ = std::filesystem::temp_directory_path() /
            ("dlock-etcd-fault-" + std::to_string(::getpid()) + "-" + std::to_string(++count_));
     const std::string script = std::string(DLOCK_SOURCE_DIR) + "/tests/servers/etcd.sh";
-    const std::string cmd = "DLOCK_ETCD_ARGS='" + args + "' " + script +
+    const std::string cmd = "DLOCK_ETCD_ARGS='" + args + "' DLOCK_ETCD_TLS=" + (tls ? "1 " : "0 ") + script +
                             (members == 1 ? " start " : " start-cluster ") + dir_.string() + " >/dev/null 2>&1";
     ok_ = std::system(cmd.c_str()) == 0;
     if (!ok_) return;
     hosts_ = ReadFirstLine(dir_ / "url").substr(7);
+    if (auto q = hosts_.find('?'); q != std::string::npos) {
+      tls_query_ = hosts_.substr(q + 1);
+      hosts_.resize(q);
+    }
     for (int i = 1; i <= members; ++i) {
       const auto mdir = members == 1 ? dir_ : dir_ / ("m" + std::to_string(i));
       pids_.push_back(std::stoi(ReadFirstLine(mdir / "pid")));
@@ -73,12 +78,17 @@ class PrivateEtcd {
     return std::system(cmd.c_str()) == 0;
   }
   std::string url(const std::string& tail) const { return "etcd://" + hosts_ + tail; }
+  // The URL with the certificates: `path` then `query` ("ttl=3s").
+  std::string tls_url(const std::string& path, const std::string& query) const {
+    return "etcd://" + hosts_ + path + "?" + tls_query_ + "&" + query;
+  }
   void signal_member(std::size_t i, int sig) const { ::kill(pids_.at(i), sig); }
 
  private:
   static inline int count_ = 0;
   std::filesystem::path dir_;
   std::string hosts_;
+  std::string tls_query_;  // ca=...&cert=...&key=... when serving TLS
   std::vector<int> pids_;
   bool ok_ = false;
 };
@@ -214,6 +224,27 @@ TEST(EtcdAuth, TokensAreRenewedAndBadCredentialsRefused) {
   EXPECT_TRUE(a.try_lock_for(10s));
   a.unlock();
   ASSERT_TRUE(etcd.ctl("--user root:s3cret auth disable"));
+}
+
+// TLS with client certificates (--client-cert-auth): the URL's ca, cert and
+// key get in; plaintext, or TLS without a client certificate, do not.
+TEST(EtcdTls, ClientCertificatesGetInAndNothingElseDoes) {
+  PrivateEtcd etcd(1, "", /*tls=*/true);
+  ASSERT_TRUE(etcd.ok()) << "could not start etcd with TLS";
+  const std::string url = etcd.tls_url("/tls", "ttl=3s&connect_timeout=5s");
+  auto client = Client::connect(url);
+  Mutex m(client, "m");
+  auto held = m.acquire(10s);
+  ASSERT_TRUE(held.has_value());
+  EXPECT_GT(held->fencing_token(), 0u);
+  held->release();
+  EXPECT_THAT(OpenStore(etcd.url("/tls?connect_timeout=1s")).status(), StatusIs(ErrorCode::kUnavailable))
+      << "a plaintext client got in";
+  const std::string ca_only = url.substr(0, url.find("&cert="));
+  auto no_cert = OpenStore(ca_only + "&connect_timeout=1s");
+  Status refused = no_cert.status();
+  if (no_cert.ok()) refused = (*no_cert)->open_session(In(2s)).status();
+  EXPECT_THAT(refused, StatusIs(ErrorCode::kUnavailable)) << "a client without a certificate got in";
 }
 
 }  // namespace

@@ -21,6 +21,11 @@
 # DLOCK_ETCD_MEMBERS=3 makes `start` and `run` start a cluster too (what
 # tests/servers/etcd3.sh sets, for a CTest fixture of its own).
 # DLOCK_ETCD_ARGS adds flags to every member (e.g. "--auth-token-ttl 1").
+# DLOCK_ETCD_TLS=1 serves clients over TLS with client certificates: a CA,
+# a server certificate for 127.0.0.1 and a client certificate are made with
+# openssl in DIR/tls (ca.pem, client.pem, client-key.pem), the endpoints are
+# https://, and DIR/url carries ?ca=...&cert=...&key=... (so --param and
+# --suffix do not apply).
 #
 # DIR (one member) or each DIR/mN (cluster) holds data/, etcd.log, pid,
 # port (client), peer_port and name; DIR holds url, and endpoints (the
@@ -37,10 +42,31 @@ free_port() {
   python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()'
 }
 
+tls_dir=""  # set by start when DLOCK_ETCD_TLS=1
+
 ctl() {  # ctl ENDPOINTS ARGS...: etcdctl, bounded
-  local endpoints=$1
+  local endpoints=$1 tls=()
   shift
-  ETCDCTL_API=3 timeout 5 "$ETCDCTL" --endpoints="$endpoints" --dial-timeout=2s --command-timeout=3s "$@"
+  [ -z "$tls_dir" ] || tls=(--cacert "$tls_dir/ca.pem" --cert "$tls_dir/client.pem" --key "$tls_dir/client-key.pem")
+  ETCDCTL_API=3 timeout 5 "$ETCDCTL" --endpoints="$endpoints" --dial-timeout=2s --command-timeout=3s "${tls[@]}" "$@"
+}
+
+make_certs() {  # make_certs DIR: a CA, a server certificate for 127.0.0.1, a client certificate
+  local d=$1
+  mkdir -p "$d"
+  (
+    cd "$d"
+    openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj "/CN=dlock-test-ca" \
+      -keyout ca-key.pem -out ca.pem
+    openssl req -newkey rsa:2048 -nodes -subj "/CN=127.0.0.1" -keyout server-key.pem -out server.csr
+    printf 'subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth,clientAuth\n' >server.ext
+    openssl x509 -req -in server.csr -CA ca.pem -CAkey ca-key.pem -CAcreateserial -days 2 \
+      -extfile server.ext -out server.pem
+    openssl req -newkey rsa:2048 -nodes -subj "/CN=root" -keyout client-key.pem -out client.csr
+    printf 'extendedKeyUsage=clientAuth\n' >client.ext
+    openssl x509 -req -in client.csr -CA ca.pem -CAkey ca-key.pem -CAcreateserial -days 2 \
+      -extfile client.ext -out client.pem
+  ) >/dev/null 2>&1 || die "openssl could not make the test certificates in $d"
 }
 
 healthy() {  # healthy ENDPOINTS: every member answers a linearizable read (so there is a leader)
@@ -97,8 +123,14 @@ launch() {  # launch MEMBER_DIR NAME CLIENT_PORT PEER_PORT INITIAL_CLUSTER
   # setsid, output to a file: the member outlives this script without holding
   # the test runner's pipes, in a process group of its own (a test can stop
   # or kill it without touching the runner).
-  setsid "$ETCD" --name "$name" --data-dir "$mdir/data" \
-    --listen-client-urls "http://127.0.0.1:$cport" --advertise-client-urls "http://127.0.0.1:$cport" \
+  local scheme=http tls=()
+  if [ -n "$tls_dir" ]; then
+    scheme=https
+    tls=(--cert-file "$tls_dir/server.pem" --key-file "$tls_dir/server-key.pem"
+      --trusted-ca-file "$tls_dir/ca.pem" --client-cert-auth)
+  fi
+  setsid "$ETCD" --name "$name" --data-dir "$mdir/data" "${tls[@]}" \
+    --listen-client-urls "$scheme://127.0.0.1:$cport" --advertise-client-urls "$scheme://127.0.0.1:$cport" \
     --listen-peer-urls "http://127.0.0.1:$pport" --initial-advertise-peer-urls "http://127.0.0.1:$pport" \
     --initial-cluster "$initial" --initial-cluster-state new --initial-cluster-token "dlock-test-$$" \
     --logger zap --log-outputs stderr --log-level warn ${DLOCK_ETCD_ARGS:-} \
@@ -107,13 +139,14 @@ launch() {  # launch MEMBER_DIR NAME CLIENT_PORT PEER_PORT INITIAL_CLUSTER
 }
 
 start_members() {  # start_members DIR COUNT: true once all answer
-  local dir=$1 count=$2 i initial="" endpoints="" url="" mdirs=() cports=() pports=()
+  local dir=$1 count=$2 i initial="" endpoints="" url="" mdirs=() cports=() pports=() scheme=http
+  [ -z "$tls_dir" ] || scheme=https
   for i in $(seq 1 "$count"); do
     cports+=("$(free_port)")
     pports+=("$(free_port)")
     if [ "$count" -eq 1 ]; then mdirs+=("$dir"); else mdirs+=("$dir/m$i"); fi
     initial="${initial:+$initial,}m$i=http://127.0.0.1:${pports[$((i - 1))]}"
-    endpoints="${endpoints:+$endpoints,}http://127.0.0.1:${cports[$((i - 1))]}"
+    endpoints="${endpoints:+$endpoints,}$scheme://127.0.0.1:${cports[$((i - 1))]}"
     url="${url:+$url,}127.0.0.1:${cports[$((i - 1))]}"
   done
   for i in $(seq 0 $((count - 1))); do
@@ -127,6 +160,9 @@ start_members() {  # start_members DIR COUNT: true once all answer
       alive "$(cat "${mdirs[$i]}/pid")" || return 1  # exited: a port was taken, say
     done
     if healthy "$endpoints"; then
+      if [ -n "$tls_dir" ]; then
+        url="$url?ca=$tls_dir/ca.pem&cert=$tls_dir/client.pem&key=$tls_dir/client-key.pem"
+      fi
       echo "etcd://$url" >"$dir/url"
       return 0
     fi
@@ -142,6 +178,10 @@ start() {  # start DIR COUNT
   command -v "$ETCDCTL" >/dev/null || die "etcdctl not found (apt-get install etcd-client)"
   mkdir -p "$dir"
   dir=$(cd "$dir" && pwd)
+  if [ "${DLOCK_ETCD_TLS:-0}" = 1 ]; then
+    tls_dir=$dir/tls
+    [ -f "$tls_dir/ca.pem" ] || make_certs "$tls_dir"
+  fi
   if running "$dir"; then
     # Started before (e.g. ctest --repeat runs the fixture's setup again).
     if [ -f "$dir/url" ] && healthy "$(cat "$dir/endpoints")"; then
