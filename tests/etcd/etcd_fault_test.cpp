@@ -20,78 +20,17 @@
 #include "dlock/dlock.hpp"
 #include "support/poll.hpp"
 #include "support/state_log.hpp"
+#include "etcd/private_etcd.hpp"
 #include "support/status_matchers.hpp"
-
-#ifndef DLOCK_SOURCE_DIR
-#error "DLOCK_SOURCE_DIR must name the source tree (tests/servers/etcd.sh)"
-#endif
 
 namespace dlock {
 namespace {
 
 using namespace std::chrono_literals;
 using testing::IsOk;
+using testing::PrivateEtcd;
 using testing::StateLog;
 using testing::StatusIs;
-
-std::string ReadFirstLine(const std::filesystem::path& p) {
-  std::ifstream in(p);
-  std::string line;
-  std::getline(in, line);
-  return line;
-}
-
-// A private etcd: one member or three, stopped (and its directory removed)
-// when dropped.
-class PrivateEtcd {
- public:
-  // `args`: flags for every member (DLOCK_ETCD_ARGS); `tls`: clients over
-  // TLS with certificates (DLOCK_ETCD_TLS).
-  explicit PrivateEtcd(int members, const std::string& args = "", bool tls = false) {
-    dir_ = std::filesystem::temp_directory_path() /
-           ("dlock-etcd-fault-" + std::to_string(::getpid()) + "-" + std::to_string(++count_));
-    const std::string script = std::string(DLOCK_SOURCE_DIR) + "/tests/servers/etcd.sh";
-    const std::string cmd = "DLOCK_ETCD_ARGS='" + args + "' DLOCK_ETCD_TLS=" + (tls ? "1 " : "0 ") + script +
-                            (members == 1 ? " start " : " start-cluster ") + dir_.string() + " >/dev/null 2>&1";
-    ok_ = std::system(cmd.c_str()) == 0;
-    if (!ok_) return;
-    hosts_ = ReadFirstLine(dir_ / "url").substr(7);
-    if (auto q = hosts_.find('?'); q != std::string::npos) {
-      tls_query_ = hosts_.substr(q + 1);
-      hosts_.resize(q);
-    }
-    for (int i = 1; i <= members; ++i) {
-      const auto mdir = members == 1 ? dir_ : dir_ / ("m" + std::to_string(i));
-      pids_.push_back(std::stoi(ReadFirstLine(mdir / "pid")));
-    }
-  }
-  ~PrivateEtcd() {
-    const std::string cmd =
-        std::string(DLOCK_SOURCE_DIR) + "/tests/servers/etcd.sh stop " + dir_.string() + " >/dev/null 2>&1";
-    (void)std::system(cmd.c_str());
-  }
-  bool ok() const { return ok_; }
-  // etcdctl on this server; true if it exited 0.
-  bool ctl(const std::string& args) const {
-    const std::string cmd = "ETCDCTL_API=3 timeout 10 etcdctl --endpoints=" + ReadFirstLine(dir_ / "endpoints") +
-                            " " + args + " >/dev/null 2>&1";
-    return std::system(cmd.c_str()) == 0;
-  }
-  std::string url(const std::string& tail) const { return "etcd://" + hosts_ + tail; }
-  // The URL with the certificates: `path` then `query` ("ttl=3s").
-  std::string tls_url(const std::string& path, const std::string& query) const {
-    return "etcd://" + hosts_ + path + "?" + tls_query_ + "&" + query;
-  }
-  void signal_member(std::size_t i, int sig) const { ::kill(pids_.at(i), sig); }
-
- private:
-  static inline int count_ = 0;
-  std::filesystem::path dir_;
-  std::string hosts_;
-  std::string tls_query_;  // ca=...&cert=...&key=... when serving TLS
-  std::vector<int> pids_;
-  bool ok_ = false;
-};
 
 Clock::time_point In(Clock::duration d) { return Clock::system()->now() + d; }
 
@@ -106,7 +45,7 @@ EntrySpec Spec() {
 }
 
 TEST(EtcdFaults, AFrozenServerMakesTheSessionLostFromItsOwnClock) {
-  PrivateEtcd etcd(1);
+  PrivateEtcd etcd;
   ASSERT_TRUE(etcd.ok()) << "could not start etcd";
   auto store = OpenStore(etcd.url("/frozen?ttl=3s&connect_timeout=1s"));
   ASSERT_THAT(store.status(), IsOk());
@@ -117,12 +56,12 @@ TEST(EtcdFaults, AFrozenServerMakesTheSessionLostFromItsOwnClock) {
   ASSERT_THAT(e.status(), IsOk());
   std::this_thread::sleep_for(1500ms);  // a renewal or two answered
   const auto frozen_at = std::chrono::steady_clock::now();
-  etcd.signal_member(0, SIGSTOP);
+  etcd.freeze();
   // The last answered renewal was sent before the freeze: the session must
   // count itself lost by then + TTL - TTL/10, and not hang on.
   auto suspended = log.WaitFor(SessionState::kSuspended, 5s);
   auto lost = log.WaitFor(SessionState::kLost, 6s);
-  etcd.signal_member(0, SIGCONT);
+  etcd.thaw();
   ASSERT_TRUE(suspended.has_value()) << "no kSuspended while the server was frozen";
   ASSERT_TRUE(lost.has_value()) << "no kLost while the server was frozen";
   EXPECT_LT(*suspended, *lost);
@@ -168,7 +107,7 @@ TEST(EtcdFaults, AHolderKeepsItsLockWhenItsMemberIsKilled) {
     waiter_token.set_value(h ? h->fencing_token() : 0);
   });
   std::this_thread::sleep_for(500ms);  // the waiter is queued
-  etcd.signal_member(0, SIGKILL);
+  etcd.signal(0, SIGKILL);
   // The session moves to a live member: uncertain for a moment at most, then held again.
   EXPECT_TRUE(testing::Eventually([&] { return hold->state() == HoldState::kHeld; }, 20s));
   std::this_thread::sleep_for(6s);  // past the lease's TTL: only renewals on the new member keep it
@@ -186,12 +125,12 @@ TEST(EtcdFaults, AHolderKeepsItsLockWhenItsMemberIsKilled) {
 // kUnauthenticated; with the right ones, locks keep working, and a waiter
 // keeps waiting, across the token's expiry (the store authenticates again).
 TEST(EtcdAuth, TokensAreRenewedAndBadCredentialsRefused) {
-  PrivateEtcd etcd(1, "--auth-token-ttl 1");
+  PrivateEtcd etcd(1, "DLOCK_ETCD_ARGS='--auth-token-ttl 1'");
   ASSERT_TRUE(etcd.ok()) << "could not start etcd";
   ASSERT_TRUE(etcd.ctl("user add root --new-user-password=s3cret"));
   ASSERT_TRUE(etcd.ctl("auth enable"));
 
-  auto wrong = OpenStore(etcd.url("/auth?ttl=3s").insert(7, "root:wrong@"));
+  auto wrong = OpenStore(etcd.url_as("root:wrong", "/auth?ttl=3s"));
   EXPECT_THAT(wrong.status(), StatusIs(ErrorCode::kUnauthenticated));
   auto anonymous = OpenStore(etcd.url("/auth?ttl=3s"));
   if (anonymous.ok()) {
@@ -203,7 +142,7 @@ TEST(EtcdAuth, TokensAreRenewedAndBadCredentialsRefused) {
     EXPECT_THAT(anonymous.status(), StatusIs(ErrorCode::kUnauthenticated));
   }
 
-  const std::string url = etcd.url("/auth?ttl=3s").insert(7, "root:s3cret@");
+  const std::string url = etcd.url_as("root:s3cret", "/auth?ttl=3s");
   auto holder = Client::connect(url);
   auto waiter = Client::connect(url);
   Mutex a(holder, "m");

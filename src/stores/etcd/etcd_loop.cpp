@@ -97,11 +97,18 @@ void Loop::run_posted() {
 }
 
 void Loop::finish(Tag* t, bool ok) {
+#ifdef DLOCK_ETCD_TSAN
+  __tsan_acquire(t);  // see hand_over()
+#endif
   t->fn(ok);  // may start the call's next operation: the count below keeps the queue open for it
-  MutexLock lk(mu_);
-  auto it = calls_.find(t->ctx);
-  if (it != calls_.end() && --it->second == 0) calls_.erase(it);
-  --outstanding_;
+  {
+    MutexLock lk(mu_);
+    auto it = calls_.find(t->ctx);
+    if (it != calls_.end() && --it->second == 0) calls_.erase(it);
+    --outstanding_;
+  }
+  // Outside the lock: `fn`'s captures may hold the last reference to a
+  // session or a store, whose destructor posts to this loop or shuts it down.
   delete t;
 }
 

@@ -60,7 +60,7 @@ constexpr std::size_t kMaxKeysPerTxn = 64;
 
 struct Config {
   std::string url;     // redacted
-  std::string target;  // gRPC target: "ipv4:a:p,b:q", "ipv6:...", "dns:///h:p"
+  std::vector<std::string> targets;  // one gRPC target per endpoint: "ipv4:a:p", "ipv6:[::1]:p", "dns:///h:p"
   std::string prefix;  // "" or ending in '/'
   seconds ttl{10};
   milliseconds connect_timeout{10'000};
@@ -96,26 +96,15 @@ Result<Config> ParseConfig(const ParsedUrl& url, const StoreOptions& options) {
   cfg.url = url.redacted();
   cfg.clock = options.clock ? options.clock : Clock::system();
   if (url.hosts.empty()) return InvalidArgumentError("etcd:// URL needs at least one host, e.g. etcd://127.0.0.1:2379");
-  bool all_v4 = true, all_v6 = true;
   for (const auto& hp : url.hosts) {
-    all_v4 = all_v4 && IsIpv4(hp.host);
-    all_v6 = all_v6 && hp.host.find(':') != std::string::npos;
-  }
-  std::string list;
-  for (const auto& hp : url.hosts) {
-    if (!list.empty()) list += ',';
-    const bool v6 = hp.host.find(':') != std::string::npos;
-    list += (v6 ? "[" + hp.host + "]" : hp.host) + ":" + std::to_string(hp.port.value_or(kDefaultPort));
-  }
-  if (all_v4) {
-    cfg.target = "ipv4:" + list;
-  } else if (all_v6) {
-    cfg.target = "ipv6:" + list;
-  } else if (url.hosts.size() == 1) {
-    cfg.target = "dns:///" + list;
-  } else {
-    return InvalidArgumentError("etcd:// URL with several endpoints: give them as IP addresses (" + list +
-                                "); a host name is taken only alone");
+    const std::string port = std::to_string(hp.port.value_or(kDefaultPort));
+    if (IsIpv4(hp.host)) {
+      cfg.targets.push_back("ipv4:" + hp.host + ":" + port);
+    } else if (hp.host.find(':') != std::string::npos) {
+      cfg.targets.push_back("ipv6:[" + hp.host + "]:" + port);
+    } else {
+      cfg.targets.push_back("dns:///" + hp.host + ":" + port);
+    }
   }
   std::string prefix = url.path;
   while (!prefix.empty() && prefix.front() == '/') prefix.erase(0, 1);
@@ -278,13 +267,22 @@ class Watches;
 
 class Core : public std::enable_shared_from_this<Core> {
  public:
-  Core(Config cfg, std::shared_ptr<grpc::Channel> channel)
-      : cfg_(std::move(cfg)),
-        channel_(std::move(channel)),
-        kv_(pb::KV::NewStub(channel_)),
-        lease_(pb::Lease::NewStub(channel_)),
-        watch_(pb::Watch::NewStub(channel_)),
-        loop_(Loop::start()) {}
+  // One channel per endpoint, so that the store can leave a member that
+  // hangs or lost its leader (one channel over all of them would stay with a
+  // member whose connection still stands).
+  struct Member {
+    std::shared_ptr<grpc::Channel> channel;
+    std::unique_ptr<pb::KV::Stub> kv;
+    std::unique_ptr<pb::Lease::Stub> lease;
+    std::unique_ptr<pb::Watch::Stub> watch;
+  };
+
+  Core(Config cfg, const std::vector<std::shared_ptr<grpc::Channel>>& channels, std::size_t first)
+      : cfg_(std::move(cfg)), loop_(Loop::start()), current_(first) {
+    for (const auto& c : channels) {
+      members_.push_back(Member{c, pb::KV::NewStub(c), pb::Lease::NewStub(c), pb::Watch::NewStub(c)});
+    }
+  }
   ~Core();
 
   // Makes the loop-thread parts (they need shared_from_this).
@@ -294,9 +292,15 @@ class Core : public std::enable_shared_from_this<Core> {
   Loop& loop() { return *loop_; }
   KeepAlives& keep_alives() { return *keep_alives_; }  // loop thread only
   Watches& watches() { return *watches_; }             // loop thread only
-  pb::KV::Stub& kv() { return *kv_; }
-  pb::Lease::Stub& lease_stub() { return *lease_; }
-  pb::Watch::Stub& watch_stub() { return *watch_; }
+  // The member calls go to now, and its index (for avoid()).
+  std::size_t current() const { return current_.load(); }
+  const Member& member(std::size_t i) const { return members_[i % members_.size()]; }
+  // `i` failed (hung, no leader, gone): the next calls and streams go to the
+  // next member, unless another failure moved on already.
+  void avoid(std::size_t i) {
+    std::size_t expected = i;
+    current_.compare_exchange_strong(expected, (i + 1) % members_.size());
+  }
 
   // Authenticates (when the URL has a user) and keeps the token for every
   // later call. On the calling thread, bounded by the connect timeout.
@@ -330,12 +334,16 @@ class Core : public std::enable_shared_from_this<Core> {
 
   // A synchronous call on this thread, `call(ctx)` made once more with a
   // new token if the first was refused for its token.
+  // `call(ctx, member)` goes to the current member; one that cannot be
+  // reached is avoided from then on.
   template <class Call>
   grpc::Status call_sync(Clock::time_point deadline, Call call) {
     for (int attempt = 0;; ++attempt) {
       grpc::ClientContext ctx;
       setup(ctx, deadline);
-      grpc::Status s = call(ctx);
+      const std::size_t m = current();
+      grpc::Status s = call(ctx, member(m));
+      if (s.error_code() == grpc::StatusCode::UNAVAILABLE) avoid(m);
       if (s.ok() || attempt > 0 || !IsStaleToken(s) || !renew_token()) return s;
     }
   }
@@ -353,11 +361,9 @@ class Core : public std::enable_shared_from_this<Core> {
   }
 
   const Config cfg_;
-  const std::shared_ptr<grpc::Channel> channel_;
-  const std::unique_ptr<pb::KV::Stub> kv_;
-  const std::unique_ptr<pb::Lease::Stub> lease_;
-  const std::unique_ptr<pb::Watch::Stub> watch_;
+  std::vector<Member> members_;  // set by the constructor, then constant
   const std::shared_ptr<Loop> loop_;
+  std::atomic<std::size_t> current_;
   std::shared_ptr<KeepAlives> keep_alives_;  // set by start(), then constant
   std::shared_ptr<Watches> watches_;         // set by start(), then constant
   Mutex token_mu_;
@@ -385,12 +391,13 @@ void CallOnLoop(Loop& loop, Prepare prepare, const Request& req, const std::func
   }
   call->reader = prepare(&call->ctx, req, loop.queue());
   call->reader->StartCall();
+  Loop::hand_over(tag);
   call->reader->Finish(&call->response, &call->status, tag);
 }
 
 Status Core::authenticate() {
   if (!cfg_.user) return OkStatus();
-  auto auth = pb::Auth::NewStub(channel_);
+  auto auth = pb::Auth::NewStub(member(current()).channel);
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + cfg_.connect_timeout);
   pb::AuthenticateRequest req;
@@ -417,7 +424,9 @@ bool Core::renew_token() {
 void Core::txn(const pb::TxnRequest& req, Clock::time_point deadline, bool sync, TxnDone done) {
   if (sync) {
     pb::TxnResponse resp;
-    grpc::Status s = call_sync(deadline, [&](grpc::ClientContext& ctx) { return kv_->Txn(&ctx, req, &resp); });
+    grpc::Status s = call_sync(deadline, [&](grpc::ClientContext& ctx, const Member& m) {
+      return m.kv->Txn(&ctx, req, &resp);
+    });
     if (s.ok()) return done(std::move(resp));
     return done(FromGrpc(s, "txn"));
   }
@@ -425,15 +434,17 @@ void Core::txn(const pb::TxnRequest& req, Clock::time_point deadline, bool sync,
 }
 
 void Core::txn_on_loop(const pb::TxnRequest& req, Clock::time_point deadline, bool retried, TxnDone done) {
+  const std::size_t m = current();
   CallOnLoop<pb::TxnResponse>(
       *loop_,
-      [this](grpc::ClientContext* ctx, const pb::TxnRequest& r, grpc::CompletionQueue* cq) {
-        return kv_->PrepareAsyncTxn(ctx, r, cq);
+      [this, m](grpc::ClientContext* ctx, const pb::TxnRequest& r, grpc::CompletionQueue* cq) {
+        return member(m).kv->PrepareAsyncTxn(ctx, r, cq);
       },
       req, [this, deadline](grpc::ClientContext& ctx) { setup(ctx, deadline); },
-      [self = shared_from_this(), req, deadline, retried, done = std::move(done)](const grpc::Status& s,
-                                                                                  pb::TxnResponse& resp) mutable {
+      [self = shared_from_this(), m, req, deadline, retried, done = std::move(done)](const grpc::Status& s,
+                                                                                     pb::TxnResponse& resp) mutable {
         if (s.ok()) return done(std::move(resp));
+        if (s.error_code() == grpc::StatusCode::UNAVAILABLE) self->avoid(m);
         // A renewal is one Authenticate on this thread: rare (a token unused
         // for minutes), and answered by the member that just refused it.
         if (!retried && IsStaleToken(s) && self->renew_token()) {
@@ -450,13 +461,15 @@ void Core::revoke(std::int64_t lease, bool sync) {
   const Clock::time_point deadline = cfg_.clock->now() + std::min<Clock::duration>(cfg_.connect_timeout, seconds(2));
   if (sync) {
     pb::LeaseRevokeResponse resp;
-    (void)call_sync(deadline, [&](grpc::ClientContext& ctx) { return lease_->LeaseRevoke(&ctx, req, &resp); });
+    (void)call_sync(deadline, [&](grpc::ClientContext& ctx, const Member& m) {
+      return m.lease->LeaseRevoke(&ctx, req, &resp);
+    });
     return;
   }
   CallOnLoop<pb::LeaseRevokeResponse>(
       *loop_,
       [this](grpc::ClientContext* ctx, const pb::LeaseRevokeRequest& r, grpc::CompletionQueue* cq) {
-        return lease_->PrepareAsyncLeaseRevoke(ctx, r, cq);
+        return member(current()).lease->PrepareAsyncLeaseRevoke(ctx, r, cq);
       },
       req, [this, deadline](grpc::ClientContext& ctx) { setup(ctx, deadline); },
       [keep = shared_from_this()](const grpc::Status&, pb::LeaseRevokeResponse&) {});
@@ -517,7 +530,9 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
   const std::shared_ptr<Clock>& clock() const { return cfg_.clock; }
   std::int64_t lease() const { return lease_; }
   seconds ttl() const { return ttl_; }
-  Clock::duration margin() const { return ttl_ / 10; }
+  // A tenth of the TTL (in the clock's unit: a whole-second division would
+  // round it away).
+  Clock::duration margin() const { return std::chrono::duration_cast<Clock::duration>(ttl_) / 10; }
   Clock::time_point lost_at() const { return Clock::time_point(Clock::duration(lost_at_.load())); }
 
   SessionState state() const noexcept {
@@ -638,6 +653,11 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
 
   // Loop thread: a renewal sent at `sent` was answered with `ttl`.
   void renewed(Clock::time_point sent, seconds ttl) {
+    if (cfg_.clock->now() >= lost_at()) {
+      // Answered, but handled after the deadline (the process was paused):
+      // state() has read kLost already, and a lost session never comes back.
+      return lose("its deadline passed before a renewal's answer was handled");
+    }
     const Clock::time_point until = sent + ttl - margin();
     if (until > lost_at()) lost_at_.store(until.time_since_epoch().count());
     arm_lost_timer();
@@ -645,13 +665,14 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
   }
   // Loop thread: the keep-alive stream failed, or a renewal is overdue.
   void suspend() { transition(SessionState::kSuspended); }
-  // Any thread.
-  void lose(std::string reason) {
+  // Any thread. kLost at once; subscribers are told on this thread, or
+  // (`here` false: a request's caller) on the loop's.
+  void lose(std::string reason, bool here = true) {
     {
       MutexLock lk(mu_);
       if (lost_reason_.empty()) lost_reason_ = std::move(reason);
     }
-    transition(SessionState::kLost);
+    transition(SessionState::kLost, here);
   }
   // Loop thread: the timer that tells kLost from the client's own clock.
   void arm_lost_timer();
@@ -670,7 +691,7 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
   // A request's error, with what it says about the session: a lease the
   // server no longer knows is a lost session.
   Status noted(Status s) {
-    if (s.code() == ErrorCode::kSessionLost) lose("the server no longer knows its lease");
+    if (s.code() == ErrorCode::kSessionLost) lose("the server no longer knows its lease", /*here=*/false);
     return s;
   }
 
@@ -789,7 +810,7 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
 
   // kConnected <-> kSuspended, or -> kLost / kClosed; never back from those.
   // Returns whether the state changed; the notice is delivered in order.
-  bool transition(SessionState to) DLOCK_EXCLUDES(notice_mu_) {
+  bool transition(SessionState to, bool here = true) DLOCK_EXCLUDES(notice_mu_) {
     {
       MutexLock lk(notice_mu_);
       const SessionState prev = state_.load();
@@ -798,26 +819,30 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
       state_.store(to);
       notices_.push_back(to);
     }
-    auto task = [self = shared_from_this()] { self->deliver_one(); };
+    auto task = [self = shared_from_this()] { self->deliver_pending(); };
     if (to == SessionState::kClosed) {
       delivery_.run(std::move(task));  // close() returns once it is told (unless inside a subscriber)
-    } else {
+    } else if (here || !core_->loop().post([self = shared_from_this(), task] { self->delivery_.post(task); })) {
       delivery_.post(std::move(task));
     }
     return true;
   }
 
-  // Tells the oldest notice, then does what follows from it.
-  void deliver_one() DLOCK_EXCLUDES(notice_mu_) {
-    SessionState n;
-    {
-      MutexLock lk(notice_mu_);
-      if (notices_.empty()) return;
-      n = notices_.front();
-      notices_.pop_front();
+  // Tells every notice queued so far, in order, and does what follows from
+  // each. One task may so tell notices queued for later tasks (which then
+  // find none): close() returns only once kClosed is told.
+  void deliver_pending() DLOCK_EXCLUDES(notice_mu_) {
+    for (;;) {
+      SessionState n;
+      {
+        MutexLock lk(notice_mu_);
+        if (notices_.empty()) return;
+        n = notices_.front();
+        notices_.pop_front();
+      }
+      listeners_.notify(n);
+      if (n == SessionState::kLost || n == SessionState::kClosed) ended(n);
     }
-    listeners_.notify(n);
-    if (n == SessionState::kLost || n == SessionState::kClosed) ended(n);
   }
 
   // After the subscribers heard kLost or kClosed: waits end, and the lease
@@ -861,7 +886,7 @@ class KeepAlives {
   void add(const std::shared_ptr<SessionCore>& s) {
     Track& t = leases_[s->lease()];
     t.session = s;
-    t.every = s->ttl() / 3;
+    t.every = std::chrono::duration_cast<Clock::duration>(s->ttl()) / 3;
     s->arm_lost_timer();
     if (!stream_.open_or_opening() && reopen_timer_ == 0) open();
     schedule(s->lease());
@@ -885,9 +910,10 @@ class KeepAlives {
   void open() {
     auto core = core_.lock();
     if (!core) return;
+    member_ = core->current();
     stream_.open(
-        [core](grpc::ClientContext* ctx, grpc::CompletionQueue* cq) {
-          return core->lease_stub().PrepareAsyncLeaseKeepAlive(ctx, cq);
+        [core, m = member_](grpc::ClientContext* ctx, grpc::CompletionQueue* cq) {
+          return core->member(m).lease->PrepareAsyncLeaseKeepAlive(ctx, cq);
         },
         [core](grpc::ClientContext& ctx) { core->setup_stream(ctx); });
   }
@@ -908,7 +934,13 @@ class KeepAlives {
     auto s = t.session.lock();
     if (!s) return remove(lease);
     const Clock::time_point now = clock_->now();
-    if (!t.sent.empty() && now - t.sent.front() > t.every) s->suspend();  // a renewal is overdue
+    if (!t.sent.empty() && now - t.sent.front() > t.every) {
+      // A renewal is overdue: the member hangs or lost its leader. Leave it
+      // (a new stream, on the next member when there is one).
+      s->suspend();
+      if (auto core = core_.lock()) core->avoid(member_);
+      return stream_.cancel();
+    }
     if (!stream_.ready()) return;
     pb::LeaseKeepAliveRequest req;
     req.set_id(lease);
@@ -918,7 +950,9 @@ class KeepAlives {
 
   void on_ready() {
     backoff_.reset();
-    for (auto& [lease, t] : leases_) renew(lease);
+    std::vector<std::int64_t> leases;  // renew() may remove one
+    for (const auto& [lease, t] : leases_) leases.push_back(lease);
+    for (std::int64_t lease : leases) renew(lease);
   }
 
   void on_message(pb::LeaseKeepAliveResponse& r) {
@@ -933,7 +967,10 @@ class KeepAlives {
   }
 
   void on_end(const grpc::Status& status) {
-    if (auto core = core_.lock(); core && IsStaleToken(status)) core->renew_token();
+    if (auto core = core_.lock()) {
+      if (IsStaleToken(status)) core->renew_token();
+      if (status.error_code() == grpc::StatusCode::UNAVAILABLE) core->avoid(member_);
+    }
     for (auto& [lease, t] : leases_) {
       t.sent.clear();  // never answered now
       if (auto s = t.session.lock()) s->suspend();
@@ -951,6 +988,7 @@ class KeepAlives {
   std::map<std::int64_t, Track> leases_;
   Backoff backoff_;
   std::uint64_t reopen_timer_ = 0;
+  std::size_t member_ = 0;  // the stream's
 };
 
 // --- The watch stream (loop thread)
@@ -1064,8 +1102,9 @@ class Watches {
   void open() {
     auto core = core_.lock();
     if (!core) return;
-    stream_.open([core](grpc::ClientContext* ctx,
-                        grpc::CompletionQueue* cq) { return core->watch_stub().PrepareAsyncWatch(ctx, cq); },
+    member_ = core->current();
+    stream_.open([core, m = member_](grpc::ClientContext* ctx,
+                                     grpc::CompletionQueue* cq) { return core->member(m).watch->PrepareAsyncWatch(ctx, cq); },
                  [core](grpc::ClientContext& ctx) { core->setup_stream(ctx); });
   }
 
@@ -1101,7 +1140,10 @@ class Watches {
   }
 
   void on_end(const grpc::Status& status) {
-    if (auto core = core_.lock(); core && IsStaleToken(status)) core->renew_token();
+    if (auto core = core_.lock()) {
+      if (IsStaleToken(status)) core->renew_token();
+      if (status.error_code() == grpc::StatusCode::UNAVAILABLE) core->avoid(member_);
+    }
     by_id_.clear();
     for (const auto& w : waits_) w->watch_ids.clear();
     if (waits_.empty()) return;  // opened again by the next wait
@@ -1119,6 +1161,7 @@ class Watches {
   std::int64_t next_watch_id_ = 1;
   Backoff backoff_;
   std::uint64_t reopen_timer_ = 0;
+  std::size_t member_ = 0;  // the stream's
 };
 
 Core::~Core() {
@@ -1307,9 +1350,9 @@ class EtcdStore final : public Store {
     req.set_ttl(cfg.ttl.count());
     pb::LeaseGrantResponse resp;
     Clock::time_point sent;
-    grpc::Status s = core_->call_sync(deadline, [&](grpc::ClientContext& ctx) {
+    grpc::Status s = core_->call_sync(deadline, [&](grpc::ClientContext& ctx, const Core::Member& m) {
       sent = cfg.clock->now();
-      return core_->lease_stub().LeaseGrant(&ctx, req, &resp);
+      return m.lease->LeaseGrant(&ctx, req, &resp);
     });
     if (!s.ok()) return FromGrpc(s, "granting a session lease");
     if (!resp.error().empty()) return UnavailableError("etcd store: granting a session lease: " + resp.error());
@@ -1346,13 +1389,28 @@ Result<std::shared_ptr<Store>> Open(const ParsedUrl& url, const StoreOptions& op
   args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10'000);
   args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5'000);
   args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
-  auto channel = grpc::CreateCustomChannel(cfg->target, Credentials(*cfg), args);
-  const auto connect_deadline = std::chrono::system_clock::now() + cfg->connect_timeout;
-  if (!channel->WaitForConnected(connect_deadline)) {
+  std::vector<std::shared_ptr<grpc::Channel>> channels;
+  for (const std::string& target : cfg->targets) {
+    channels.push_back(grpc::CreateCustomChannel(target, Credentials(*cfg), args));
+  }
+  // The first member that connects within the connect timeout.
+  const auto connect_deadline = std::chrono::steady_clock::now() + cfg->connect_timeout;
+  std::optional<std::size_t> first;
+  for (auto& c : channels) c->GetState(/*try_to_connect=*/true);
+  while (!first) {
+    for (std::size_t i = 0; i < channels.size() && !first; ++i) {
+      if (channels[i]->GetState(true) == GRPC_CHANNEL_READY) first = i;
+    }
+    if (first || std::chrono::steady_clock::now() >= connect_deadline) break;
+    // Woken by the first change of any of them, or after a short while.
+    channels[0]->WaitForStateChange(channels[0]->GetState(false),
+                                    std::chrono::system_clock::now() + milliseconds(20));
+  }
+  if (!first) {
     return UnavailableError("etcd store: cannot connect to " + cfg->url + " within " +
                             std::to_string(cfg->connect_timeout.count()) + " ms");
   }
-  auto core = std::make_shared<Core>(std::move(*cfg), channel);
+  auto core = std::make_shared<Core>(std::move(*cfg), channels, *first);
   core->start();
   if (auto s = core->authenticate(); !s.ok()) return s;
   return std::shared_ptr<Store>(std::make_shared<EtcdStore>(std::move(core)));
