@@ -24,11 +24,14 @@
 #include "etcd/etcdserver/etcdserverpb/rpc.grpc.pb.h"
 #include "etcd/etcdserver/etcdserverpb/rpc.pb.h"
 #include "etcd/mvcc/mvccpb/kv.pb.h"
+#include "stores/etcd/etcd_layout.hpp"
 
 namespace {
 
 using etcdserverpb::Compare;
 using etcdserverpb::RangeRequest;
+using dlock::internal::etcd::LeaseHex;
+using dlock::internal::etcd::PrefixEnd;
 using std::chrono::seconds;
 
 // "127.0.0.1:1,127.0.0.1:2" from the first etcd://[user:pw@]hosts[/prefix][?q] URL, or "".
@@ -46,27 +49,6 @@ std::string EndpointsFromEnv() {
     return rest;
   }
   return "";
-}
-
-// What Go's clientv3.GetPrefixRangeEnd computes: the smallest key greater
-// than every key that starts with `prefix`.
-std::string PrefixEnd(std::string prefix) {
-  while (!prefix.empty()) {
-    auto& last = reinterpret_cast<unsigned char&>(prefix.back());
-    if (last < 0xff) {
-      ++last;
-      return prefix;
-    }
-    prefix.pop_back();
-  }
-  return std::string(1, '\0');  // every key: "from the key on"
-}
-
-// The lease ID as Go's fmt.Sprintf("%x", leaseID) spells it (IDs are positive).
-std::string LeaseHex(std::int64_t id) {
-  std::ostringstream out;
-  out << std::hex << id;
-  return out.str();
 }
 
 void SetDeadline(grpc::ClientContext& ctx, seconds timeout = seconds(5)) {

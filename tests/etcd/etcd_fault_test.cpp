@@ -100,7 +100,8 @@ TEST(EtcdFaults, AHolderKeepsItsLockWhenItsMemberIsKilled) {
   ASSERT_TRUE(hold.has_value());
   const std::uint64_t first_token = hold->fencing_token();
   std::promise<std::uint64_t> waiter_token;
-  std::thread waiter([&] {
+  // jthread: joined on every way out, a failed assertion's too.
+  std::jthread waiter([&] {
     auto c = Client::connect(etcd.url("/killed?ttl=5s&connect_timeout=2s"));
     Mutex m(c, "m");
     auto h = m.acquire(60s);
@@ -117,7 +118,6 @@ TEST(EtcdFaults, AHolderKeepsItsLockWhenItsMemberIsKilled) {
   hold->release();
   ASSERT_EQ(future.wait_for(30s), std::future_status::ready) << "the waiter never got the lock";
   EXPECT_GT(future.get(), first_token);
-  waiter.join();
 }
 
 // etcd's authentication with tokens that expire after a second unused
@@ -150,7 +150,7 @@ TEST(EtcdAuth, TokensAreRenewedAndBadCredentialsRefused) {
   auto held = a.acquire(10s);
   ASSERT_TRUE(held.has_value());
   std::promise<bool> got;
-  std::thread t([&] { got.set_value(b.acquire(30s).has_value()); });
+  std::jthread t([&] { got.set_value(b.acquire(30s).has_value()); });
   std::this_thread::sleep_for(4s);  // every token so far has expired, and the lease's TTL passed
   EXPECT_EQ(held->state(), HoldState::kHeld) << "the holder's lease was not kept across the token's expiry";
   auto future = got.get_future();
@@ -158,7 +158,6 @@ TEST(EtcdAuth, TokensAreRenewedAndBadCredentialsRefused) {
   held->release();
   ASSERT_EQ(future.wait_for(20s), std::future_status::ready) << "the waiter missed the release";
   EXPECT_TRUE(future.get());
-  t.join();
   std::this_thread::sleep_for(2s);  // unused again
   EXPECT_TRUE(a.try_lock_for(10s));
   a.unlock();

@@ -97,9 +97,6 @@ void Loop::run_posted() {
 }
 
 void Loop::finish(Tag* t, bool ok) {
-#ifdef DLOCK_ETCD_TSAN
-  __tsan_acquire(t);  // see hand_over()
-#endif
   t->fn(ok);  // may start the call's next operation: the count below keeps the queue open for it
   {
     MutexLock lk(mu_);
@@ -120,13 +117,16 @@ bool Loop::drained() {
 void Loop::run() {
   bool queue_shut = false;
   for (;;) {
-    run_due_timers();
     if (!queue_shut && drained()) {
       timers_.clear();
       timer_index_.clear();
       cq_.Shutdown();
       queue_shut = true;
     }
+    // Completions before timers: a timer runs only once the queue has
+    // nothing ready, so that a check such as "is a renewal overdue?" never
+    // runs ahead of an answer that has already come (a busy loop would
+    // otherwise take its own backlog for a silent server).
     gpr_timespec deadline = gpr_inf_future(GPR_CLOCK_MONOTONIC);
     if (!timers_.empty()) {
       auto left = std::chrono::duration_cast<std::chrono::microseconds>(timers_.begin()->first.first -
@@ -138,7 +138,10 @@ void Loop::run() {
     bool ok = false;
     const auto status = cq_.AsyncNext(&got, &ok, deadline);
     if (status == grpc::CompletionQueue::SHUTDOWN) break;
-    if (status == grpc::CompletionQueue::TIMEOUT) continue;
+    if (status == grpc::CompletionQueue::TIMEOUT) {
+      run_due_timers();
+      continue;
+    }
     if (got == &wake_tag_) {
       {
         MutexLock lk(mu_);

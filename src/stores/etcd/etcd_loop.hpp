@@ -29,20 +29,6 @@
 
 #include "core/thread_annotations.hpp"
 
-// gRPC is not built with ThreadSanitizer, so TSan cannot see that a tag handed
-// to the completion queue on one thread happens before its completion on the
-// loop's: the two calls below say it.
-#if defined(__SANITIZE_THREAD__)
-#define DLOCK_ETCD_TSAN 1
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#define DLOCK_ETCD_TSAN 1
-#endif
-#endif
-#ifdef DLOCK_ETCD_TSAN
-#include <sanitizer/tsan_interface.h>
-#endif
-
 namespace dlock::internal::etcd {
 
 class Loop : public std::enable_shared_from_this<Loop> {
@@ -65,24 +51,16 @@ class Loop : public std::enable_shared_from_this<Loop> {
   // before it. False (and `task` dropped) once the loop is shutting down.
   bool post(Task task) DLOCK_EXCLUDES(mu_);
 
-  // Any thread: a tag for one gRPC operation of the call `ctx`, which must
-  // be started on queue() right away; `fn(ok)` runs on the loop thread when
-  // it completes. nullptr once the loop is shutting down (start nothing),
+  // Loop thread only (so that every gRPC operation of a store, and the
+  // objects it fills in, belong to one thread; gRPC is not built with
+  // ThreadSanitizer, which could not see a hand-over between threads): a tag
+  // for one gRPC operation of the call `ctx`, which must be started on
+  // queue() right away; `fn(ok)` runs on the loop thread when it completes. nullptr once the loop is shutting down (start nothing),
   // unless `ctx` already has an operation in flight (a stream's next step,
   // e.g. its Finish after a failed read, is always allowed). The loop cancels
   // `ctx` when it shuts down.
   void* tag(grpc::ClientContext* ctx, std::function<void(bool)> fn) DLOCK_EXCLUDES(mu_);
   grpc::CompletionQueue* queue() { return &cq_; }
-  // Right before the gRPC call that takes `tag`: what this thread wrote so
-  // far happens before the tag's `fn` (for TSan; gRPC hands it over).
-  static void hand_over(void* tag) {
-#ifdef DLOCK_ETCD_TSAN
-    __tsan_release(tag);
-#else
-    (void)tag;
-#endif
-  }
-
   // Loop thread only: runs `task` on the loop thread at `when` (real time),
   // unless cancelled before. Ids are never 0.
   std::uint64_t at(TimePoint when, Task task);
@@ -169,7 +147,6 @@ class BidiStream {
     }
     stream_ = prepare(ctx_.get(), loop_->queue());
     start_pending_ = true;
-    Loop::hand_over(t);
     stream_->StartCall(t);
   }
 
@@ -200,7 +177,6 @@ class BidiStream {
     });
     if (t == nullptr) return fail();
     read_pending_ = true;
-    Loop::hand_over(t);
     stream_->Read(&response_, t);
   }
 
@@ -215,7 +191,6 @@ class BidiStream {
     });
     if (t == nullptr) return fail();
     write_pending_ = true;
-    Loop::hand_over(t);
     stream_->Write(writes_.front(), t);
   }
 
@@ -234,7 +209,6 @@ class BidiStream {
       end(status_);
     });
     if (t == nullptr) return end(grpc::Status(grpc::StatusCode::CANCELLED, "the store is closing"));
-    Loop::hand_over(t);
     stream_->Finish(&status_, t);
   }
 

@@ -209,32 +209,26 @@ pb::RequestOp DeleteOp(const std::string& key) {
   return op;
 }
 
-pb::Compare CreateRevisionIs(const std::string& key, std::int64_t rev) {
+// "`target` of `key` equals `value`": CREATE (its create revision; 0 when
+// the key does not exist), VERSION (0 likewise) or LEASE.
+pb::Compare Equals(const std::string& key, pb::Compare::CompareTarget target, std::int64_t value) {
   pb::Compare c;
   c.set_key(key);
-  c.set_target(pb::Compare::CREATE);
+  c.set_target(target);
   c.set_result(pb::Compare::EQUAL);
-  c.set_create_revision(rev);
+  switch (target) {
+    case pb::Compare::CREATE: c.set_create_revision(value); break;
+    case pb::Compare::VERSION: c.set_version(value); break;
+    case pb::Compare::LEASE: c.set_lease(value); break;
+    default: break;  // not used
+  }
   return c;
 }
-
+pb::Compare CreateRevisionIs(const std::string& key, std::int64_t rev) { return Equals(key, pb::Compare::CREATE, rev); }
 pb::Compare VersionIs(const std::string& key, std::int64_t version) {
-  pb::Compare c;
-  c.set_key(key);
-  c.set_target(pb::Compare::VERSION);
-  c.set_result(pb::Compare::EQUAL);
-  c.set_version(version);
-  return c;
+  return Equals(key, pb::Compare::VERSION, version);
 }
-
-pb::Compare LeaseIs(const std::string& key, std::int64_t lease) {
-  pb::Compare c;
-  c.set_key(key);
-  c.set_target(pb::Compare::LEASE);
-  c.set_result(pb::Compare::EQUAL);
-  c.set_lease(lease);
-  return c;
-}
+pb::Compare LeaseIs(const std::string& key, std::int64_t lease) { return Equals(key, pb::Compare::LEASE, lease); }
 
 std::vector<KeyRead> KeysOf(const pb::ResponseOp& op) {
   std::vector<KeyRead> out;
@@ -371,10 +365,11 @@ class Core : public std::enable_shared_from_this<Core> {
   std::chrono::steady_clock::time_point token_at_ DLOCK_GUARDED_BY(token_mu_);
 };
 
-// A unary call on the loop: `done(status, response)` on the loop thread, or
-// at once with UNAVAILABLE when the loop is shutting down.
+// A unary call, started and completed on the loop thread (posted there
+// from any other): `done(status, response)` on the loop thread, or at once
+// with UNAVAILABLE when the loop is shutting down.
 template <class Response, class Request, class Prepare>
-void CallOnLoop(Loop& loop, Prepare prepare, const Request& req, const std::function<void(grpc::ClientContext&)>& setup,
+void CallOnLoop(Loop& loop, Prepare prepare, Request req, std::function<void(grpc::ClientContext&)> setup,
                 std::function<void(const grpc::Status&, Response&)> done) {
   struct Call {
     grpc::ClientContext ctx;
@@ -382,17 +377,21 @@ void CallOnLoop(Loop& loop, Prepare prepare, const Request& req, const std::func
     grpc::Status status;
     std::unique_ptr<grpc::ClientAsyncResponseReader<Response>> reader;
   };
-  auto call = std::make_shared<Call>();
-  setup(call->ctx);
-  void* tag = loop.tag(&call->ctx, [call, done](bool) { done(call->status, call->response); });
-  if (tag == nullptr) {
+  auto closing = [](const std::function<void(const grpc::Status&, Response&)>& d) {
     Response none;
-    return done(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the store is closing"), none);
-  }
-  call->reader = prepare(&call->ctx, req, loop.queue());
-  call->reader->StartCall();
-  Loop::hand_over(tag);
-  call->reader->Finish(&call->response, &call->status, tag);
+    d(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the store is closing"), none);
+  };
+  auto start = [&loop, prepare, req = std::move(req), setup = std::move(setup), done, closing]() {
+    auto call = std::make_shared<Call>();
+    setup(call->ctx);
+    void* tag = loop.tag(&call->ctx, [call, done](bool) { done(call->status, call->response); });
+    if (tag == nullptr) return closing(done);
+    call->reader = prepare(&call->ctx, req, loop.queue());
+    call->reader->StartCall();
+    call->reader->Finish(&call->response, &call->status, tag);
+  };
+  if (loop.on_loop_thread()) return start();
+  if (!loop.post(std::move(start))) closing(done);
 }
 
 Status Core::authenticate() {
