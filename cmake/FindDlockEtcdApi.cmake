@@ -23,6 +23,10 @@
 # DlockEtcdApi::grpc++ and DlockEtcdApi::protobuf (DlockEtcdApi_LIBRARIES),
 # and DlockEtcdApi_MISSING
 # (what was not found, for the configure message).
+#
+# With DlockEtcdApi_LINK_ONLY set (dlockConfig.cmake sets it for the users of
+# a static libdlock), only the two libraries are looked for: protoc, its
+# plugin and the .proto files are needed to build dlock, not to link it.
 include(FindPackageHandleStandardArgs)
 set(DlockEtcdApi_MISSING "")
 
@@ -77,6 +81,7 @@ if(NOT DlockEtcdApi_GRPC_PLUGIN)
   list(APPEND DlockEtcdApi_MISSING "grpc_cpp_plugin (protobuf-compiler-grpc)")
 endif()
 
+if(NOT DlockEtcdApi_LINK_ONLY)
 # etcd's .proto files and their imports.
 find_path(DlockEtcdApi_ETCD_ROOT etcd/etcdserver/etcdserverpb/rpc.proto
   PATHS /usr/share/gocode/src/go.etcd.io NO_DEFAULT_PATH)
@@ -99,11 +104,17 @@ endif()
 mark_as_advanced(DlockEtcdApi_PROTOC DlockEtcdApi_GRPC_PLUGIN DlockEtcdApi_ETCD_ROOT DlockEtcdApi_GOGO_ROOT
                  DlockEtcdApi_GOOGLEAPIS_ROOT DlockEtcdApi_PROTOBUF_INCLUDE_DIR)
 
+endif()
+
 set(DlockEtcdApi_LIBRARIES "")
 if(TARGET DlockEtcdApi::grpc++ AND TARGET DlockEtcdApi::protobuf)
   set(DlockEtcdApi_LIBRARIES DlockEtcdApi::grpc++ DlockEtcdApi::protobuf)
 endif()
-find_package_handle_standard_args(DlockEtcdApi
-  REQUIRED_VARS DlockEtcdApi_LIBRARIES DlockEtcdApi_PROTOC DlockEtcdApi_GRPC_PLUGIN DlockEtcdApi_ETCD_ROOT
-                DlockEtcdApi_GOGO_ROOT DlockEtcdApi_GOOGLEAPIS_ROOT DlockEtcdApi_PROTOBUF_INCLUDE_DIR)
+if(DlockEtcdApi_LINK_ONLY)
+  find_package_handle_standard_args(DlockEtcdApi REQUIRED_VARS DlockEtcdApi_LIBRARIES)
+else()
+  find_package_handle_standard_args(DlockEtcdApi
+    REQUIRED_VARS DlockEtcdApi_LIBRARIES DlockEtcdApi_PROTOC DlockEtcdApi_GRPC_PLUGIN DlockEtcdApi_ETCD_ROOT
+                  DlockEtcdApi_GOGO_ROOT DlockEtcdApi_GOOGLEAPIS_ROOT DlockEtcdApi_PROTOBUF_INCLUDE_DIR)
+endif()
 unset(_dlock_plugin)
