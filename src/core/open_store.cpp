@@ -37,7 +37,9 @@ struct StoreKind {
   Opener open;
 };
 
-// Every store this build has, in the order SupportedSchemes() gives them.
+// Every store this build has, in the order SupportedSchemes() gives them:
+// one row a store, whatever the preprocessor leaves out.
+// clang-format off
 constexpr StoreKind kStores[] = {
 #ifdef DLOCK_HAVE_ETCD
     {"etcd", "", &internal::OpenEtcdStore},
@@ -51,6 +53,7 @@ constexpr StoreKind kStores[] = {
     {"zk", "zookeeper", &internal::OpenZkStore},
 #endif
 };
+// clang-format on
 
 // Stores dlock knows of but this build lacks: a clearer error than "unknown".
 constexpr std::string_view kKnownElsewhere[] = {"zk", "zookeeper", "redis", "etcd", "consul"};

@@ -28,10 +28,10 @@
 
 namespace {
 
-using etcdserverpb::Compare;
-using etcdserverpb::RangeRequest;
 using dlock::internal::etcd::LeaseHex;
 using dlock::internal::etcd::PrefixEnd;
+using etcdserverpb::Compare;
+using etcdserverpb::RangeRequest;
 using std::chrono::seconds;
 
 // "127.0.0.1:1,127.0.0.1:2" from the first etcd://[user:pw@]hosts[/prefix][?q] URL, or "".

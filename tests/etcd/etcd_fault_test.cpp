@@ -12,15 +12,15 @@
 #include <filesystem>
 #include <fstream>
 #include <future>
-#include <thread>
 #include <string>
+#include <thread>
 
 #include <gtest/gtest.h>
 
 #include "dlock/dlock.hpp"
+#include "etcd/private_etcd.hpp"
 #include "support/poll.hpp"
 #include "support/state_log.hpp"
-#include "etcd/private_etcd.hpp"
 #include "support/status_matchers.hpp"
 
 namespace dlock {

@@ -188,8 +188,7 @@ TEST_F(EtcdInterop, DlocksEntryIsTheKeyGosMutexWrites) {
   auto appended = (*session)->append("layout", spec, Clock::system()->now() + 20s);
   ASSERT_THAT(appended.status(), IsOk());
   // <prefix>/<name>/<lease ID in lower-case hex>, empty value: nothing else under <name>/.
-  EXPECT_EQ(GoGetPrefix("layout/"),
-            (std::vector<std::string>{target_.prefix + "/layout/" + (*session)->id(), ""}));
+  EXPECT_EQ(GoGetPrefix("layout/"), (std::vector<std::string>{target_.prefix + "/layout/" + (*session)->id(), ""}));
   (*session)->close();
 }
 

@@ -8,8 +8,8 @@
 #include <unistd.h>
 
 #include <atomic>
-#include <cstdio>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <future>
@@ -131,9 +131,8 @@ TEST(EtcdRegressions, CompletionOwningTheLastSessionRefDoesNotWedgeTheLoop) {
   // Frozen, so that the answer comes after async_list() has returned: the
   // completion's lambda then lives only in the loop's Tag.
   server.freeze();
-  raw->async_list("q", {}, In(5s), [keep = std::move(first), listed1](Result<std::vector<Entry>>) {
-    listed1->set_value();
-  });
+  raw->async_list("q", {}, In(5s),
+                  [keep = std::move(first), listed1](Result<std::vector<Entry>>) { listed1->set_value(); });
   std::this_thread::sleep_for(300ms);
   server.thaw();
   ASSERT_EQ(listed1->get_future().wait_for(5s), std::future_status::ready);
@@ -175,10 +174,11 @@ TEST(EtcdRegressions, DroppingStoreWithAsyncCallInFlightEndsItsThread) {
     // Answered after the thaw, 3 s on (its own timeout is 6 s).
     (*session)->async_list("q", {}, In(10s), [called](Result<std::vector<Entry>>) { *called = true; });
     std::thread thaw;
-    if (freeze) thaw = std::thread([&] {
-      std::this_thread::sleep_for(3s);
-      server.thaw();
-    });
+    if (freeze)
+      thaw = std::thread([&] {
+        std::this_thread::sleep_for(3s);
+        server.thaw();
+      });
     session->reset();  // close(): its revoke gives up on the frozen server after 2 s
     store->reset();
     for (int i = 0; i < 800 && !*called; ++i) std::this_thread::sleep_for(10ms);
@@ -307,7 +307,8 @@ TEST(EtcdRegressions, NoConnectedNoticeFromASessionLostByItsClock) {
       if (notice == SessionState::kConnected && now == SessionState::kLost) ++bad;
     }
     std::string seq;
-    for (const auto& [notice, now] : told) seq += std::string(SessionStateName(notice)) + "(state " + std::string(SessionStateName(now)) + ") ";
+    for (const auto& [notice, now] : told)
+      seq += std::string(SessionStateName(notice)) + "(state " + std::string(SessionStateName(now)) + ") ";
     std::printf("round %d: %s\n", round, seq.c_str());
   }
   EXPECT_EQ(bad, 0) << "subscribers heard kConnected while the session's own clock already said kLost";
@@ -344,7 +345,7 @@ TEST(EtcdRegressions, ExpiredAuthTokenIsRenewed) {
 TEST(EtcdRegressions, SessionSurvivesAHungMemberOfThree) {
   PrivateEtcd cluster(3);
   ASSERT_TRUE(cluster.ok());
-    auto store = OpenStore(Url(cluster, "ttl=5s"));
+  auto store = OpenStore(Url(cluster, "ttl=5s"));
   ASSERT_TRUE(store.ok()) << store.status().to_string();
   auto session = (*store)->open_session(In(5s));
   ASSERT_TRUE(session.ok()) << session.status().to_string();
@@ -352,8 +353,7 @@ TEST(EtcdRegressions, SessionSurvivesAHungMemberOfThree) {
   cluster.freeze(0);
   const auto frozen = SteadyClock::now();
   // The other two still serve (a new leader within a few seconds if m1 led).
-  auto healthy = OpenStore("etcd://127.0.0.1:" + cluster.port(1) + ",127.0.0.1:" +
-                           cluster.port(2) + "/rev?ttl=5s");
+  auto healthy = OpenStore("etcd://127.0.0.1:" + cluster.port(1) + ",127.0.0.1:" + cluster.port(2) + "/rev?ttl=5s");
   ASSERT_TRUE(healthy.ok()) << healthy.status().to_string();
   auto probe = (*healthy)->open_session(In(8s));
   EXPECT_TRUE(probe.ok()) << probe.status().to_string();

@@ -58,9 +58,9 @@ class Layout {
 };
 
 // Entry suffixes.
-std::string FirstSuffix(std::int64_t lease);                             // "<lease hex>"
-std::string OtherSuffix(std::int64_t lease, std::string_view attempt);   // "<lease hex>.<attempt>"
-std::string ReservationSuffix(std::string_view entry_suffix);            // "<suffix>.d"
+std::string FirstSuffix(std::int64_t lease);                            // "<lease hex>"
+std::string OtherSuffix(std::int64_t lease, std::string_view attempt);  // "<lease hex>.<attempt>"
+std::string ReservationSuffix(std::string_view entry_suffix);           // "<suffix>.d"
 bool IsReservationSuffix(std::string_view suffix);
 
 // Entry ids.
@@ -107,7 +107,7 @@ struct Listed {
   std::int64_t lease = 0;  // the entry key's lease (0: none)
 };
 std::vector<Listed> EntriesOf(const Layout& layout, std::string_view queue, const std::vector<KeyRead>& keys,
-                             const std::vector<RecordRead>& records, bool with_owners);
+                              const std::vector<RecordRead>& records, bool with_owners);
 
 }  // namespace dlock::internal::etcd
 

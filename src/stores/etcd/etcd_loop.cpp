@@ -130,7 +130,7 @@ void Loop::run() {
     gpr_timespec deadline = gpr_inf_future(GPR_CLOCK_MONOTONIC);
     if (!timers_.empty()) {
       auto left = std::chrono::duration_cast<std::chrono::microseconds>(timers_.begin()->first.first -
-                                                                         std::chrono::steady_clock::now());
+                                                                        std::chrono::steady_clock::now());
       if (left.count() < 0) left = std::chrono::microseconds(0);
       deadline = gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC), gpr_time_from_micros(left.count(), GPR_TIMESPAN));
     }

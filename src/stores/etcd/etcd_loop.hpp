@@ -55,10 +55,9 @@ class Loop : public std::enable_shared_from_this<Loop> {
   // objects it fills in, belong to one thread; gRPC is not built with
   // ThreadSanitizer, which could not see a hand-over between threads): a tag
   // for one gRPC operation of the call `ctx`, which must be started on
-  // queue() right away; `fn(ok)` runs on the loop thread when it completes. nullptr once the loop is shutting down (start nothing),
-  // unless `ctx` already has an operation in flight (a stream's next step,
-  // e.g. its Finish after a failed read, is always allowed). The loop cancels
-  // `ctx` when it shuts down.
+  // queue() right away; `fn(ok)` runs on the loop thread when it completes. nullptr once the loop is shutting down
+  // (start nothing), unless `ctx` already has an operation in flight (a stream's next step, e.g. its Finish after a
+  // failed read, is always allowed). The loop cancels `ctx` when it shuts down.
   void* tag(grpc::ClientContext* ctx, std::function<void(bool)> fn) DLOCK_EXCLUDES(mu_);
   grpc::CompletionQueue* queue() { return &cq_; }
   // Loop thread only: runs `task` on the loop thread at `when` (real time),
@@ -92,7 +91,7 @@ class Loop : public std::enable_shared_from_this<Loop> {
   std::deque<Task> posted_ DLOCK_GUARDED_BY(mu_);
   bool wake_set_ DLOCK_GUARDED_BY(mu_) = false;
   bool stopping_ DLOCK_GUARDED_BY(mu_) = false;
-  std::uint64_t outstanding_ DLOCK_GUARDED_BY(mu_) = 0;  // tags handed out and not yet finished
+  std::uint64_t outstanding_ DLOCK_GUARDED_BY(mu_) = 0;              // tags handed out and not yet finished
   std::map<grpc::ClientContext*, int> calls_ DLOCK_GUARDED_BY(mu_);  // operations in flight per call
   std::vector<std::shared_ptr<void>> kept_ DLOCK_GUARDED_BY(mu_);
 
@@ -114,13 +113,12 @@ class BidiStream {
   using Prepare = std::function<std::unique_ptr<grpc::ClientAsyncReaderWriter<Request, Response>>(
       grpc::ClientContext*, grpc::CompletionQueue*)>;
   struct Handlers {
-    std::function<void()> on_ready;                  // started: writes go out now
-    std::function<void(Response&)> on_message;       // every message, in order
+    std::function<void()> on_ready;                   // started: writes go out now
+    std::function<void(Response&)> on_message;        // every message, in order
     std::function<void(const grpc::Status&)> on_end;  // once; the stream is done for
   };
 
-  BidiStream(std::shared_ptr<Loop> loop, Handlers handlers)
-      : loop_(std::move(loop)), handlers_(std::move(handlers)) {}
+  BidiStream(std::shared_ptr<Loop> loop, Handlers handlers) : loop_(std::move(loop)), handlers_(std::move(handlers)) {}
 
   // Opens a new stream (the previous one must have ended). `setup` adds
   // metadata to the context.

@@ -59,9 +59,9 @@ constexpr std::size_t kMaxKeysPerTxn = 64;
 // --- Configuration
 
 struct Config {
-  std::string url;     // redacted
+  std::string url;                   // redacted
   std::vector<std::string> targets;  // one gRPC target per endpoint: "ipv4:a:p", "ipv6:[::1]:p", "dns:///h:p"
-  std::string prefix;  // "" or ending in '/'
+  std::string prefix;                // "" or ending in '/'
   seconds ttl{10};
   milliseconds connect_timeout{10'000};
   std::shared_ptr<Clock> clock;
@@ -124,7 +124,8 @@ Result<Config> ParseConfig(const ParsedUrl& url, const StoreOptions& options) {
   auto connect = QueryDuration(url, "connect_timeout", options.connect_timeout);
   if (!connect.ok()) return connect.status();
   cfg.connect_timeout = std::max(*connect, milliseconds(1));
-  const std::pair<const char*, std::string*> pems[] = {{"ca", &cfg.ca_pem}, {"cert", &cfg.cert_pem}, {"key", &cfg.key_pem}};
+  const std::pair<const char*, std::string*> pems[] = {
+      {"ca", &cfg.ca_pem}, {"cert", &cfg.cert_pem}, {"key", &cfg.key_pem}};
   for (auto [key, pem] : pems) {
     auto it = url.query.find(key);
     if (it == url.query.end()) continue;
@@ -423,9 +424,8 @@ bool Core::renew_token() {
 void Core::txn(const pb::TxnRequest& req, Clock::time_point deadline, bool sync, TxnDone done) {
   if (sync) {
     pb::TxnResponse resp;
-    grpc::Status s = call_sync(deadline, [&](grpc::ClientContext& ctx, const Member& m) {
-      return m.kv->Txn(&ctx, req, &resp);
-    });
+    grpc::Status s =
+        call_sync(deadline, [&](grpc::ClientContext& ctx, const Member& m) { return m.kv->Txn(&ctx, req, &resp); });
     if (s.ok()) return done(std::move(resp));
     return done(FromGrpc(s, "txn"));
   }
@@ -460,9 +460,8 @@ void Core::revoke(std::int64_t lease, bool sync) {
   const Clock::time_point deadline = cfg_.clock->now() + std::min<Clock::duration>(cfg_.connect_timeout, seconds(2));
   if (sync) {
     pb::LeaseRevokeResponse resp;
-    (void)call_sync(deadline, [&](grpc::ClientContext& ctx, const Member& m) {
-      return m.lease->LeaseRevoke(&ctx, req, &resp);
-    });
+    (void)call_sync(deadline,
+                    [&](grpc::ClientContext& ctx, const Member& m) { return m.lease->LeaseRevoke(&ctx, req, &resp); });
     return;
   }
   CallOnLoop<pb::LeaseRevokeResponse>(
@@ -489,8 +488,8 @@ class Backoff {
 };
 
 Loop::TimePoint RealTimeAt(const Clock& clock, Clock::time_point when) {
-  return std::chrono::steady_clock::now() +
-         std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::max(when - clock.now(), Clock::duration{}));
+  return std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                                std::max(when - clock.now(), Clock::duration{}));
 }
 
 // --- Sessions
@@ -550,7 +549,8 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
       case SessionState::kLost: return SessionLostError("etcd session " + sid_ + " is lost" + lost_reason());
       case SessionState::kClosed: return SessionLostError("etcd session " + sid_ + " is closed");
       case SessionState::kSuspended:
-        if (fail_if_suspended) return UnavailableError("etcd session " + sid_ + " is suspended: cannot reach " + cfg_.url);
+        if (fail_if_suspended)
+          return UnavailableError("etcd session " + sid_ + " is suspended: cannot reach " + cfg_.url);
         return OkStatus();
       case SessionState::kConnected: return OkStatus();
     }
@@ -629,8 +629,8 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
     *req.add_success() = DirOp(layout_.queue_dir(q), /*keys_only=*/true);
     *req.add_success() = DirOp(layout_.record_dir(q), /*keys_only=*/false);
     core_->txn(req, deadline, sync,
-               [done = std::move(done), self = shared_from_this(), q, attempt = std::string(attempt_id)](
-                   Result<pb::TxnResponse> r) {
+               [done = std::move(done), self = shared_from_this(), q,
+                attempt = std::string(attempt_id)](Result<pb::TxnResponse> r) {
                  if (!r.ok()) return done(self->noted(r.status()));
                  for (Listed& l : self->entries_of(q, *r, 1, false)) {
                    if (l.entry.attempt_id == attempt && l.lease == self->lease_) {
@@ -789,8 +789,8 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
   void downgrade(const std::string& q, const EntrySpec& spec, Clock::time_point deadline, bool sync,
                  std::function<void(Result<Appended>)> done) {
     read_queue(q, deadline, sync,
-               [self = shared_from_this(), q, spec, deadline, sync, done = std::move(done)](
-                   Result<pb::TxnResponse> r) mutable {
+               [self = shared_from_this(), q, spec, deadline, sync,
+                done = std::move(done)](Result<pb::TxnResponse> r) mutable {
                  if (!r.ok()) return done(self->noted(r.status()));
                  if (r->responses_size() < 1) return done(InternalError("etcd store: malformed reply to a range"));
                  const std::string dir = self->layout_.queue_dir(q);
@@ -1102,9 +1102,11 @@ class Watches {
     auto core = core_.lock();
     if (!core) return;
     member_ = core->current();
-    stream_.open([core, m = member_](grpc::ClientContext* ctx,
-                                     grpc::CompletionQueue* cq) { return core->member(m).watch->PrepareAsyncWatch(ctx, cq); },
-                 [core](grpc::ClientContext& ctx) { core->setup_stream(ctx); });
+    stream_.open(
+        [core, m = member_](grpc::ClientContext* ctx, grpc::CompletionQueue* cq) {
+          return core->member(m).watch->PrepareAsyncWatch(ctx, cq);
+        },
+        [core](grpc::ClientContext& ctx) { core->setup_stream(ctx); });
   }
 
   void on_ready() {
@@ -1244,8 +1246,9 @@ void SessionCore::ended(SessionState how) {
     revoke = !ended_;
     ended_ = true;
   }
-  const Status lost = SessionLostError("etcd session " + sid_ + (how == SessionState::kClosed ? " was closed" : " is lost") +
-                                       (how == SessionState::kLost ? lost_reason() : std::string()));
+  const Status lost =
+      SessionLostError("etcd session " + sid_ + (how == SessionState::kClosed ? " was closed" : " is lost") +
+                       (how == SessionState::kLost ? lost_reason() : std::string()));
   for (const auto& w : waits) {
     w->outcome->complete(lost);
     core_->loop().post([w, core = core_] { core->watches().stop(w); });
@@ -1403,8 +1406,7 @@ Result<std::shared_ptr<Store>> Open(const ParsedUrl& url, const StoreOptions& op
     }
     if (first || std::chrono::steady_clock::now() >= connect_deadline) break;
     // Woken by the first change of any of them, or after a short while.
-    channels[0]->WaitForStateChange(channels[0]->GetState(false),
-                                    std::chrono::system_clock::now() + milliseconds(20));
+    channels[0]->WaitForStateChange(channels[0]->GetState(false), std::chrono::system_clock::now() + milliseconds(20));
   }
   if (!first) {
     static constexpr const char* kStates[] = {"idle", "connecting", "ready", "failing", "shut down"};
