@@ -41,9 +41,6 @@ struct StoreKind {
 // one row a store, whatever the preprocessor leaves out.
 // clang-format off
 constexpr StoreKind kStores[] = {
-#ifdef DLOCK_HAVE_ETCD
-    {"etcd", "", &internal::OpenEtcdStore},
-#endif
     {"file", "", &internal::OpenFileStore},
     {"mem", "", &OpenMemStore},
 #ifdef DLOCK_HAVE_REDIS
@@ -51,6 +48,9 @@ constexpr StoreKind kStores[] = {
 #endif
 #ifdef DLOCK_HAVE_ZOOKEEPER
     {"zk", "zookeeper", &internal::OpenZkStore},
+#endif
+#ifdef DLOCK_HAVE_ETCD
+    {"etcd", "", &internal::OpenEtcdStore},
 #endif
 };
 // clang-format on
