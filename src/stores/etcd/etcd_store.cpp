@@ -1280,11 +1280,12 @@ class EtcdSession final : public Session {
   }
 
   Result<Appended> append(std::string_view queue, const EntrySpec& spec, Clock::time_point deadline) override {
-    return Sync<Appended>([&](auto done) { core_->append(queue, spec, deadline, true, std::move(done)); });
+    return on_this_thread<Appended>([&](auto done) { core_->append(queue, spec, deadline, true, std::move(done)); });
   }
   Result<std::vector<Entry>> list(std::string_view queue, const ListOptions& options,
                                   Clock::time_point deadline) override {
-    return Sync<std::vector<Entry>>([&](auto done) { core_->list(queue, options, deadline, true, std::move(done)); });
+    return on_this_thread<std::vector<Entry>>(
+        [&](auto done) { core_->list(queue, options, deadline, true, std::move(done)); });
   }
   Status remove(std::string_view queue, std::string_view id, Clock::time_point deadline) override {
     std::optional<Status> out;
@@ -1293,7 +1294,7 @@ class EtcdSession final : public Session {
   }
   Result<std::optional<Entry>> find_own(std::string_view queue, std::string_view attempt_id,
                                         Clock::time_point deadline) override {
-    return Sync<std::optional<Entry>>(
+    return on_this_thread<std::optional<Entry>>(
         [&](auto done) { core_->find_own(queue, attempt_id, deadline, true, std::move(done)); });
   }
   Status wait_any_gone(std::string_view queue, std::span<const std::string> ids, Clock::time_point deadline,
@@ -1328,7 +1329,7 @@ class EtcdSession final : public Session {
  private:
   // A request made on this thread: its `done` has run when it returns.
   template <class T, class Start>
-  static Result<T> Sync(Start start) {
+  static Result<T> on_this_thread(Start start) {
     std::optional<Result<T>> out;
     start([&](Result<T> r) { out.emplace(std::move(r)); });
     if (!out) return InternalError("etcd store: a request had no outcome");
