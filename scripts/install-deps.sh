@@ -9,7 +9,9 @@
 # (rpc.proto, kv.proto, auth.proto under /usr/share/gocode), with
 # golang-github-gogo-protobuf-dev (gogoproto/gogo.proto) and
 # golang-github-grpc-ecosystem-grpc-gateway-dev (google/api/annotations.proto)
-# for what they import. Nothing is downloaded at build time.
+# for what they import; golang-go builds the interop tests' driver of Go's
+# own concurrency.Mutex from those sources. Nothing is downloaded at build
+# time.
 # Does nothing when they are all present (so it also works offline then).
 set -euo pipefail
 
@@ -20,7 +22,7 @@ packages=(
   libzookeeper-mt-dev zookeeper default-jre-headless python3-kazoo
   libcurator-recipes-java default-jdk-headless
   libhiredis-dev redis-server python3-redis
-  etcd-server etcd-client libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
+  etcd-server etcd-client golang-go libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
   golang-etcd-server-dev golang-github-gogo-protobuf-dev golang-github-grpc-ecosystem-grpc-gateway-dev
   procps iproute2 gdb openssl
   dpkg-dev file man-db

@@ -15,14 +15,19 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdint>
 #include <cstdlib>
+#include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
 
 #include "dlock/dlock.hpp"
+#include "support/interop_ledger.hpp"
 #include "support/poll.hpp"
 #include "support/status_matchers.hpp"
 
@@ -61,15 +66,18 @@ std::optional<Target> TargetFromEnv() {
 
 bool HaveEtcdctl() { return std::system("command -v etcdctl >/dev/null 2>&1") == 0; }
 
-// A child process with its stdout on a pipe; killed and reaped when dropped.
+// A child process with its stdout on a pipe (and its stdin, for a driver
+// that takes commands); killed and reaped when dropped.
 class Child {
  public:
-  explicit Child(const std::vector<std::string>& argv) {
-    int fds[2];
+  explicit Child(const std::vector<std::string>& argv, bool with_stdin = false) {
+    int fds[2], in[2] = {-1, -1};
     if (::pipe2(fds, O_CLOEXEC) != 0) return;
+    if (with_stdin && ::pipe2(in, O_CLOEXEC) != 0) return;
     pid_ = ::fork();
     if (pid_ == 0) {
       ::dup2(fds[1], 1);
+      if (with_stdin) ::dup2(in[0], 0);
       ::setenv("ETCDCTL_API", "3", 1);
       std::vector<char*> args;
       for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
@@ -79,6 +87,10 @@ class Child {
     }
     ::close(fds[1]);
     out_ = fds[0];
+    if (with_stdin) {
+      ::close(in[0]);
+      in_ = in[1];
+    }
   }
   ~Child() {
     if (pid_ > 0) {
@@ -86,6 +98,7 @@ class Child {
       ::waitpid(pid_, nullptr, 0);
     }
     if (out_ >= 0) ::close(out_);
+    if (in_ >= 0) ::close(in_);
   }
   Child(const Child&) = delete;
   Child& operator=(const Child&) = delete;
@@ -110,6 +123,16 @@ class Child {
     }
   }
 
+  void send(const std::string& line) {
+    const std::string l = line + "\n";
+    [[maybe_unused]] auto n = ::write(in_, l.data(), l.size());
+  }
+  std::string call(const std::string& line, std::chrono::milliseconds limit) {
+    send(line);
+    return read_line(limit);
+  }
+  pid_t pid() const { return pid_; }
+
   // SIGINT (etcdctl lock then unlocks and exits), and the exit status.
   int interrupt_and_wait() {
     ::kill(pid_, SIGINT);
@@ -122,6 +145,7 @@ class Child {
  private:
   pid_t pid_ = -1;
   int out_ = -1;
+  int in_ = -1;
   std::string buf_;
 };
 
@@ -150,6 +174,16 @@ class EtcdInterop : public ::testing::Test {
     }
     return lines;
   }
+
+  // A driver of Go's concurrency.Mutex itself (go_mutex_driver.go) on a
+  // session with a `ttl_s` lease, ready for commands; skips without Go.
+  std::unique_ptr<Child> GoDriver(int ttl_s = 3) {
+    auto go = std::make_unique<Child>(
+        std::vector<std::string>{DLOCK_GO_MUTEX_DRIVER, target_.endpoints, std::to_string(ttl_s)}, true);
+    EXPECT_EQ(go->read_line(30s), "ready");
+    return go;
+  }
+  std::string GoName(const std::string& name) const { return target_.prefix + "/" + name; }
 
   Target target_;
   std::optional<Client> client_;
@@ -221,6 +255,119 @@ TEST_F(EtcdInterop, AGoMutexSeesDlockReadersAndWritersAsContenders) {
   write->release();
   EXPECT_FALSE(go->read_line(20s).empty());
   EXPECT_EQ(go->interrupt_and_wait(), 0);
+}
+
+// ------------------------------------- Go's Mutex itself, taking turns
+
+// The Go driver's tests need Go and Debian's golang-etcd-server-dev at build
+// time (scripts/install-deps.sh installs them); without them they skip.
+class EtcdGoInterop : public EtcdInterop {
+ protected:
+  void SetUp() override {
+    EtcdInterop::SetUp();
+    if (!IsSkipped() && std::string(DLOCK_GO_MUTEX_DRIVER).empty())
+      GTEST_SKIP() << "the Go Mutex driver was not built (apt-get install golang-go golang-etcd-server-dev)";
+  }
+};
+
+constexpr int kRounds = 30;
+
+// Two Go Mutexes (two processes, a session each) and two dlock threads
+// sharing one Mutex take turns: never two inside, every holder's fencing
+// token (Go: its key's create revision, what IsOwner compares) larger than
+// the previous one's, whichever client it is, and no key left behind.
+TEST_F(EtcdGoInterop, GoAndDlockHoldersNeverOverlapAndTheirTokensGrow) {
+  testing::Ledger ledger;
+  Mutex m(*client_, "turns");
+  auto go1 = GoDriver(), go2 = GoDriver();
+  go1->send("cycles " + GoName("turns") + " " + std::to_string(kRounds) + " " + ledger.path() + " go-1");
+  go2->send("cycles " + GoName("turns") + " " + std::to_string(kRounds) + " " + ledger.path() + " go-2");
+  std::vector<std::jthread> threads;
+  for (int i = 0; i < 2; ++i) {
+    threads.emplace_back([&, i] {
+      ledger.cycles(
+          kRounds, "lock", "dlock-" + std::to_string(i), [&] { return m.acquire(60s); },
+          /*with_token=*/true);
+    });
+  }
+  threads.clear();
+  EXPECT_EQ(go1->read_line(180s), "done " + std::to_string(kRounds));
+  EXPECT_EQ(go2->read_line(180s), "done " + std::to_string(kRounds));
+  std::size_t entries = 0, handoffs = 0;
+  EXPECT_EQ(testing::CheckLedger(ledger.path(), &entries, &handoffs), "");
+  EXPECT_EQ(entries, 4u * kRounds);
+  EXPECT_GT(handoffs, 0u);  // the clients took turns, not one after the other
+  EXPECT_EQ(GoGetPrefix("turns/"), std::vector<std::string>{});
+}
+
+// A Go Mutex takes turns with a dlock writer, a dlock reader and two dlock
+// permit holders of a Semaphore on the same name: it is never inside with
+// any of them (readers and permit holders count as shared entries).
+TEST_F(EtcdGoInterop, GoMutexTakesTurnsWithDlockReadersWritersAndPermits) {
+  testing::Ledger ledger;
+  ReadWriteLock rw(*client_, "mixed");
+  Semaphore permits(*client_, "mixed", 2);
+  auto go = GoDriver();
+  go->send("cycles " + GoName("mixed") + " " + std::to_string(kRounds) + " " + ledger.path() + " go-1");
+  std::vector<std::jthread> threads;
+  threads.emplace_back([&] { ledger.cycles(kRounds, "read", "dlock-r", [&] { return rw.reader().acquire(60s); }); });
+  threads.emplace_back([&] { ledger.cycles(kRounds, "write", "dlock-w", [&] { return rw.writer().acquire(60s); }); });
+  for (int i = 0; i < 2; ++i) {
+    threads.emplace_back([&, i] {
+      for (int round = 0; round < kRounds; ++round) {
+        std::optional<Lease> lease = permits.acquire(1, 60s);
+        ASSERT_TRUE(lease) << "permit holder " << i << " round " << round;
+        ledger.append("enter read dlock-p" + std::to_string(i));
+        std::this_thread::sleep_for(200us);
+        ledger.append("exit read dlock-p" + std::to_string(i));
+        lease->release();
+      }
+    });
+  }
+  threads.clear();
+  EXPECT_EQ(go->read_line(180s), "done " + std::to_string(kRounds));
+  std::size_t entries = 0;
+  EXPECT_EQ(testing::CheckLedger(ledger.path(), &entries), "");
+  EXPECT_EQ(entries, 5u * kRounds);
+  EXPECT_EQ(GoGetPrefix("mixed/"), std::vector<std::string>{});
+}
+
+// A Go waiter that gives up (its context's deadline) deletes its key: the
+// dlock holder's successor is not stuck behind it. A dlock waiter that
+// gives up leaves nothing either: Go's next Lock takes the lock at once.
+TEST_F(EtcdGoInterop, WaitersThatGiveUpLeaveNothingBehindForTheOtherClient) {
+  Mutex m(*client_, "give-up");
+  ASSERT_TRUE(m.try_lock_for(20s));
+  auto go = GoDriver();
+  EXPECT_EQ(go->call("lock " + GoName("give-up") + " 0.5", 30s), "timeout");
+  m.unlock();
+  EXPECT_TRUE(m.try_lock_for(0ms)) << "a dlock try behind nobody failed: the Go waiter's key is still there";
+  m.unlock();
+
+  const std::string acquired = go->call("lock " + GoName("give-up") + " 20", 30s);
+  ASSERT_EQ(acquired.rfind("acquired " + GoName("give-up") + "/", 0), 0u) << acquired;
+  Mutex other(*client_, "give-up");
+  EXPECT_FALSE(other.try_lock_for(300ms));
+  EXPECT_EQ(go->call("release", 30s), "released");
+  EXPECT_EQ(go->call("lock " + GoName("give-up") + " 5", 30s).rfind("acquired ", 0), 0u)
+      << "Go waited: dlock's timed-out waiter left its key";
+  EXPECT_EQ(go->call("release", 30s), "released");
+}
+
+// A Go holder whose process dies (SIGKILL: no unlock, no revoke) keeps the
+// lock until its lease expires; then the dlock waiter gets it, with a
+// larger token than the Go holder's create revision.
+TEST_F(EtcdGoInterop, ADeadGoHoldersLeaseExpiresAndTheDlockWaiterTakesOver) {
+  auto go = GoDriver(/*ttl_s=*/2);
+  const std::string acquired = go->call("lock " + GoName("dies") + " 20", 30s);
+  ASSERT_EQ(acquired.rfind("acquired ", 0), 0u) << acquired;
+  const std::uint64_t go_token = std::stoull(acquired.substr(acquired.rfind(' ') + 1));
+  ::kill(go->pid(), SIGKILL);
+  Mutex m(*client_, "dies");
+  std::optional<Hold> hold = m.acquire(30s);  // the lease's TTL, and etcd's lease checks (about 0.5 s)
+  ASSERT_TRUE(hold) << "the dead Go holder's lease never expired";
+  EXPECT_GT(hold->fencing_token(), go_token);
+  EXPECT_EQ(GoGetPrefix("dies/").size(), 2u);  // dlock's own entry only
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include <filesystem>
 
 #include "stores/zookeeper/zk_names.hpp"
+#include "support/interop_ledger.hpp"
 #include "support/status_matchers.hpp"
 #include "zookeeper/zk_test_support.hpp"
 
@@ -410,43 +411,10 @@ TEST_F(ZkCuratorTest, SemaphoreLeasesCountAcrossClients) {
 // --------------------------------------------------- turns taken, no overlap
 
 // Holders of dlock and of the peer take turns on one lock and write "enter"
-// and "exit" to a shared ledger while they hold it; the ledger must show
-// that no two holders were ever inside together (readers excepted).
-class Ledger {
- public:
-  Ledger() {
-    static std::atomic<int> n{0};
-    path_ = (std::filesystem::temp_directory_path() /
-             ("dlock-interop-ledger-" + std::to_string(::getpid()) + "-" + std::to_string(n++)))
-                .string();
-    std::filesystem::remove(path_);
-  }
-  ~Ledger() { std::filesystem::remove(path_); }
-  const std::string& path() const { return path_; }
-  // One write(2) on an O_APPEND file, like the peers' drivers.
-  void append(const std::string& line) const {
-    int fd = ::open(path_.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
-    ASSERT_GE(fd, 0);
-    std::string l = line + "\n";
-    EXPECT_EQ(::write(fd, l.data(), l.size()), static_cast<ssize_t>(l.size()));
-    ::close(fd);
-  }
-  // Acquire-hold-release rounds with `acquire()`, logged as `kind tag`.
-  template <typename Acquire>
-  void cycles(int rounds, const std::string& kind, const std::string& tag, Acquire acquire) const {
-    for (int i = 0; i < rounds; ++i) {
-      std::optional<Hold> hold = acquire();
-      ASSERT_TRUE(hold) << tag << " round " << i;
-      append("enter " + kind + " " + tag);
-      std::this_thread::sleep_for(200us);  // let another contender try to get in
-      append("exit " + kind + " " + tag);
-      hold->release();
-    }
-  }
-
- private:
-  std::string path_;
-};
+// and "exit" to a shared ledger while they hold it (support/interop_ledger.hpp);
+// the ledger must show that no two holders were ever inside together
+// (readers excepted).
+using dlock::testing::Ledger;
 
 constexpr int kRounds = 40;
 
@@ -467,7 +435,7 @@ TEST_P(ZkPeerTest, MutexHoldersOfBothClientsNeverOverlap) {
   EXPECT_EQ(p1->read_line(120s), "done " + std::to_string(kRounds));
   EXPECT_EQ(p2->read_line(120s), "done " + std::to_string(kRounds));
   std::size_t entries = 0, handoffs = 0;
-  EXPECT_EQ(zktest::CheckLedger(ledger.path(), &entries, &handoffs), "");
+  EXPECT_EQ(dlock::testing::CheckLedger(ledger.path(), &entries, &handoffs), "");
   EXPECT_EQ(entries, 4u * kRounds);
   EXPECT_GT(handoffs, 0u);  // the clients took turns, not one after the other
   EXPECT_TRUE(AwaitChildren("turns", 0));
@@ -494,7 +462,7 @@ TEST_P(ZkPeerTest, ReadWriteHoldersOfBothClientsNeverOverlap) {
   writer.join();
   for (auto& peer : peers) EXPECT_EQ(peer->read_line(120s), "done " + std::to_string(kRounds));
   std::size_t entries = 0, handoffs = 0;
-  EXPECT_EQ(zktest::CheckLedger(ledger.path(), &entries, &handoffs), "");
+  EXPECT_EQ(dlock::testing::CheckLedger(ledger.path(), &entries, &handoffs), "");
   EXPECT_EQ(entries, (2u + peers.size()) * kRounds);
   EXPECT_GT(handoffs, 0u);
   EXPECT_TRUE(AwaitChildren("turns", 0));

@@ -400,51 +400,6 @@ zk.close()
   std::string pending_;
 };
 
-// Checks a ledger written by lock holders ("enter KIND TAG" / "exit KIND TAG"
-// lines, KIND one of lock, read, write): nobody enters while a writer or a
-// lock holder is inside, and a writer or lock holder enters only an empty
-// room. Returns "" or the first violation, with its line number.
-// `entries` counts the holds; `handoffs` the holds whose tag's first word
-// (the client: "dlock", "peer") differs from the previous hold's.
-inline std::string CheckLedger(const std::string& path, std::size_t* entries = nullptr,
-                               std::size_t* handoffs = nullptr) {
-  std::ifstream in(path);
-  std::string line, last_client;
-  std::size_t number = 0, readers = 0, entered = 0, switched = 0;
-  bool exclusive_inside = false;
-  while (std::getline(in, line)) {
-    ++number;
-    std::istringstream words(line);
-    std::string what, kind, tag;
-    words >> what >> kind >> tag;
-    bool shared = kind == "read";
-    std::string where = "line " + std::to_string(number) + " (" + line + ")";
-    if (what == "enter") {
-      ++entered;
-      std::string client = tag.substr(0, tag.find('-'));
-      if (!last_client.empty() && client != last_client) ++switched;
-      last_client = client;
-      if (exclusive_inside) return where + ": entered while an exclusive holder was inside";
-      if (!shared && readers > 0) return where + ": entered while readers were inside";
-      if (shared)
-        ++readers;
-      else
-        exclusive_inside = true;
-    } else if (what == "exit") {
-      if (shared ? readers == 0 : !exclusive_inside) return where + ": exit of no one inside";
-      if (shared)
-        --readers;
-      else
-        exclusive_inside = false;
-    } else {
-      return where + ": not a ledger line";
-    }
-  }
-  if (entries) *entries = entered;
-  if (handoffs) *handoffs = switched;
-  return "";
-}
-
 }  // namespace dlock::zktest
 
 #endif  // DLOCK_TESTS_ZOOKEEPER_ZK_TEST_SUPPORT_HPP_
