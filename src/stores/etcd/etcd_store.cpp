@@ -871,23 +871,108 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
   std::uint64_t lost_timer_ = 0;  // the loop thread's
 };
 
+// --- The store's two long-lived streams (loop thread)
+//
+// One stream on the current member: opened on demand, left for the next
+// member when it ends unavailable (or its owner finds it hung), opened again
+// after a growing pause while its owner still wants it, with a fresh auth
+// token when the member refused the old one. KeepAlives and Watches each
+// have one.
+template <class Request, class Response>
+class MemberStream {
+ public:
+  // Starts the call on member `m` (one of Core::member's stubs).
+  using Prepare = std::function<std::unique_ptr<grpc::ClientAsyncReaderWriter<Request, Response>>(
+      const Core::Member& m, grpc::ClientContext*, grpc::CompletionQueue*)>;
+  struct Handlers {
+    std::function<void()> on_ready;             // (re)opened: writes go out now
+    std::function<void(Response&)> on_message;  // every message, in order
+    std::function<void()> on_end;               // ended: what was sent on it is lost
+    std::function<bool()> wanted;               // whether to open it again
+  };
+
+  MemberStream(const std::shared_ptr<Core>& core, Prepare prepare, Handlers handlers)
+      : core_(core),
+        loop_(core->loop().shared_from_this()),
+        prepare_(std::move(prepare)),
+        handlers_(std::move(handlers)),
+        stream_(loop_, {[this] { on_ready(); }, [this](Response& r) { handlers_.on_message(r); },
+                        [this](const grpc::Status& s) { on_end(s); }}) {}
+
+  // Opens it unless it is open, opening or about to be opened again.
+  void ensure_open() {
+    if (!stream_.open_or_opening() && reopen_timer_ == 0) open();
+  }
+  bool ready() const { return stream_.ready(); }
+  void write(Request req) { stream_.write(std::move(req)); }
+  // Ends it (on_end follows), to open it again on the same member.
+  void cancel() { stream_.cancel(); }
+  // The member does not answer in time: the next opening goes to the next one.
+  void leave_member() {
+    if (auto core = core_.lock()) core->avoid(member_);
+    stream_.cancel();
+  }
+
+ private:
+  void open() {
+    auto core = core_.lock();
+    if (!core) return;
+    member_ = core->current();
+    stream_.open(
+        [this, core, m = member_](grpc::ClientContext* ctx, grpc::CompletionQueue* cq) {
+          return prepare_(core->member(m), ctx, cq);
+        },
+        [core](grpc::ClientContext& ctx) { core->setup_stream(ctx); });
+  }
+
+  void on_ready() {
+    backoff_.reset();
+    handlers_.on_ready();
+  }
+
+  void on_end(const grpc::Status& status) {
+    if (auto core = core_.lock()) {
+      if (IsStaleToken(status)) core->renew_token();
+      if (status.error_code() == grpc::StatusCode::UNAVAILABLE) core->avoid(member_);
+    }
+    handlers_.on_end();
+    if (!handlers_.wanted()) return;  // ensure_open() opens it when it is wanted again
+    reopen_timer_ = loop_->at(std::chrono::steady_clock::now() + backoff_.next(), [this] {
+      reopen_timer_ = 0;
+      if (handlers_.wanted()) open();
+    });
+  }
+
+  std::weak_ptr<Core> core_;
+  std::shared_ptr<Loop> loop_;
+  Prepare prepare_;
+  Handlers handlers_;
+  BidiStream<Request, Response> stream_;
+  Backoff backoff_;
+  std::uint64_t reopen_timer_ = 0;
+  std::size_t member_ = 0;  // the stream's
+};
+
 // --- The keep-alive stream (loop thread)
 
 class KeepAlives {
  public:
   explicit KeepAlives(const std::shared_ptr<Core>& core)
-      : core_(core),
-        clock_(core->cfg().clock),
+      : clock_(core->cfg().clock),
         loop_(core->loop().shared_from_this()),
-        stream_(loop_, {[this] { on_ready(); }, [this](pb::LeaseKeepAliveResponse& r) { on_message(r); },
-                        [this](const grpc::Status& s) { on_end(s); }}) {}
+        stream_(core,
+                [](const Core::Member& m, grpc::ClientContext* ctx, grpc::CompletionQueue* cq) {
+                  return m.lease->PrepareAsyncLeaseKeepAlive(ctx, cq);
+                },
+                {[this] { on_ready(); }, [this](pb::LeaseKeepAliveResponse& r) { on_message(r); },
+                 [this] { on_end(); }, [this] { return !leases_.empty(); }}) {}
 
   void add(const std::shared_ptr<SessionCore>& s) {
     Track& t = leases_[s->lease()];
     t.session = s;
     t.every = std::chrono::duration_cast<Clock::duration>(s->ttl()) / 3;
     s->arm_lost_timer();
-    if (!stream_.open_or_opening() && reopen_timer_ == 0) open();
+    stream_.ensure_open();
     schedule(s->lease());
   }
 
@@ -905,17 +990,6 @@ class KeepAlives {
     std::deque<Clock::time_point> sent;  // requests not answered yet, oldest first
     std::uint64_t timer = 0;
   };
-
-  void open() {
-    auto core = core_.lock();
-    if (!core) return;
-    member_ = core->current();
-    stream_.open(
-        [core, m = member_](grpc::ClientContext* ctx, grpc::CompletionQueue* cq) {
-          return core->member(m).lease->PrepareAsyncLeaseKeepAlive(ctx, cq);
-        },
-        [core](grpc::ClientContext& ctx) { core->setup_stream(ctx); });
-  }
 
   void schedule(std::int64_t lease) {
     auto it = leases_.find(lease);
@@ -937,8 +1011,7 @@ class KeepAlives {
       // A renewal is overdue: the member hangs or lost its leader. Leave it
       // (a new stream, on the next member when there is one).
       s->suspend();
-      if (auto core = core_.lock()) core->avoid(member_);
-      return stream_.cancel();
+      return stream_.leave_member();
     }
     if (!stream_.ready()) return;
     pb::LeaseKeepAliveRequest req;
@@ -948,7 +1021,6 @@ class KeepAlives {
   }
 
   void on_ready() {
-    backoff_.reset();
     std::vector<std::int64_t> leases;  // renew() may remove one
     for (const auto& [lease, t] : leases_) leases.push_back(lease);
     for (std::int64_t lease : leases) renew(lease);
@@ -965,29 +1037,17 @@ class KeepAlives {
     s->renewed(sent, seconds(r.ttl()));
   }
 
-  void on_end(const grpc::Status& status) {
-    if (auto core = core_.lock()) {
-      if (IsStaleToken(status)) core->renew_token();
-      if (status.error_code() == grpc::StatusCode::UNAVAILABLE) core->avoid(member_);
-    }
+  void on_end() {
     for (auto& [lease, t] : leases_) {
       t.sent.clear();  // never answered now
       if (auto s = t.session.lock()) s->suspend();
     }
-    reopen_timer_ = loop_->at(std::chrono::steady_clock::now() + backoff_.next(), [this] {
-      reopen_timer_ = 0;
-      if (!leases_.empty()) open();
-    });
   }
 
-  std::weak_ptr<Core> core_;
   std::shared_ptr<Clock> clock_;
   std::shared_ptr<Loop> loop_;
-  BidiStream<pb::LeaseKeepAliveRequest, pb::LeaseKeepAliveResponse> stream_;
   std::map<std::int64_t, Track> leases_;
-  Backoff backoff_;
-  std::uint64_t reopen_timer_ = 0;
-  std::size_t member_ = 0;  // the stream's
+  MemberStream<pb::LeaseKeepAliveRequest, pb::LeaseKeepAliveResponse> stream_;  // last: its handlers use the above
 };
 
 // --- The watch stream (loop thread)
@@ -1001,8 +1061,12 @@ class Watches {
   explicit Watches(const std::shared_ptr<Core>& core)
       : core_(core),
         loop_(core->loop().shared_from_this()),
-        stream_(loop_, {[this] { on_ready(); }, [this](pb::WatchResponse& r) { on_message(r); },
-                        [this](const grpc::Status& s) { on_end(s); }}) {}
+        stream_(core,
+                [](const Core::Member& m, grpc::ClientContext* ctx, grpc::CompletionQueue* cq) {
+                  return m.watch->PrepareAsyncWatch(ctx, cq);
+                },
+                {[this] { on_ready(); }, [this](pb::WatchResponse& r) { on_message(r); }, [this] { on_end(); },
+                 [this] { return !waits_.empty(); }}) {}
 
   void start(const std::shared_ptr<WaitRec>& w) {
     if (w->done) return;
@@ -1056,7 +1120,7 @@ class Watches {
   void watch(const std::shared_ptr<WaitRec>& w, std::int64_t from) {
     if (!stream_.ready()) {
       // on_ready reads again for every wait.
-      if (!stream_.open_or_opening() && reopen_timer_ == 0) open();
+      stream_.ensure_open();
       return;
     }
     for (const auto& [key, rev] : w->keys) {
@@ -1098,17 +1162,6 @@ class Watches {
     w->outcome->complete(std::move(s));
   }
 
-  void open() {
-    auto core = core_.lock();
-    if (!core) return;
-    member_ = core->current();
-    stream_.open(
-        [core, m = member_](grpc::ClientContext* ctx, grpc::CompletionQueue* cq) {
-          return core->member(m).watch->PrepareAsyncWatch(ctx, cq);
-        },
-        [core](grpc::ClientContext& ctx) { core->setup_stream(ctx); });
-  }
-
   void on_ready() {
     std::vector<std::shared_ptr<WaitRec>> all(waits_.begin(), waits_.end());
     for (const auto& w : all) {
@@ -1140,29 +1193,17 @@ class Watches {
     if (r.canceled()) retry(w);  // compacted, or refused: read again
   }
 
-  void on_end(const grpc::Status& status) {
-    if (auto core = core_.lock()) {
-      if (IsStaleToken(status)) core->renew_token();
-      if (status.error_code() == grpc::StatusCode::UNAVAILABLE) core->avoid(member_);
-    }
+  void on_end() {
     by_id_.clear();
     for (const auto& w : waits_) w->watch_ids.clear();
-    if (waits_.empty()) return;  // opened again by the next wait
-    reopen_timer_ = loop_->at(std::chrono::steady_clock::now() + backoff_.next(), [this] {
-      reopen_timer_ = 0;
-      if (!waits_.empty()) open();
-    });
   }
 
   std::weak_ptr<Core> core_;
   std::shared_ptr<Loop> loop_;
-  BidiStream<pb::WatchRequest, pb::WatchResponse> stream_;
   std::set<std::shared_ptr<WaitRec>> waits_;
   std::map<std::int64_t, std::shared_ptr<WaitRec>> by_id_;
   std::int64_t next_watch_id_ = 1;
-  Backoff backoff_;
-  std::uint64_t reopen_timer_ = 0;
-  std::size_t member_ = 0;  // the stream's
+  MemberStream<pb::WatchRequest, pb::WatchResponse> stream_;  // last: its handlers use the above
 };
 
 Core::~Core() {
