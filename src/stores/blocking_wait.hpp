@@ -1,7 +1,7 @@
-// Internal: Session::wait_any_gone over a store's async_wait_any_gone. The
-// caller blocks until the wait's outcome, the deadline (on the store's
-// clock: a hand-moved clock wakes it through on_advance) or `stop`; then the
-// wait is cancelled by dropping its handle.
+// Internal: Session::wait_any_gone over a store's async_wait_any_gone (file,
+// Redis, etcd). The caller blocks until the wait's outcome, the deadline (on
+// the store's clock: a hand-moved clock wakes it through on_advance) or
+// `stop`; then the wait is cancelled by dropping its handle.
 #ifndef DLOCK_SRC_STORES_BLOCKING_WAIT_HPP_
 #define DLOCK_SRC_STORES_BLOCKING_WAIT_HPP_
 

@@ -64,6 +64,7 @@
 #include <utility>
 #include <vector>
 
+#include "stores/blocking_wait.hpp"
 #include "stores/file/layout.hpp"
 #include "stores/one_outcome.hpp"
 
@@ -731,19 +732,11 @@ class FileSession final : public Session {
     return ReadQueue(*dir_, QueueDirName(queue), options.with_owners);
   }
 
-  // The asynchronous wait with the caller blocked on its outcome, the
-  // deadline (on the store's clock: a hand-moved one notifies on advance) or
-  // `stop`; then the wait is cancelled.
   Status wait_any_gone(std::string_view queue, std::span<const std::string> ids, Clock::time_point deadline,
                        std::stop_token stop) override {
-    auto sync = std::make_shared<BlockedWait>();
-    std::shared_ptr<void> handle = async_wait_any_gone(queue, ids, [sync](Status s) { sync->set(std::move(s)); });
-    std::shared_ptr<void> on_advance = dir_->clock->on_advance([sync] { sync->poke(); });
-    if (auto s = sync->await(*dir_->clock, deadline, stop)) return *s;
-    handle.reset();  // kCancelled, unless an outcome came first
-    if (auto s = sync->result(); s && s->code() != ErrorCode::kCancelled) return *s;
-    if (stop.stop_requested()) return CancelledError("waiting in queue " + std::string(queue) + " was cancelled");
-    return DeadlineExceededError("deadline passed waiting for an entry of queue " + std::string(queue) + " to go");
+    return AwaitAsyncWait(*dir_->clock, queue, deadline, std::move(stop), [&](std::function<void(Status)> done) {
+      return async_wait_any_gone(queue, ids, std::move(done));
+    });
   }
 
   // Arms the entries' FIFOs and hands them to the store's FifoWatcher; an
@@ -898,39 +891,6 @@ class FileSession final : public Session {
     key = *added;
     return OkStatus();
   }
-
-  // Where a blocking wait_any_gone waits for its asynchronous wait.
-  class BlockedWait {
-   public:
-    void set(Status s) DLOCK_EXCLUDES(mu_) {
-      MutexLock lock(mu_);
-      result_ = std::move(s);
-      changed_.notify_all();
-    }
-    void poke() DLOCK_EXCLUDES(mu_) {
-      MutexLock lock(mu_);
-      changed_.notify_all();
-    }
-    // The outcome, or nullopt when the deadline passed or `stop` came first.
-    std::optional<Status> await(const Clock& clock, Clock::time_point deadline, const std::stop_token& stop)
-        DLOCK_EXCLUDES(mu_) {
-      MutexLock lock(mu_);
-      clock.wait_until(changed_, lock.native(), stop, deadline, [&] {
-        mu_.assert_held();  // wait_until runs it under the lock
-        return result_.has_value();
-      });
-      return result_;
-    }
-    std::optional<Status> result() DLOCK_EXCLUDES(mu_) {
-      MutexLock lock(mu_);
-      return result_;
-    }
-
-   private:
-    Mutex mu_;
-    std::condition_variable_any changed_;
-    std::optional<Status> result_ DLOCK_GUARDED_BY(mu_);
-  };
 
   bool closed() const DLOCK_EXCLUDES(mu_) {
     MutexLock lock(mu_);

@@ -56,6 +56,7 @@
 #include "core/listeners.hpp"
 #include "core/random_id.hpp"
 #include "core/thread_annotations.hpp"
+#include "stores/blocking_wait.hpp"
 #include "stores/redis/redis_conn.hpp"
 #include "stores/redis/redis_entries.hpp"
 #include "stores/redis/redis_loop.hpp"
@@ -891,35 +892,9 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
   // on top (the handle cancels what they end).
   Status wait_any_gone(std::string_view queue, std::span<const std::string> ids, Clock::time_point deadline,
                        std::stop_token stop) {
-    struct Box {
-      Mutex mu;
-      std::condition_variable_any cv;
-      std::optional<Status> outcome DLOCK_GUARDED_BY(mu);
-    };
-    auto box = std::make_shared<Box>();
-    auto handle = async_wait_any_gone(queue, ids, [box](Status s) {
-      MutexLock lk(box->mu);
-      box->outcome = std::move(s);
-      box->cv.notify_all();
+    return AwaitAsyncWait(*cfg_.clock, queue, deadline, std::move(stop), [&](std::function<void(Status)> done) {
+      return async_wait_any_gone(queue, ids, std::move(done));
     });
-    // A hand-moved clock wakes this wait to re-read its deadline.
-    auto advanced = cfg_.clock->on_advance([box] {
-      MutexLock lk(box->mu);
-      box->cv.notify_all();
-    });
-    {
-      MutexLock lk(box->mu);
-      cfg_.clock->wait_until(box->cv, lk.native(), stop, deadline, [&] {
-        box->mu.assert_held();
-        return box->outcome.has_value();
-      });
-      if (box->outcome) return *box->outcome;
-    }
-    handle.reset();  // runs `done`: kCancelled, or an outcome that came first
-    MutexLock lk(box->mu);
-    if (box->outcome && box->outcome->code() != ErrorCode::kCancelled) return *box->outcome;
-    if (stop.stop_requested()) return CancelledError("waiting on queue " + std::string(queue) + ": cancelled");
-    return DeadlineExceededError("waiting on queue " + std::string(queue));
   }
 
   // Before the core can go: no check of the subscriber's, and no reply of
