@@ -129,12 +129,20 @@ TEST(EtcdFaults, AHolderKeepsItsLockWhenItsMemberIsKilled) {
 // renewals to the leader); the other two keep a quorum, expire the lease
 // and grant the lock to a waiter connected to them. The holder must be told
 // kLost by its own clock before that grant, and the new token is larger.
-TEST(EtcdFaults, AHolderOnAnIsolatedMemberIsToldLostBeforeTheOthersGrantItsLock) {
+// As the leader (etcdctl move-leader first), member 0 goes on renewing the
+// holder's lease by itself until it steps down (CheckQuorum: within two
+// election timeouts), while the other two elect a leader that extends every
+// lease by one election timeout: the holder's own deadline must still come
+// first.
+void IsolateUnderAHolder(bool leader) {
   testing::EtcdServers::Options o;
   o.size = 3;
   o.proxied_peers = true;
   testing::EtcdServers cluster(o);
   ASSERT_TRUE(cluster.start_all()) << "could not start a three-member etcd (see " << cluster.dir() << ")";
+  if (leader) {
+    ASSERT_TRUE(cluster.make_leader(0)) << "could not move the leadership to member 0";
+  }
   const std::string q = "/isolated?ttl=3s&connect_timeout=2s";
   auto at = [&](std::size_t i) { return "127.0.0.1:" + std::to_string(cluster.client_port(i)); };
   auto holder_client = Client::connect("etcd://" + at(0) + q);
@@ -166,6 +174,10 @@ TEST(EtcdFaults, AHolderOnAnIsolatedMemberIsToldLostBeforeTheOthersGrantItsLock)
   cluster.isolate(false);
   EXPECT_TRUE(cluster.wait_serving(0)) << "member 0 did not rejoin after the partition";
 }
+
+TEST(EtcdFaults, AHolderOnAnIsolatedFollowerIsToldLostBeforeTheOthersGrantItsLock) { IsolateUnderAHolder(false); }
+
+TEST(EtcdFaults, AHolderOnAnIsolatedLeaderIsToldLostBeforeTheOthersGrantItsLock) { IsolateUnderAHolder(true); }
 
 // etcd's authentication with tokens that expire after a second unused
 // (--auth-token-ttl 1): wrong or missing credentials are refused as

@@ -152,19 +152,42 @@ void EtcdServers::isolate(bool on) {
   for (std::size_t j = 1; j < peer_proxies_.size(); ++j) peer_proxies_[j]->black_hole_from(on ? members_[0].pid : 0);
 }
 
+namespace {
+
+// Field `n` (0-based, trimmed) of member `endpoint`'s `etcdctl endpoint
+// status -w simple`: endpoint, ID, version, db size, is leader, ...; "" if
+// it does not answer.
+std::string StatusField(const std::string& endpoint, int n) {
+  std::string out;
+  if (!EtcdCtl(endpoint, "endpoint status -w simple", &out, 2)) return "";
+  std::istringstream fields(out);
+  std::string field;
+  for (int k = 0; k <= n; ++k)
+    if (!std::getline(fields, field, ',')) return "";
+  const auto b = field.find_first_not_of(" \n");
+  const auto e = field.find_last_not_of(" \n");
+  return b == std::string::npos ? "" : field.substr(b, e - b + 1);
+}
+
+}  // namespace
+
 std::optional<std::size_t> EtcdServers::leader() const {
-  // `endpoint status -w simple`: endpoint, ID, version, db size, is leader, ...
-  for (std::size_t i = 0; i < members_.size(); ++i) {
-    if (members_[i].pid <= 0 || members_[i].frozen) continue;
-    std::string out;
-    if (!EtcdCtl(endpoint(i), "endpoint status -w simple", &out, 2)) continue;
-    std::istringstream fields(out);
-    std::string field;
-    for (int k = 0; k < 5 && std::getline(fields, field, ','); ++k) {
-    }
-    if (field == " true") return i;
-  }
+  for (std::size_t i = 0; i < members_.size(); ++i)
+    if (members_[i].pid > 0 && !members_[i].frozen && StatusField(endpoint(i), 4) == "true") return i;
   return std::nullopt;
+}
+
+bool EtcdServers::make_leader(std::size_t i) {
+  const auto current = leader();
+  if (!current) return false;
+  if (*current == i) return true;
+  const std::string id = StatusField(endpoint(i), 1);
+  if (id.empty() || !EtcdCtl(endpoint(*current), "move-leader " + id, nullptr, 5)) return false;
+  for (int n = 0; n < 20; ++n) {
+    if (leader() == i) return true;
+    std::this_thread::sleep_for(100ms);
+  }
+  return false;
 }
 
 }  // namespace dlock::testing

@@ -65,6 +65,9 @@ class EtcdServers {
   // The index of the member that says it leads, if any (etcdctl endpoint
   // status of every running, unfrozen member).
   std::optional<std::size_t> leader() const;
+  // Moves the leadership to member `i` (etcdctl move-leader on the
+  // current leader); true once `i` says it leads.
+  bool make_leader(std::size_t i);
 
   std::size_t size() const { return members_.size(); }
   int client_port(std::size_t i) const { return members_[i].client; }

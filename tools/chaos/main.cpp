@@ -1110,7 +1110,12 @@ class Runner {
       // renew their leases nor serve a linearizable read or a write, and the
       // other two elect a leader (if it was member 0) and expire the leases
       // of its clients. Counted as a server fault: no restart meanwhile.
+      // Half of the time member 1 is made the leader first (etcdctl
+      // move-leader): a leader cut off goes on answering its clients'
+      // renewals by itself until it steps down (CheckQuorum: within two
+      // election timeouts), while the other two elect a new one.
       server_down_ = true;
+      if (rng_() % 2) etcd_->make_leader(0);
       const auto leader = etcd_->leader();
       const std::string role = !leader ? "unknown" : *leader == 0 ? "leader" : "follower";
       etcd_->isolate(true);
