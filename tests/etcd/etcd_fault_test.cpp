@@ -4,9 +4,11 @@
 // its own clock, before anyone else can hold the lock), and a member of a
 // three-member cluster killed under a holder and a waiter (the session moves
 // to another member and keeps its lease; the waiter gets the lock after the
-// holder lets go, with a larger token).
+// holder lets go, with a larger token); a member cut off from the other two
+// (tests/support/etcd_server.hpp) under a holder connected to it alone.
 #include <signal.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -19,6 +21,7 @@
 
 #include "dlock/dlock.hpp"
 #include "etcd/private_etcd.hpp"
+#include "support/etcd_server.hpp"
 #include "support/poll.hpp"
 #include "support/state_log.hpp"
 #include "support/status_matchers.hpp"
@@ -119,6 +122,62 @@ TEST(EtcdFaults, AHolderKeepsItsLockWhenItsMemberIsKilled) {
   ASSERT_EQ(future.wait_for(30s), std::future_status::ready) << "the waiter never got the lock";
   EXPECT_GT(future.get(), first_token);
 }
+
+// Member 0 of three loses its peer links (EtcdServers::isolate: both ways,
+// the other two keep theirs) under a holder whose client knows member 0
+// only. The holder cannot renew its lease any more (a follower forwards
+// renewals to the leader); the other two keep a quorum, expire the lease
+// and grant the lock to a waiter connected to them. The holder must be told
+// kLost by its own clock before that grant, and the new token is larger.
+// As the leader (etcdctl move-leader first), member 0 goes on renewing the
+// holder's lease by itself until it steps down (CheckQuorum: within two
+// election timeouts), while the other two elect a leader that extends every
+// lease by one election timeout: the holder's own deadline must still come
+// first.
+void IsolateUnderAHolder(bool leader) {
+  testing::EtcdServers::Options o;
+  o.size = 3;
+  o.proxied_peers = true;
+  testing::EtcdServers cluster(o);
+  ASSERT_TRUE(cluster.start_all()) << "could not start a three-member etcd (see " << cluster.dir() << ")";
+  if (leader) {
+    ASSERT_TRUE(cluster.make_leader(0)) << "could not move the leadership to member 0";
+  }
+  const std::string q = "/isolated?ttl=3s&connect_timeout=2s";
+  auto at = [&](std::size_t i) { return "127.0.0.1:" + std::to_string(cluster.client_port(i)); };
+  auto holder_client = Client::connect("etcd://" + at(0) + q);
+  Mutex held(holder_client, "m");
+  auto hold = held.acquire(10s);
+  ASSERT_TRUE(hold.has_value());
+  using Steady = std::chrono::steady_clock;
+  std::atomic<std::int64_t> lost_at{0};
+  auto sub = hold->on_state_change([&lost_at](HoldState s) {
+    std::int64_t none = 0;
+    if (s == HoldState::kLost) lost_at.compare_exchange_strong(none, Steady::now().time_since_epoch().count());
+  });
+  auto waiter_client = Client::connect("etcd://" + at(1) + "," + at(2) + q);
+  Mutex waiter(waiter_client, "m");
+  EXPECT_FALSE(waiter.acquire(500ms).has_value()) << "the lock was free while held";
+  cluster.isolate(true);
+  const auto cut_at = Steady::now();
+  auto granted = waiter.acquire(30s);
+  const auto granted_at = Steady::now();
+  ASSERT_TRUE(granted.has_value()) << "the two members that kept a quorum never granted the lock";
+  EXPECT_GT(granted->fencing_token(), hold->fencing_token());
+  EXPECT_EQ(hold->state(), HoldState::kLost) << "the isolated holder was not told before the new grant";
+  ASSERT_NE(lost_at.load(), 0);
+  EXPECT_LE(lost_at.load(), granted_at.time_since_epoch().count());
+  EXPECT_GT(granted_at - cut_at, 1s) << "granted before the lease could have expired";
+  granted->release();
+  sub.reset();
+  hold->release();
+  cluster.isolate(false);
+  EXPECT_TRUE(cluster.wait_serving(0)) << "member 0 did not rejoin after the partition";
+}
+
+TEST(EtcdFaults, AHolderOnAnIsolatedFollowerIsToldLostBeforeTheOthersGrantItsLock) { IsolateUnderAHolder(false); }
+
+TEST(EtcdFaults, AHolderOnAnIsolatedLeaderIsToldLostBeforeTheOthersGrantItsLock) { IsolateUnderAHolder(true); }
 
 // etcd's authentication with tokens that expire after a second unused
 // (--auth-token-ttl 1): wrong or missing credentials are refused as

@@ -27,6 +27,10 @@
 # https://, and DIR/url carries ?ca=...&cert=...&key=... (so --param and
 # --suffix do not apply).
 #
+#   etcd.sh exec-member MEMBER_DIR NAME CLIENT_PORT PEER_PORT INITIAL_CLUSTER TOKEN [PEER_URL]
+#                              become one member (exec): the same command line,
+#                              for tests/support/etcd_server.cpp
+#
 # DIR (one member) or each DIR/mN (cluster) holds data/, etcd.log, pid,
 # port (client), peer_port and name; DIR holds url, and endpoints (the
 # client URLs as etcdctl takes them: http://127.0.0.1:P1,...). Every wait is
@@ -113,28 +117,38 @@ kill_members() {  # kill_members DIR: stop every member started in DIR, leave th
   for pid in "${pids[@]}"; do kill -KILL "$pid" 2>/dev/null || true; done
 }
 
-launch() {  # launch MEMBER_DIR NAME CLIENT_PORT PEER_PORT INITIAL_CLUSTER
-  local mdir=$1 name=$2 cport=$3 pport=$4 initial=$5
-  mkdir -p "$mdir/data"
-  chmod 700 "$mdir/data"
-  echo "$cport" >"$mdir/port"
-  echo "$pport" >"$mdir/peer_port"
-  echo "$name" >"$mdir/name"
-  # setsid, output to a file: the member outlives this script without holding
-  # the test runner's pipes, in a process group of its own (a test can stop
-  # or kill it without touching the runner).
+member_args() {  # member_args MEMBER_DIR NAME CLIENT_PORT PEER_PORT INITIAL_CLUSTER TOKEN [PEER_URL]:
+  # sets `args`, etcd's command line for one member (also what exec-member
+  # runs, for tests/support/etcd_server.cpp). PEER_URL: the peer URL the
+  # member advertises, when its peers should dial another address (a proxy)
+  # than the one it listens on.
+  local mdir=$1 name=$2 cport=$3 pport=$4 initial=$5 token=$6 peer_url=${7:-http://127.0.0.1:$4}
   local scheme=http tls=()
   if [ -n "$tls_dir" ]; then
     scheme=https
     tls=(--cert-file "$tls_dir/server.pem" --key-file "$tls_dir/server-key.pem"
       --trusted-ca-file "$tls_dir/ca.pem" --client-cert-auth)
   fi
-  setsid "$ETCD" --name "$name" --data-dir "$mdir/data" "${tls[@]}" \
-    --listen-client-urls "$scheme://127.0.0.1:$cport" --advertise-client-urls "$scheme://127.0.0.1:$cport" \
-    --listen-peer-urls "http://127.0.0.1:$pport" --initial-advertise-peer-urls "http://127.0.0.1:$pport" \
-    --initial-cluster "$initial" --initial-cluster-state new --initial-cluster-token "dlock-test-$$" \
-    --logger zap --log-outputs stderr --log-level warn ${DLOCK_ETCD_ARGS:-} \
-    >"$mdir/etcd.log" 2>&1 </dev/null &
+  # shellcheck disable=SC2206 # DLOCK_ETCD_ARGS is a list of flags
+  args=(--name "$name" --data-dir "$mdir/data" "${tls[@]}"
+    --listen-client-urls "$scheme://127.0.0.1:$cport" --advertise-client-urls "$scheme://127.0.0.1:$cport"
+    --listen-peer-urls "http://127.0.0.1:$pport" --initial-advertise-peer-urls "$peer_url"
+    --initial-cluster "$initial" --initial-cluster-state new --initial-cluster-token "$token"
+    --logger zap --log-outputs stderr --log-level warn ${DLOCK_ETCD_ARGS:-})
+}
+
+launch() {  # launch MEMBER_DIR NAME CLIENT_PORT PEER_PORT INITIAL_CLUSTER
+  local mdir=$1 name=$2 cport=$3 pport=$4 initial=$5 args
+  mkdir -p "$mdir/data"
+  chmod 700 "$mdir/data"
+  echo "$cport" >"$mdir/port"
+  echo "$pport" >"$mdir/peer_port"
+  echo "$name" >"$mdir/name"
+  member_args "$mdir" "$name" "$cport" "$pport" "$initial" "dlock-test-$$"
+  # setsid, output to a file: the member outlives this script without holding
+  # the test runner's pipes, in a process group of its own (a test can stop
+  # or kill it without touching the runner).
+  setsid "$ETCD" "${args[@]}" >"$mdir/etcd.log" 2>&1 </dev/null &
   echo $! >"$mdir/pid"
 }
 
@@ -222,10 +236,22 @@ case "${1:-}" in
   start) start "${2:-}" "$members" ;;
   start-cluster) start "${2:-}" 3 ;;
   stop) stop "${2:-}" ;;
+  exec-member)
+    # exec-member MEMBER_DIR NAME CLIENT_PORT PEER_PORT INITIAL_CLUSTER TOKEN [PEER_URL]:
+    # becomes that member (exec, same pid), in the foreground, its log on
+    # stderr: for a launcher that starts and watches each member itself
+    # (tests/support/etcd_server.cpp: it dies with its parent). A member
+    # directory with data restarts the member from it.
+    [ $# -ge 7 ] || die "exec-member needs MEMBER_DIR NAME CLIENT_PORT PEER_PORT INITIAL_CLUSTER TOKEN"
+    mkdir -p "$2/data"
+    chmod 700 "$2/data"
+    member_args "${@:2}"
+    exec "$ETCD" "${args[@]}"
+    ;;
   run | run-cluster)
     [ "$1" = run-cluster ] && export DLOCK_ETCD_MEMBERS=3
     dir=${2:-}; shift 2 || die "run needs a directory and a command"
     exec "$(dirname "$0")/run-with-url.sh" --server "$0" "$dir" "$@"
     ;;
-  *) die "usage: etcd.sh start DIR | start-cluster DIR | stop DIR | run DIR [--suffix S] [--param Q] CMD... | run-cluster DIR ..." ;;
+  *) die "usage: etcd.sh start DIR | start-cluster DIR | stop DIR | run DIR [--suffix S] [--param Q] CMD... | run-cluster DIR ... | exec-member MEMBER_DIR NAME CLIENT_PORT PEER_PORT INITIAL_CLUSTER TOKEN [PEER_URL]" ;;
 esac

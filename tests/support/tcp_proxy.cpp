@@ -9,7 +9,9 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <deque>
+#include <filesystem>
 #include <list>
 #include <stdexcept>
 #include <string>
@@ -38,7 +40,46 @@ struct Conn {
   Pipe up;    // client -> server
   Pipe down;  // server -> client
   bool dead = false;
+  int client_port = 0;  // the client end's port (loopback)
+  pid_t checked = 0;    // the pid `from` was last looked up for
+  bool from = false;    // the client end belongs to process `checked`
 };
+
+// Whether process `pid` owns the socket 127.0.0.1:`client_port` ->
+// 127.0.0.1:`server_port` (the client end of a connection this proxy
+// accepted): its inode from /proc/net/tcp, then /proc/PID/fd.
+bool OwnedBy(pid_t pid, int client_port, int server_port) {
+  std::FILE* f = std::fopen("/proc/net/tcp", "re");
+  if (!f) return false;
+  char line[512];
+  unsigned long inode = 0;
+  while (std::fgets(line, sizeof line, f)) {
+    unsigned laddr = 0, lport = 0, raddr = 0, rport = 0;
+    unsigned long ino = 0;
+    if (std::sscanf(line, " %*d: %8X:%4X %8X:%4X %*X %*X:%*X %*X:%*X %*X %*u %*u %lu", &laddr, &lport, &raddr, &rport,
+                    &ino) == 5 &&
+        static_cast<int>(lport) == client_port && static_cast<int>(rport) == server_port && ino != 0) {
+      inode = ino;
+      break;
+    }
+  }
+  std::fclose(f);
+  if (inode == 0) return false;
+  const std::string want = "socket:[" + std::to_string(inode) + "]";
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/fd", ec)) {
+    std::error_code rec;
+    if (std::filesystem::read_symlink(e.path(), rec).string() == want) return true;
+  }
+  return false;
+}
+
+int PeerPort(int fd) {
+  sockaddr_in a{};
+  socklen_t len = sizeof a;
+  if (::getpeername(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) return 0;
+  return ntohs(a.sin_port);
+}
 
 // Reads what `from` has into `pipe`; false on EOF or error.
 bool Pump(int from, Pipe& pipe, SteadyClock::time_point due) {
@@ -103,6 +144,17 @@ void TcpProxy::run() {
   };
   while (!stop_.load()) {
     const Mode mode = mode_.load();
+    const pid_t from = from_pid_.load();
+    // Whether `c` is held (black-holed) this round.
+    auto held = [&](Conn& c) {
+      if (mode == Mode::kBlackHole) return true;
+      if (from <= 0) return false;
+      if (c.checked != from) {
+        c.from = OwnedBy(from, c.client_port, port_);
+        c.checked = from;
+      }
+      return c.from;
+    };
     const auto now = SteadyClock::now();
     const auto due = now + std::chrono::milliseconds(mode == Mode::kDelay ? delay_ms_.load() : 0);
     if (drop_.exchange(false)) {
@@ -114,10 +166,10 @@ void TcpProxy::run() {
     for (auto& c : conns) {
       // A connection held through a partition never reached the server: it
       // ends with the partition.
-      if (c.server < 0 && mode != Mode::kBlackHole) close_conn(c);
+      const bool flow = !held(c);
+      if (c.server < 0 && flow) close_conn(c);
       if (c.dead) continue;
       polled.push_back(&c);
-      const bool flow = mode != Mode::kBlackHole;
       // A black hole reads nothing (the kernel buffers fill, as on a partition).
       short cev = static_cast<short>(flow ? POLLIN : 0);
       short sev = cev;
@@ -135,8 +187,9 @@ void TcpProxy::run() {
         int cfd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
         if (cfd < 0) break;
         ++accepted_;
-        if (mode == Mode::kBlackHole) {  // held, never connected upstream
-          conns.push_back(Conn{cfd, -1, {}, {}, false});
+        Conn conn{cfd, -1, {}, {}, false, PeerPort(cfd), 0, false};
+        if (held(conn)) {  // held, never connected upstream
+          conns.push_back(std::move(conn));
           continue;
         }
         int sfd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -151,14 +204,15 @@ void TcpProxy::run() {
         ::setsockopt(sfd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
         ::setsockopt(cfd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
         SetNonBlocking(sfd);
-        conns.push_back(Conn{cfd, sfd, {}, {}, false});
+        conn.server = sfd;
+        conns.push_back(std::move(conn));
       }
     }
     for (std::size_t k = 0; k < polled.size(); ++k) {
       Conn& c = *polled[k];
       const short cre = fds[1 + 2 * k].revents, sre = fds[2 + 2 * k].revents;
       bool ok = true;
-      if (mode != Mode::kBlackHole) {
+      if (fds[1 + 2 * k].fd >= 0) {  // not held
         if (cre & (POLLIN | POLLHUP | POLLERR)) ok = ok && Pump(c.client, c.up, due);
         if (sre & (POLLIN | POLLHUP | POLLERR)) ok = ok && Pump(c.server, c.down, due);
         ok = ok && Flush(c.server, c.up, after) && Flush(c.client, c.down, after);

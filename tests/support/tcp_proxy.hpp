@@ -9,10 +9,16 @@
 //               nothing (the kernel buffers fill); new ones are accepted but
 //               never connected upstream (a network that swallows the
 //               handshake), and are closed once the partition ends
+//
+// black_hole_from(pid) does the same to the connections of one process
+// only (their client end's owner, looked up in /proc), in any mode: a
+// partition of one member of a cluster whose members all dial each other
+// at the same advertised addresses (etcd's peer URLs).
 #ifndef DLOCK_TESTS_SUPPORT_TCP_PROXY_HPP_
 #define DLOCK_TESTS_SUPPORT_TCP_PROXY_HPP_
 
 #include <netinet/in.h>
+#include <sys/types.h>
 
 #include <atomic>
 #include <chrono>
@@ -38,6 +44,11 @@ class TcpProxy {
   int port() const noexcept { return port_; }
   std::string hosts() const { return "127.0.0.1:" + std::to_string(port_); }
   void set_mode(Mode mode, std::chrono::milliseconds delay = {}) noexcept;
+  // While `pid` > 0, connections from process `pid` (the process whose
+  // socket is the client end, found through /proc/net/tcp and
+  // /proc/PID/fd, for connections already open too) are black-holed as in
+  // kBlackHole, whatever the mode; the others go on as before. 0: none.
+  void black_hole_from(pid_t pid) noexcept { from_pid_.store(pid); }
   void partition() noexcept { set_mode(Mode::kBlackHole); }
   void heal() noexcept { set_mode(Mode::kPass); }
   // Closes every open connection (both sides), like a reset: the client sees
@@ -57,6 +68,7 @@ class TcpProxy {
   std::atomic<int> upstream_port_{0};
   std::atomic<Mode> mode_{Mode::kPass};
   std::atomic<std::int64_t> delay_ms_{0};
+  std::atomic<pid_t> from_pid_{0};
   std::atomic<bool> drop_{false};
   std::atomic<bool> stop_{false};
   std::atomic<int> accepted_{0};

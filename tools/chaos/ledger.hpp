@@ -18,7 +18,8 @@
 //   F kind pid t0 t1 [detail]                     a fault: kill, stop, restart, cut, drop, delay,
 //                                                 leader, rollback (detail: the age of the data
 //                                                 restored, ms), failover, partition (detail:
-//                                                 the role of the server cut off)
+//                                                 the role of the server cut off; restart and
+//                                                 leader on etcd3: member=N, the one killed)
 //                                                 (pid -1 when it hit the server or the network)
 //   P pid t0 why                                  a SIGSTOP begins (why: holder, random); its
 //                                                 "F stop pid t0 t1" is written when it ends

@@ -1,7 +1,7 @@
 // dlock-chaos: runs worker processes that contend for one lock while faults
 // are injected, records every hold in a ledger and checks it. See docs/chaos.md.
 //
-//   dlock-chaos run --store file|redis|zk|zk3 [--duration 60] [--workers 4] [--seed N] [--out DIR]
+//   dlock-chaos run --store file|redis|zk|zk3|etcd|etcd3 [--duration 60] [--workers 4] [--seed N] [--out DIR]
 //   dlock-chaos check LEDGER           re-checks a ledger (without the orphan check)
 //   dlock-chaos worker ...             (started by `run`)
 #include <arpa/inet.h>
@@ -38,6 +38,7 @@
 
 #include "dlock/dlock.hpp"
 #include "ledger.hpp"
+#include "support/etcd_server.hpp"
 #include "support/loopback.hpp"
 #include "support/redis_server.hpp"
 #include "support/tcp_proxy.hpp"
@@ -242,6 +243,13 @@ std::unique_ptr<ZkCluster> MakeZkCluster(const std::string& dir, int size, int s
   o.peer_links = ZkCluster::Options::PeerLinks::kFirstServer;
   return std::make_unique<ZkCluster>(o);
 }
+
+// etcd: tests/support/etcd_server.hpp (shared with the tests), Debian's etcd
+// started as tests/servers/etcd.sh starts it: one member or three on
+// loopback whose peer links go through proxies (isolate() cuts member 0
+// off). Data persists in DIR/etcd<N>, so a restarted member keeps its keys
+// and leases.
+using EtcdCluster = testing::EtcdServers;
 
 // A Redis command's raw reply ("" if none): `cmd` is sent inline.
 std::string RedisCommand(int port, const std::string& cmd) {
@@ -669,7 +677,11 @@ class Runner {
     if (fd_ < 0) return 2;
     {
       double bound = a_.deadline_s;
-      if (bound <= 0) bound = a_.duration_s + 300 + (a_.store == "zk3" ? 180 : a_.store == "zk" ? 60 : 0);
+      if (bound <= 0)
+        bound = a_.duration_s + 300 +
+                (a_.store == "zk3" || a_.store == "etcd3" ? 180
+                 : a_.store == "zk" || a_.store == "etcd" ? 60
+                                                          : 0);
       wd_ = std::make_unique<Watchdog>(fd_, ledger_, a_.out + "/stuck.txt",
                                        std::chrono::milliseconds(static_cast<std::int64_t>(bound * 1000)));
     }
@@ -718,27 +730,35 @@ class Runner {
         std::cerr << "dlock-chaos: ZooKeeper did not start (see " << a_.out << "/zk*/server.log)\n";
         return 2;
       }
-      std::string via, via_rest, direct;
-      for (std::size_t i = 0; i < zk_->size(); ++i) {
-        zk_proxies_.push_back(std::make_unique<TcpProxy>(zk_->client_port(i)));
-        via += (i ? ",127.0.0.1:" : "127.0.0.1:") + Str(zk_proxies_.back()->port());
-        if (i > 0) via_rest += (i > 1 ? ",127.0.0.1:" : "127.0.0.1:") + Str(zk_proxies_.back()->port());
-        direct += (i ? ",127.0.0.1:" : "127.0.0.1:") + Str(zk_->client_port(i));
-      }
       const std::string q = "?session_timeout=" + Str(a_.ttl_ms) + "ms&connect_timeout=" + Str(a_.ttl_ms) + "ms";
-      url_ = "zk://" + via + q;
-      direct_url_ = "zk://" + direct + q;
+      proxy_servers(
+          "zk", q, [this](std::size_t i) { return zk_->client_port(i); }, zk_->size());
       kinds = {"kill", "stop", "restart", "cut", "drop", "delay"};
       if (zk_->size() > 1) {
         kinds.push_back("leader");
         kinds.push_back("partition");
-        // Even slots connect to server 1 only (the one a partition cuts off),
-        // odd slots to the other two.
-        slot_urls_[0] = "zk://127.0.0.1:" + Str(zk_proxies_[0]->port()) + q;
-        slot_urls_[1] = "zk://" + via_rest + q;
+      }
+    } else if (a_.store == "etcd" || a_.store == "etcd3") {
+      EtcdCluster::Options o;
+      o.size = a_.store == "etcd" ? 1 : 3;
+      o.dir = a_.out;
+      o.proxied_peers = o.size > 1;  // isolate(): member 0's peer links
+      etcd_ = std::make_unique<EtcdCluster>(o);
+      if (!etcd_->start_all()) {
+        std::cerr << "dlock-chaos: etcd did not start (see " << a_.out << "/etcd*/etcd.log)\n";
+        return 2;
+      }
+      // The lease is whole seconds (at least 1 s): --ttl-ms rounds up.
+      const std::string q = "?ttl=" + Str(a_.ttl_ms) + "ms&connect_timeout=" + Str(a_.ttl_ms) + "ms";
+      proxy_servers(
+          "etcd", q, [this](std::size_t i) { return etcd_->client_port(i); }, etcd_->size());
+      kinds = {"kill", "stop", "restart", "cut", "drop", "delay"};
+      if (etcd_->size() > 1) {
+        kinds.push_back("leader");
+        kinds.push_back("partition");
       }
     } else {
-      std::cerr << "dlock-chaos: unknown store " << a_.store << " (file, redis, zk, zk3)\n";
+      std::cerr << "dlock-chaos: unknown store " << a_.store << " (file, redis, zk, zk3, etcd, etcd3)\n";
       return 2;
     }
     if (!a_.faults.empty()) kinds = a_.faults;
@@ -788,8 +808,9 @@ class Runner {
       probe_.reset();
       if (redis_) redis_->kill();
       if (replica_) replica_->kill();
-      zk_proxies_.clear();
+      member_proxies_.clear();
       zk_.reset();
+      etcd_.reset();
     }
     CheckOptions opts;
     opts.orphans = orphans;
@@ -800,6 +821,27 @@ class Runner {
   }
 
   using Action = std::pair<std::chrono::steady_clock::time_point, std::function<void()>>;
+
+  // One TcpProxy per server for the workers; url_ through them, direct_url_
+  // (the runner's own checks) straight to the servers. With more than one
+  // server, even worker slots connect to server 1 only (the one a partition
+  // cuts off), odd slots to the others.
+  void proxy_servers(const std::string& scheme, const std::string& q, const std::function<int(std::size_t)>& port,
+                     std::size_t n) {
+    std::string via, via_rest, direct;
+    for (std::size_t i = 0; i < n; ++i) {
+      member_proxies_.push_back(std::make_unique<TcpProxy>(port(i)));
+      via += (i ? ",127.0.0.1:" : "127.0.0.1:") + Str(member_proxies_.back()->port());
+      if (i > 0) via_rest += (i > 1 ? ",127.0.0.1:" : "127.0.0.1:") + Str(member_proxies_.back()->port());
+      direct += (i ? ",127.0.0.1:" : "127.0.0.1:") + Str(port(i));
+    }
+    url_ = scheme + "://" + via + q;
+    direct_url_ = scheme + "://" + direct + q;
+    if (n > 1) {
+      slot_urls_[0] = scheme + "://127.0.0.1:" + Str(member_proxies_[0]->port()) + q;
+      slot_urls_[1] = scheme + "://" + via_rest + q;
+    }
+  }
 
   std::chrono::milliseconds gap() {
     std::exponential_distribution<double> d(1.0 / a_.fault_every_ms);
@@ -899,7 +941,7 @@ class Runner {
   std::vector<TcpProxy*> proxies() {
     std::vector<TcpProxy*> out;
     if (proxy_) out.push_back(proxy_.get());
-    for (auto& p : zk_proxies_) out.push_back(p.get());
+    for (auto& p : member_proxies_) out.push_back(p.get());
     return out;
   }
 
@@ -1033,6 +1075,52 @@ class Runner {
       zk_->isolate(true);
       later(between(a_.ttl_ms / 2, a_.ttl_ms * 3), [this, t0, role] {
         zk_->isolate(false);
+        server_down_ = false;
+        AppendLine(fd_, "F partition -1 " + Str(t0) + " " + Str(MonotonicNanos()) + " " + role + "\n");
+      });
+    } else if (kind == "restart" && etcd_ && etcd_->size() == 1 && etcd_->running(0) && !server_down_) {
+      // SIGKILL the member; it comes back with its data (keys, leases).
+      server_down_ = true;
+      etcd_->kill(0);
+      later(between(0, 1500), [this, t0] {
+        etcd_->launch(0);
+        if (!etcd_->wait_serving(0)) std::cerr << "dlock-chaos: etcd did not restart\n";
+        server_down_ = false;
+        AppendLine(fd_, "F restart -1 " + Str(t0) + " " + Str(MonotonicNanos()) + "\n");
+      });
+    } else if ((kind == "restart" || kind == "leader") && etcd_ && etcd_->size() > 1 && !server_down_) {
+      // One member at a time, so that a quorum stays possible.
+      std::optional<std::size_t> victim =
+          kind == "leader" ? etcd_->leader() : std::optional<std::size_t>(rng_() % etcd_->size());
+      if (!victim) {
+        ++skipped_[kind];
+        return;
+      }
+      server_down_ = true;
+      etcd_->kill(*victim);
+      later(between(500, 3000), [this, kind, t0, i = *victim] {
+        etcd_->launch(i);
+        if (!etcd_->wait_serving(i)) std::cerr << "dlock-chaos: etcd member " << i << " did not restart\n";
+        server_down_ = false;
+        AppendLine(fd_, "F " + kind + " -1 " + Str(t0) + " " + Str(MonotonicNanos()) + " member=" + Str(i) + "\n");
+      });
+    } else if (kind == "partition" && etcd_ && etcd_->size() > 1 && !server_down_) {
+      // Member 0 loses its peer links to the others, both ways, for 0.5-3
+      // leases, while its clients stay connected to it: it can neither
+      // renew their leases nor serve a linearizable read or a write, and the
+      // other two elect a leader (if it was member 0) and expire the leases
+      // of its clients. Counted as a server fault: no restart meanwhile.
+      // Half of the time member 1 is made the leader first (etcdctl
+      // move-leader): a leader cut off goes on answering its clients'
+      // renewals by itself until it steps down (CheckQuorum: within two
+      // election timeouts), while the other two elect a new one.
+      server_down_ = true;
+      if (rng_() % 2) etcd_->make_leader(0);
+      const auto leader = etcd_->leader();
+      const std::string role = !leader ? "unknown" : *leader == 0 ? "leader" : "follower";
+      etcd_->isolate(true);
+      later(between(a_.ttl_ms / 2, a_.ttl_ms * 3), [this, t0, role] {
+        etcd_->isolate(false);
         server_down_ = false;
         AppendLine(fd_, "F partition -1 " + Str(t0) + " " + Str(MonotonicNanos()) + " " + role + "\n");
       });
@@ -1188,8 +1276,9 @@ class Runner {
   std::chrono::steady_clock::time_point next_snapshot_{};
   int snapshot_seq_ = 0;
   std::unique_ptr<ZkCluster> zk_;
-  std::vector<std::unique_ptr<TcpProxy>> zk_proxies_;
-  std::map<int, std::string> slot_urls_;  // zk3: by slot % 2
+  std::unique_ptr<EtcdCluster> etcd_;
+  std::vector<std::unique_ptr<TcpProxy>> member_proxies_;  // zk, etcd: the workers' way to each server
+  std::map<int, std::string> slot_urls_;                   // zk3, etcd3: by slot % 2
   bool network_fault_ = false;
   bool server_down_ = false;
   std::map<pid_t, int> workers_;
@@ -1217,7 +1306,9 @@ int main(int argc, char** argv) {
 
   RunArgs run;
   auto* run_cmd = app.add_subcommand("run", "start workers, inject faults, check the ledger");
-  run_cmd->add_option("--store", run.store, "file, redis, zk (one server) or zk3 (a three-server ensemble)")
+  run_cmd
+      ->add_option("--store", run.store,
+                   "file, redis, zk (one server), zk3 (a three-server ensemble), etcd (one member) or etcd3 (three)")
       ->required();
   run_cmd->add_option("--duration", run.duration_s, "seconds");
   run_cmd->add_option("--workers", run.workers);
@@ -1225,7 +1316,7 @@ int main(int argc, char** argv) {
   run_cmd->add_option("--out", run.out, "directory for the ledger and the store (default: a new /tmp dir)");
   run_cmd->add_option("--hold-max-ms", run.hold_max_ms);
   run_cmd->add_option("--acquire-timeout-ms", run.acquire_timeout_ms);
-  run_cmd->add_option("--ttl-ms", run.ttl_ms, "redis session lease, zk session timeout");
+  run_cmd->add_option("--ttl-ms", run.ttl_ms, "redis session lease, zk session timeout, etcd lease (whole seconds)");
   run_cmd->add_option("--fault-every-ms", run.fault_every_ms, "mean gap between faults");
   run_cmd->add_option("--redis-persist", run.redis_persist,
                       "redis: none, rdb (save 1 1) or aof (appendfsync everysec); rdb/aof add the rollback fault");
@@ -1245,7 +1336,7 @@ int main(int argc, char** argv) {
       ->delimiter(',');
   run_cmd->add_option("--deadline-s", run.deadline_s,
                       "bound on the whole run; past it the watchdog diagnoses and fails the run");
-  run_cmd->add_option("--faults", run.faults, "kinds to inject: kill stop restart cut drop delay leader")
+  run_cmd->add_option("--faults", run.faults, "kinds to inject: kill stop restart cut drop delay leader partition")
       ->delimiter(',');
 
   std::string ledger;
