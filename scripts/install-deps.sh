@@ -9,7 +9,9 @@
 # (rpc.proto, kv.proto, auth.proto under /usr/share/gocode), with
 # golang-github-gogo-protobuf-dev (gogoproto/gogo.proto) and
 # golang-github-grpc-ecosystem-grpc-gateway-dev (google/api/annotations.proto)
-# for what they import. Nothing is downloaded at build time.
+# for what they import. Nothing is downloaded at build time. golang-go: the
+# benchmark's Go peer (bench/peers/go_mutex.go, etcd's concurrency.Mutex),
+# built offline by bench/run.sh against golang-etcd-server-dev's sources.
 # Does nothing when they are all present (so it also works offline then).
 set -euo pipefail
 
@@ -22,6 +24,7 @@ packages=(
   libhiredis-dev redis-server python3-redis
   etcd-server etcd-client libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
   golang-etcd-server-dev golang-github-gogo-protobuf-dev golang-github-grpc-ecosystem-grpc-gateway-dev
+  golang-go
   procps iproute2 gdb openssl
   dpkg-dev file man-db
 )

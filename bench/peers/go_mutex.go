@@ -16,6 +16,12 @@
 //	    (a Mutex on a shared session is not exclusive), take turns from
 //	    CLOCK_MONOTONIC time NS on; prints the holds as a JSON array of
 //	    [acq_ns, rel_ns, proc, thread, req_ns]
+//	-watch-from-next: a diagnostic, not concurrency.Mutex: the same Lock
+//	    (its Txn, then waitDeletes) except that each wait watches from the
+//	    revision after its Get's (Go watches from the Get's own revision,
+//	    clientv3/concurrency/key.go, which etcd's server treats as a watcher
+//	    behind the store and catches up on its 100 ms sync loop); Unlock is
+//	    Go's.
 //
 // Times are CLOCK_MONOTONIC, as dlock-bench's and Python's time.monotonic_ns().
 package main
@@ -31,6 +37,7 @@ import (
 
 	"go.etcd.io/etcd/clientv3"
 	"go.etcd.io/etcd/clientv3/concurrency"
+	"go.etcd.io/etcd/mvcc/mvccpb"
 	"golang.org/x/sys/unix"
 )
 
@@ -58,6 +65,58 @@ type locker struct {
 	cli *clientv3.Client
 	s   *concurrency.Session
 	m   *concurrency.Mutex
+	// -watch-from-next: Lock is lockFromNext, Unlock a Delete of key.
+	fromNext bool
+	pfx, key string
+}
+
+var watchFromNext = flag.Bool("watch-from-next", false,
+	"diagnostic: waits watch from the revision after their Get's, not from it (see above)")
+
+// lockFromNext is concurrency.Mutex.Lock (etcd 3.4, mutex.go) with
+// waitDeletes (key.go) inlined, its watch starting at the Get's revision + 1.
+func (l *locker) lockFromNext(ctx context.Context) error {
+	l.key = fmt.Sprintf("%s%x", l.pfx, l.s.Lease())
+	cmp := clientv3.Compare(clientv3.CreateRevision(l.key), "=", 0)
+	put := clientv3.OpPut(l.key, "", clientv3.WithLease(l.s.Lease()))
+	get := clientv3.OpGet(l.key)
+	getOwner := clientv3.OpGet(l.pfx, clientv3.WithFirstCreate()...)
+	resp, err := l.cli.Txn(ctx).If(cmp).Then(put, getOwner).Else(get, getOwner).Commit()
+	if err != nil {
+		return err
+	}
+	myRev := resp.Header.Revision
+	if !resp.Succeeded {
+		myRev = resp.Responses[0].GetResponseRange().Kvs[0].CreateRevision
+	}
+	owner := resp.Responses[1].GetResponseRange().Kvs
+	if len(owner) == 0 || owner[0].CreateRevision == myRev {
+		return nil
+	}
+	getOpts := append(clientv3.WithLastCreate(), clientv3.WithMaxCreateRev(myRev-1))
+	for {
+		r, err := l.cli.Get(ctx, l.pfx, getOpts...)
+		if err != nil {
+			return err
+		}
+		if len(r.Kvs) == 0 {
+			return nil
+		}
+		cctx, cancel := context.WithCancel(ctx)
+		wch := l.cli.Watch(cctx, string(r.Kvs[0].Key), clientv3.WithRev(r.Header.Revision+1))
+	wait:
+		for wr := range wch {
+			for _, ev := range wr.Events {
+				if ev.Type == mvccpb.DELETE {
+					break wait
+				}
+			}
+		}
+		cancel()
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+	}
 }
 
 func newLocker(endpoint, name string) *locker {
@@ -69,16 +128,26 @@ func newLocker(endpoint, name string) *locker {
 	if err != nil {
 		fail("session: %v", err)
 	}
-	return &locker{cli, s, concurrency.NewMutex(s, name)}
+	return &locker{cli: cli, s: s, m: concurrency.NewMutex(s, name), fromNext: *watchFromNext, pfx: name + "/"}
 }
 
 func (l *locker) lock() {
-	if err := l.m.Lock(context.Background()); err != nil {
+	lock := l.m.Lock
+	if l.fromNext {
+		lock = l.lockFromNext
+	}
+	if err := lock(context.Background()); err != nil {
 		fail("lock: %v", err)
 	}
 }
 
 func (l *locker) unlock() {
+	if l.fromNext {
+		if _, err := l.cli.Delete(context.Background(), l.key); err != nil {
+			fail("unlock: %v", err)
+		}
+		return
+	}
 	if err := l.m.Unlock(context.Background()); err != nil {
 		fail("unlock: %v", err)
 	}

@@ -60,10 +60,14 @@ def main():
     ap.add_argument("--procs", type=int, default=2)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--hold-us", type=int, default=0)
+    ap.add_argument("--watch-from-next", action="store_true",
+                    help="diagnostic: waits watch from their Get's revision + 1 (go_mutex.go)")
     a = ap.parse_args()
     u = urllib.parse.urlparse(a.url)
     hostport = f"{u.hostname}:{u.port or 2379}"
     base = [a.bin, "-endpoint", hostport, "-name", a.name, "-seconds", str(a.seconds), "-max-ops", str(a.max_ops)]
+    if a.watch_from_next:
+        base.append("-watch-from-next")
 
     if a.scenario == "cycles":
         # The counters around the whole process include its connect, session
@@ -96,7 +100,8 @@ def main():
         result.update({"procs": a.procs, "threads": a.threads, "hold_us": a.hold_us})
         # Includes each worker's session close (a LeaseRevoke per goroutine).
         result["requests"] = requests(before, after, len(recs))
-    print(json.dumps({"store": "etcd", "scenario": a.scenario, "impl": "go-mutex", "result": result}))
+    impl = "go-mutex(watch-from-next)" if a.watch_from_next else "go-mutex"
+    print(json.dumps({"store": "etcd", "scenario": a.scenario, "impl": impl, "result": result}))
 
 
 if __name__ == "__main__":
