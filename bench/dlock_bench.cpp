@@ -48,6 +48,12 @@
 #ifdef DLOCK_BENCH_ZOOKEEPER
 #include <zookeeper/zookeeper.h>
 #endif
+#ifdef DLOCK_BENCH_ETCD
+#include <grpcpp/grpcpp.h>
+
+#include "etcd/etcdserver/etcdserverpb/rpc.grpc.pb.h"
+#include "stores/etcd/etcd_layout.hpp"  // the floor's dlock-txns shape uses the store's keys
+#endif
 #include <netdb.h>
 #include <sys/socket.h>
 
@@ -197,7 +203,8 @@ std::pair<std::string, int> HostPort(const std::string& url, int default_port) {
   return {rest.substr(0, colon), std::stoi(rest.substr(colon + 1))};
 }
 
-// A ZooKeeper four-letter command's answer ("" on failure).
+// The answer to `cmd` read until the server closes ("" on failure): a
+// ZooKeeper four-letter command, or an HTTP/1.0 GET (etcd's /metrics).
 std::string FourLetters(const std::string& host, int port, const char* cmd) {
   addrinfo hints{};
   hints.ai_socktype = SOCK_STREAM;
@@ -224,17 +231,40 @@ class ServerCounter {
  public:
   explicit ServerCounter(const std::string& url) {
     kind_ = Scheme(url);
-    if (kind_ != "redis" && kind_ != "zk") return;
-    std::tie(host_, port_) = HostPort(url, kind_ == "zk" ? 2181 : 6379);
+    if (kind_ != "redis" && kind_ != "zk" && kind_ != "etcd") return;
+    std::tie(host_, port_) = HostPort(url, kind_ == "zk" ? 2181 : kind_ == "etcd" ? 2379 : 6379);
     enabled_ = true;
   }
+
+  const std::string& kind() const { return kind_; }
 
   // Calls and microseconds per command name, commands run inside scripts
   // included (a script's time includes theirs).
   // For ZooKeeper, mntr's count of requests received ("packets_received",
   // pings included), with no time.
+  // For etcd, the gRPC messages its server received per method of etcd's
+  // API (grpc_server_msg_received_total on /metrics, the client port): one
+  // per unary call; for a stream ("Watch (stream)", "LeaseKeepAlive
+  // (stream)") one per message sent on it (a watch create or cancel, a
+  // renewal). No time.
   std::optional<std::map<std::string, std::pair<std::int64_t, std::int64_t>>> Read() const {
     if (!enabled_) return std::nullopt;
+    if (kind_ == "etcd") {
+      const std::string text = FourLetters(host_, port_, "GET /metrics HTTP/1.0\r\n\r\n");
+      std::map<std::string, std::pair<std::int64_t, std::int64_t>> calls;
+      const std::string metric = "\ngrpc_server_msg_received_total{";
+      for (auto pos = text.find(metric); pos != std::string::npos; pos = text.find(metric, pos + 1)) {
+        const auto end = text.find('\n', pos + 1);
+        const std::string line = text.substr(pos + 1, end == std::string::npos ? end : end - pos - 1);
+        if (line.find("grpc_service=\"etcdserverpb.") == std::string::npos) continue;  // gRPC's health service
+        const auto m = line.find("grpc_method=\"") + std::strlen("grpc_method=\"");
+        std::string method = line.substr(m, line.find('"', m) - m);
+        if (line.find("grpc_type=\"unary\"") == std::string::npos) method += " (stream)";
+        calls[method].first += static_cast<std::int64_t>(std::stod(line.substr(line.rfind(' ') + 1)));
+      }
+      if (calls.empty()) return std::nullopt;
+      return calls;
+    }
     if (kind_ == "zk") {
       const std::string text = FourLetters(host_, port_, "mntr");
       auto at = text.find("zk_packets_received");
@@ -281,7 +311,9 @@ using Counts = std::optional<std::map<std::string, std::pair<std::int64_t, std::
 
 // What the server did per operation between `before` and now: every command
 // (commands run by scripts count too: that is the server's work), and the
-// scripts alone (EVAL/EVALSHA: one round trip each).
+// scripts alone (EVAL/EVALSHA: one round trip each). For etcd: every gRPC
+// message received, and as "scripts" the unary calls (one round trip each;
+// the rest are messages on the watch and keep-alive streams).
 json Requests(const ServerCounter& counter, const Counts& before, std::int64_t ops) {
   auto after = counter.Read();
   if (!before || !after || ops <= 0) return nullptr;
@@ -294,7 +326,8 @@ json Requests(const ServerCounter& counter, const Counts& before, std::int64_t o
     const std::int64_t us = n.second - (it == before->end() ? 0 : it->second.second);
     if (d == 0) continue;
     total += d;
-    if (cmd == "eval" || cmd == "evalsha") {
+    const bool round_trip = counter.kind() == "etcd" ? !cmd.ends_with(" (stream)") : cmd == "eval" || cmd == "evalsha";
+    if (round_trip) {
       scripts += d;
       script_usec += us;
     } else {
@@ -520,6 +553,168 @@ json FileFloor(const Options& o) {
   return {{"cycles", n}, {"seconds", secs}, {"cycles_per_sec", static_cast<double>(n) / secs}, {"ops", ops}};
 }
 
+#ifdef DLOCK_BENCH_ETCD
+// 1'. etcd: the bare v3 RPCs of one uncontended cycle, from a plain loop of
+// synchronous gRPC calls over the generated stubs, on one lease granted
+// before the loop (a session is made once, as in every other driver).
+//  --floor go (the default): the shape of Go's concurrency.Mutex (etcd
+//    3.4, clientv3/concurrency/mutex.go): one Txn {if CreateRevision(key) == 0
+//    then Put(key, lease), Range(prefix, first create) else Get(key),
+//    Range(prefix, first create)}, owned when the first key is ours; then a
+//    Txn {if CreateRevision(key) == rev then Delete(key)} (Go's Unlock is a
+//    plain Delete; the compare is what dlock's remove adds, at no round trip).
+//  --floor dlock-txns: the three unary calls dlock's etcd store makes per
+//    uncontended cycle, with its own keys and Txn bodies (etcd_store.cpp:
+//    put_entry, Watches::check, remove), without the client around them and
+//    without the watch stream's create and cancel messages.
+namespace epb = etcdserverpb;
+
+json EtcdFloor(const Options& o) {
+  ServerCounter counter(o.url);
+  const auto [host, port] = HostPort(o.url, 2379);
+  auto channel = grpc::CreateChannel(host + ":" + std::to_string(port), grpc::InsecureChannelCredentials());
+  if (!channel->WaitForConnected(std::chrono::system_clock::now() + std::chrono::seconds(10)))
+    throw std::runtime_error("floor: cannot connect to etcd");
+  auto kv = epb::KV::NewStub(channel);
+  auto lease_stub = epb::Lease::NewStub(channel);
+  auto check = [](const grpc::Status& s, const char* what) {
+    if (!s.ok()) throw std::runtime_error(std::string("floor: ") + what + ": " + s.error_message());
+  };
+  std::int64_t lease = 0;
+  {
+    grpc::ClientContext ctx;
+    epb::LeaseGrantRequest req;
+    req.set_ttl(30);
+    epb::LeaseGrantResponse resp;
+    check(lease_stub->LeaseGrant(&ctx, req, &resp), "LeaseGrant");
+    lease = resp.id();
+  }
+  auto txn = [&](const epb::TxnRequest& req) {
+    grpc::ClientContext ctx;
+    epb::TxnResponse resp;
+    check(kv->Txn(&ctx, req, &resp), "Txn");
+    return resp;
+  };
+  auto range = [](const std::string& key, const std::string& end, bool keys_only) {
+    epb::RequestOp op;
+    auto* r = op.mutable_request_range();
+    r->set_key(key);
+    if (!end.empty()) r->set_range_end(end);
+    r->set_keys_only(keys_only);
+    return op;
+  };
+  auto put = [lease](const std::string& key, const std::string& value) {
+    epb::RequestOp op;
+    auto* p = op.mutable_request_put();
+    p->set_key(key);
+    p->set_value(value);
+    p->set_lease(lease);
+    return op;
+  };
+  auto del = [](const std::string& key) {
+    epb::RequestOp op;
+    op.mutable_request_delete_range()->set_key(key);
+    return op;
+  };
+  auto compare = [](const std::string& key, epb::Compare::CompareTarget target, std::int64_t value) {
+    epb::Compare c;
+    c.set_key(key);
+    c.set_target(target);
+    c.set_result(epb::Compare::EQUAL);
+    if (target == epb::Compare::CREATE) c.set_create_revision(value);
+    if (target == epb::Compare::VERSION) c.set_version(value);
+    return c;
+  };
+  namespace ed = dlock::internal::etcd;
+  const std::string queue = "bench/floor-etcd/" + o.name + "-" + std::to_string(::getpid());
+  std::function<void()> cycle;
+  std::string ops;
+  if (o.floor == "go") {
+    const std::string pfx = queue + "/", key = pfx + ed::LeaseHex(lease), end = ed::PrefixEnd(pfx);
+    epb::RequestOp owner = range(pfx, end, false);  // Go's WithFirstCreate(): sort by create, limit 1
+    owner.mutable_request_range()->set_sort_target(epb::RangeRequest::CREATE);
+    owner.mutable_request_range()->set_sort_order(epb::RangeRequest::ASCEND);
+    owner.mutable_request_range()->set_limit(1);
+    cycle = [&, key, owner] {
+      epb::TxnRequest lock;
+      *lock.add_compare() = compare(key, epb::Compare::CREATE, 0);
+      *lock.add_success() = put(key, "");
+      *lock.add_success() = owner;
+      *lock.add_failure() = range(key, "", false);
+      *lock.add_failure() = owner;
+      const epb::TxnResponse r = txn(lock);
+      const std::int64_t rev = r.header().revision();
+      const auto& first = r.responses(1).response_range().kvs();
+      if (!r.succeeded() || first.empty() || first[0].create_revision() != rev)
+        throw std::runtime_error("floor: the lock was not free");
+      epb::TxnRequest unlock;
+      *unlock.add_compare() = compare(key, epb::Compare::CREATE, rev);
+      *unlock.add_success() = del(key);
+      if (!txn(unlock).succeeded()) throw std::runtime_error("floor: the fenced delete failed");
+    };
+    ops =
+        "Txn{if CreateRevision(key)==0 then Put(key, lease), Range(prefix, first create)} + "
+        "Txn{if CreateRevision(key)==rev then Delete(key)} (gRPC C++, sync)";
+  } else {
+    const ed::Layout layout("");
+    const std::string suffix = ed::FirstSuffix(lease), key = layout.entry_key(queue, suffix),
+                      record = layout.record_key(queue, suffix), reservation = ed::ReservationSuffix(suffix);
+    cycle = [&, key, record, reservation, suffix] {
+      const std::string attempt = std::to_string(NowNs()) + "0123456789abcdef";
+      dlock::OwnerRecord owner{"bench-host", ::getpid(), "bench-thread", "", 0};
+      epb::TxnRequest append;  // put_entry (a "lock" entry: no reservation)
+      *append.add_compare() = compare(key, epb::Compare::CREATE, 0);
+      *append.add_compare() = compare(layout.fence_key(attempt), epb::Compare::VERSION, 0);
+      *append.add_success() = put(key, "");
+      *append.add_success() = put(record, ed::EncodeRecord(dlock::entry_kind::kLock, attempt, owner));
+      *append.add_success() = range(layout.queue_dir(queue), ed::PrefixEnd(layout.queue_dir(queue)), true);
+      *append.add_success() = range(layout.record_dir(queue), ed::PrefixEnd(layout.record_dir(queue)), false);
+      *append.add_failure() = range(record, "", false);
+      *append.add_failure() = range(layout.fence_key(attempt), "", true);
+      const epb::TxnResponse r = txn(append);
+      if (!r.succeeded()) throw std::runtime_error("floor: the append failed");
+      const std::int64_t rev = r.header().revision();
+      epb::TxnRequest look;  // Watches::check: the hold's watch reads its entry first
+      *look.add_success() = range(key, "", true);
+      txn(look);
+      epb::TxnRequest remove;  // remove
+      *remove.add_compare() = compare(key, epb::Compare::CREATE, rev);
+      *remove.add_success() = del(key);
+      *remove.add_success() = del(record);
+      epb::RequestOp nested;
+      auto* inner = nested.mutable_request_txn();
+      *inner->add_compare() = compare(layout.entry_key(queue, reservation), epb::Compare::CREATE, rev);
+      *inner->add_compare() = compare(layout.record_key(queue, reservation), epb::Compare::VERSION, 0);
+      *inner->add_success() = del(layout.entry_key(queue, reservation));
+      *remove.add_success() = std::move(nested);
+      if (!txn(remove).succeeded()) throw std::runtime_error("floor: the remove failed");
+    };
+    ops = "dlock's append Txn + the hold watch's read Txn + remove Txn (gRPC C++, sync)";
+  }
+  const auto before = counter.Read();
+  const std::int64_t start = NowNs(), until = start + static_cast<std::int64_t>(o.seconds * 1e9);
+  std::int64_t n = 0;
+  while (n < o.max_ops && NowNs() < until) {
+    cycle();
+    ++n;
+  }
+  const double secs = static_cast<double>(NowNs() - start) / 1e9;
+  json requests = Requests(counter, before, n);
+  {
+    grpc::ClientContext ctx;
+    epb::LeaseRevokeRequest req;
+    req.set_id(lease);
+    epb::LeaseRevokeResponse resp;
+    (void)lease_stub->LeaseRevoke(&ctx, req, &resp);
+  }
+  return {{"cycles", n},
+          {"seconds", secs},
+          {"cycles_per_sec", static_cast<double>(n) / secs},
+          {"ops", ops},
+          {"requests", requests}};
+}
+#endif
+
 // 1'. The protocol floor: the bare store operations one cycle needs, with
 // the store's official C client and nothing else.
 json Floor(const Options& o) {
@@ -648,6 +843,13 @@ json Floor(const Options& o) {
   }
 #endif
   if (Scheme(o.url) == "file") return FileFloor(o);
+#ifdef DLOCK_BENCH_ETCD
+  if (Scheme(o.url) == "etcd") {
+    Options go = o;
+    if (go.floor == "scripts") go.floor = "go";  // the default
+    return EtcdFloor(go);
+  }
+#endif
   throw std::runtime_error("floor: no floor loop for " + Scheme(o.url));
 }
 
@@ -1364,8 +1566,9 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"cycles", "floor", "contend", "waiters", "footprint", "async-footprint"}));
   app.add_option("--floor", o.floor,
                  "redis: dlock's scripts, or SET NX PX + compare-and-delete (setnx); "
-                 "file: the queue's system calls, or one flock (flock)")
-      ->check(CLI::IsMember({"scripts", "setnx", "flock"}));
+                 "file: the queue's system calls, or one flock (flock); "
+                 "etcd: the Txns of Go's Mutex (go, the default), or dlock's own (dlock-txns)")
+      ->check(CLI::IsMember({"scripts", "setnx", "flock", "go", "dlock-txns"}));
   app.add_option("--name", o.name, "lock name (prefix for footprint)");
   app.add_option("--seconds", o.seconds, "time budget of a timed loop");
   app.add_option("--max-ops", o.max_ops, "record / cycle budget of a loop");
@@ -1380,9 +1583,9 @@ int main(int argc, char** argv) {
 
   json out{{"store", Scheme(o.url)},
            {"scenario", o.scenario},
-           {"impl", o.scenario != "floor"  ? "dlock"
-                    : o.floor == "scripts" ? "floor"
-                                           : "floor-" + o.floor}};
+           {"impl", o.scenario != "floor"                     ? "dlock"
+                    : o.floor == "scripts" || o.floor == "go" ? "floor"
+                                                              : "floor-" + o.floor}};
   try {
     json r;
     if (o.scenario == "cycles") r = Cycles(o);

@@ -3,7 +3,8 @@
 writes the JSON and the SVG plot. Called by bench/run.sh, under the scripts
 that start the servers (tests/servers/*.sh put their URLs in DLOCK_TEST_URLS).
 
-  run_bench.py --bench PATH/dlock-bench [--quick] [--out DIR] [--command TEXT]
+  run_bench.py --bench PATH/dlock-bench [--quick] [--only STORE] [--rounds N]
+               [--go-mutex PATH/go-mutex] [--out DIR] [--command TEXT]
 """
 import argparse
 import datetime
@@ -51,6 +52,10 @@ def machine():
         "redis_server": sh("redis-server --version"),
         "zookeeper": sh("dpkg-query -W -f '${Version}' zookeeper"),
         "hiredis": sh("dpkg-query -W -f '${Version}' libhiredis-dev"),
+        "etcd": sh("dpkg-query -W -f '${Version}' etcd-server"),
+        "grpc": sh("dpkg-query -W -f '${Version}' libgrpc++-dev"),
+        "go": sh("go version"),
+        "golang_etcd": sh("dpkg-query -W -f '${Version}' golang-etcd-server-dev"),
         "redis_py": redis_py,
         "kazoo": kazoo_v,
         "python": platform.python_version(),
@@ -89,7 +94,8 @@ class Runner:
         return self.run(label, [self.bench, "--url", url, "--scenario", scenario, *map(str, args)], timeout)
 
     def peer(self, label, script, url, scenario, *args, timeout=300):
-        return self.run(label, [sys.executable, os.path.join(HERE, "peers", script), "--url", url,
+        script, *extra = script  # (script, its own arguments...)
+        return self.run(label, [sys.executable, os.path.join(HERE, "peers", script), *extra, "--url", url,
                                 "--scenario", scenario, *map(str, args)], timeout)
 
 
@@ -99,11 +105,14 @@ def main():
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--out", default=os.path.join(HERE, "results"))
     ap.add_argument("--command", default="bench/run.sh")
+    ap.add_argument("--only", help="one store (mem, file, redis, zk, etcd): writes STORE.json, not latest.json")
+    ap.add_argument("--rounds", type=int, help="interleaved rounds of cycles, handoff, contended (default 3)")
+    ap.add_argument("--go-mutex", help="the Go peer's binary (bench/peers/go_mutex.go), for etcd")
     a = ap.parse_args()
 
     q = a.quick
     secs = 0.5 if q else 3
-    rounds = 1 if q else 3
+    rounds = a.rounds or (1 if q else 3)
     waiter_counts = [10, 100] if q else [10, 100, 1000]
     footprint_locks = 50 if q else 1000
     # async-footprint: acquires pending on many locks / on one lock. file://
@@ -122,6 +131,8 @@ def main():
     urls = ["mem://"] + [f"file://{t}/locks" for t in tmps] + os.environ.get("DLOCK_TEST_URLS", "").split()
     if os.environ.get("DLOCK_TEST_ZK") and not any(u.startswith("zk://") for u in urls):  # a server by hand
         urls.append("zk://" + os.environ["DLOCK_TEST_ZK"])
+    if a.only:
+        urls = [u for u in urls if u.split(":", 1)[0] == a.only]
     r = Runner(a.bench, q)
     started = datetime.datetime.now(datetime.timezone.utc)
     try:
@@ -132,7 +143,8 @@ def main():
                 r.store_label = "file(" + sh(f"df --output=fstype {url[len('file://'):].rsplit('/', 1)[0]} | tail -1") + ")"
             print(f"{r.store_label}: {url}", file=sys.stderr)
             multi = store != "mem"  # mem:// lives in one process
-            peer = {"redis": "redis_py_lock.py", "zk": "kazoo_lock.py"}.get(store)
+            peer = {"redis": ("redis_py_lock.py",), "zk": ("kazoo_lock.py",),
+                    "etcd": ("go_mutex.py", "--bin", a.go_mutex) if a.go_mutex else None}.get(store)
             # The machine is shared: rounds interleave dlock, the floors and
             # the peer, so a burst of someone else's load hits them alike;
             # the table shows the median round.
@@ -140,8 +152,10 @@ def main():
                                  "--hold-us", sh_["hold_us"])
             for _ in range(rounds):
                 r.dlock("cycles", url, "cycles", "--seconds", secs)
-                if store in ("redis", "zk", "file"):
+                if store in ("redis", "zk", "file", "etcd"):
                     r.dlock("cycles", url, "floor", "--seconds", secs)
+                if store == "etcd":
+                    r.dlock("cycles", url, "floor", "--floor", "dlock-txns", "--seconds", secs)
                 if store == "redis":
                     r.dlock("cycles", url, "floor", "--floor", "setnx", "--seconds", secs)
                 if store == "file":
@@ -169,7 +183,8 @@ def main():
             shutil.rmtree(t, ignore_errors=True)
 
     doc = {
-        "command": a.command + (" --quick" if q else ""),
+        "command": a.command + (" --quick" if q else "") + (f" --only {a.only}" if a.only else "")
+        + (f" --rounds {a.rounds}" if a.rounds else ""),
         "started": started.isoformat(timespec="seconds"),
         "machine": machine(),
         "shapes": {"seconds": secs, "cycle_rounds": rounds, "handoff": handoff, "contended": contended,
@@ -183,7 +198,9 @@ def main():
     doc["table"] = rows
     os.makedirs(a.out, exist_ok=True)
     # A --quick run is a check, not a result: it must not replace the last real run.
-    base = os.path.join(a.out, "quick" if q else "latest")
+    # So must a run of one store (--only): it writes STORE.json.
+    name = a.only or "latest"
+    base = os.path.join(a.out, f"quick-{a.only}" if q and a.only else "quick" if q else name)
     with open(base + ".json", "w") as f:
         json.dump(doc, f, indent=1)
     with open(base + ".svg", "w") as f:

@@ -9,9 +9,10 @@
 # (rpc.proto, kv.proto, auth.proto under /usr/share/gocode), with
 # golang-github-gogo-protobuf-dev (gogoproto/gogo.proto) and
 # golang-github-grpc-ecosystem-grpc-gateway-dev (google/api/annotations.proto)
-# for what they import; golang-go builds the interop tests' driver of Go's
-# own concurrency.Mutex from those sources. Nothing is downloaded at build
-# time.
+# for what they import; golang-go builds Go's own concurrency.Mutex from
+# those sources, offline: the interop tests' driver
+# (tests/etcd/go_mutex_driver.go) and the benchmark's peer
+# (bench/peers/go_mutex.go). Nothing is downloaded at build time.
 # Does nothing when they are all present (so it also works offline then).
 set -euo pipefail
 
