@@ -502,6 +502,12 @@ struct WaitRec {
   std::vector<std::pair<std::string, std::int64_t>> keys;  // key, create revision
   std::shared_ptr<OneOutcome> outcome;
 
+  // Every key is the waiting session's own, so it was there at its create
+  // revision (from the session's own append): the first watch starts there
+  // without a read. A hold watching its own entry so costs no round trip;
+  // a compacted start (the watch is cancelled) reads as any other wait.
+  bool watch_without_read = false;
+
   bool done = false;      // finished or cancelled: nothing more to do
   bool checking = false;  // a read is in flight
   std::vector<std::int64_t> watch_ids;
@@ -918,11 +924,9 @@ class MemberStream {
     auto core = core_.lock();
     if (!core) return;
     member_ = core->current();
-    stream_.open(
-        [this, core, m = member_](grpc::ClientContext* ctx, grpc::CompletionQueue* cq) {
-          return prepare_(core->member(m), ctx, cq);
-        },
-        [core](grpc::ClientContext& ctx) { core->setup_stream(ctx); });
+    stream_.open([this, core, m = member_](grpc::ClientContext* ctx,
+                                           grpc::CompletionQueue* cq) { return prepare_(core->member(m), ctx, cq); },
+                 [core](grpc::ClientContext& ctx) { core->setup_stream(ctx); });
   }
 
   void on_ready() {
@@ -964,8 +968,8 @@ class KeepAlives {
                 [](const Core::Member& m, grpc::ClientContext* ctx, grpc::CompletionQueue* cq) {
                   return m.lease->PrepareAsyncLeaseKeepAlive(ctx, cq);
                 },
-                {[this] { on_ready(); }, [this](pb::LeaseKeepAliveResponse& r) { on_message(r); },
-                 [this] { on_end(); }, [this] { return !leases_.empty(); }}) {}
+                {[this] { on_ready(); }, [this](pb::LeaseKeepAliveResponse& r) { on_message(r); }, [this] { on_end(); },
+                 [this] { return !leases_.empty(); }}) {}
 
   void add(const std::shared_ptr<SessionCore>& s) {
     Track& t = leases_[s->lease()];
@@ -1085,6 +1089,7 @@ class Watches {
  private:
   void check(const std::shared_ptr<WaitRec>& w) {
     if (w->done || w->checking) return;
+    if (w->watch_without_read) return watch(w, std::nullopt);
     auto core = core_.lock();
     if (!core) return;
     w->checking = true;
@@ -1117,7 +1122,9 @@ class Watches {
     watch(w, r.header().revision() + 1);
   }
 
-  void watch(const std::shared_ptr<WaitRec>& w, std::int64_t from) {
+  // Watches each key for its deletion from revision `from`, or (nullopt)
+  // from the revision after its creation.
+  void watch(const std::shared_ptr<WaitRec>& w, std::optional<std::int64_t> from) {
     if (!stream_.ready()) {
       // on_ready reads again for every wait.
       stream_.ensure_open();
@@ -1130,7 +1137,7 @@ class Watches {
       pb::WatchRequest req;
       auto* create = req.mutable_create_request();
       create->set_key(key);
-      create->set_start_revision(from);
+      create->set_start_revision(from ? *from : rev + 1);
       create->add_filters(pb::WatchCreateRequest::NOPUT);
       create->set_watch_id(id);
       stream_.write(std::move(req));
@@ -1149,6 +1156,7 @@ class Watches {
 
   void retry(const std::shared_ptr<WaitRec>& w) {
     unwatch(*w);
+    w->watch_without_read = false;  // e.g. its start was compacted: read first
     loop_->cancel_timer(w->retry_timer);
     w->retry_timer = loop_->at(std::chrono::steady_clock::now() + w->backoff.next(), [this, w] {
       w->retry_timer = 0;
@@ -1247,10 +1255,15 @@ std::shared_ptr<void> SessionCore::wait(std::string_view queue, std::span<const 
   auto w = std::make_shared<WaitRec>();
   w->session = weak_from_this();
   w->queue = std::string(queue);
+  w->watch_without_read = true;
   for (const std::string& id : ids) {
     auto parsed = ParseEntryId(id);
     if (!parsed.ok()) return settled(parsed.status());
     w->keys.emplace_back(layout_.entry_key(queue, parsed->suffix), parsed->create_revision);
+    const std::string_view suffix = parsed->suffix;
+    const bool own =
+        suffix == sid_ || (suffix.starts_with(sid_) && suffix.size() > sid_.size() && suffix[sid_.size()] == '.');
+    w->watch_without_read = w->watch_without_read && own;
   }
   w->outcome = std::make_shared<OneOutcome>(std::move(done));
   bool ended = false;
