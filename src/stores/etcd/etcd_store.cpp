@@ -511,6 +511,8 @@ struct WaitRec {
   bool done = false;      // finished or cancelled: nothing more to do
   bool checking = false;  // a read is in flight
   std::vector<std::int64_t> watch_ids;
+  std::uint64_t watch_generation = 0;  // of watch_ids: a reading counts for the watches it followed
+  std::size_t unconfirmed = 0;         // watches of watch_ids whose creation etcd has not confirmed yet
   std::uint64_t retry_timer = 0;
   Backoff backoff;
 };
@@ -1056,10 +1058,15 @@ class KeepAlives {
 
 // --- The watch stream (loop thread)
 //
-// A wait reads its keys; if all are there, it watches each from the next
-// revision for its deletion. Anything that may have missed an event (the
-// stream ended, a watch was cancelled or compacted) makes it read again:
-// a missed delete is never assumed, nor a delete that was not seen.
+// A wait watches each of its keys for its deletion from the current
+// revision on and, once etcd has confirmed every watch, reads the keys: a
+// key there in that reading has its deletion seen. (Reading first and then
+// watching from the reading's revision would make the watch start in the
+// past whenever anything was written meanwhile, which is usual under
+// contention; etcd serves such a watch from a catch-up loop that runs every
+// 100 ms.) Anything that may have missed an event (the stream ended, a
+// watch was cancelled or compacted) makes it watch and read again: a missed
+// delete is never assumed, nor a delete that was not seen.
 class Watches {
  public:
   explicit Watches(const std::shared_ptr<Core>& core)
@@ -1088,8 +1095,15 @@ class Watches {
 
  private:
   void check(const std::shared_ptr<WaitRec>& w) {
-    if (w->done || w->checking) return;
-    if (w->watch_without_read) return watch(w, std::nullopt);
+    if (w->done) return;
+    if (w->watch_without_read) return watch(w, WatchFrom::kAfterCreation);
+    if (w->watch_ids.empty()) return watch(w, WatchFrom::kNow);  // on_created reads
+    if (w->unconfirmed == 0) read(w);
+  }
+
+  // Reads the wait's keys, after its watches were confirmed.
+  void read(const std::shared_ptr<WaitRec>& w) {
+    if (w->done || w->checking) return;  // the reading in flight sees that the watches changed
     auto core = core_.lock();
     if (!core) return;
     w->checking = true;
@@ -1101,10 +1115,15 @@ class Watches {
       const std::string dir = Layout(core->cfg().prefix).queue_dir(w->queue);
       *req.add_success() = DirOp(dir, /*keys_only=*/true);
     }
-    core->txn(req, kNoDeadline, /*sync=*/false, [this, w](Result<pb::TxnResponse> r) {
+    core->txn(req, kNoDeadline, /*sync=*/false, [this, w, generation = w->watch_generation](Result<pb::TxnResponse> r) {
       w->checking = false;
       if (w->done) return;
       if (!r.ok()) return retry(w);
+      if (generation != w->watch_generation || w->watch_ids.empty() || w->unconfirmed > 0) {
+        // The watches changed (the stream ended, a retry) while reading:
+        // this reading may be older than them.
+        return check(w);
+      }
       checked(w, *r);
     });
   }
@@ -1118,18 +1137,23 @@ class Watches {
       auto it = present.find(key);
       if (it == present.end() || it->second != rev) return finish(w, OkStatus());  // gone already
     }
-    w->backoff.reset();
-    watch(w, r.header().revision() + 1);
+    w->backoff.reset();  // all there, and watched since before this reading
   }
 
-  // Watches each key for its deletion from revision `from`, or (nullopt)
-  // from the revision after its creation.
-  void watch(const std::shared_ptr<WaitRec>& w, std::optional<std::int64_t> from) {
+  enum class WatchFrom {
+    kNow,            // the revision after the current one; a reading follows
+    kAfterCreation,  // the revision after each key's creation: no reading needed
+  };
+
+  // Watches each key for its deletion.
+  void watch(const std::shared_ptr<WaitRec>& w, WatchFrom from) {
     if (!stream_.ready()) {
-      // on_ready reads again for every wait.
+      // on_ready checks again every wait without watches.
       stream_.ensure_open();
       return;
     }
+    ++w->watch_generation;
+    w->unconfirmed = from == WatchFrom::kNow ? w->keys.size() : 0;
     for (const auto& [key, rev] : w->keys) {
       const std::int64_t id = next_watch_id_++;
       by_id_[id] = w;
@@ -1137,7 +1161,7 @@ class Watches {
       pb::WatchRequest req;
       auto* create = req.mutable_create_request();
       create->set_key(key);
-      create->set_start_revision(from ? *from : rev + 1);
+      if (from == WatchFrom::kAfterCreation) create->set_start_revision(rev + 1);
       create->add_filters(pb::WatchCreateRequest::NOPUT);
       create->set_watch_id(id);
       stream_.write(std::move(req));
@@ -1152,6 +1176,7 @@ class Watches {
       stream_.write(std::move(req));
     }
     w.watch_ids.clear();
+    w.unconfirmed = 0;
   }
 
   void retry(const std::shared_ptr<WaitRec>& w) {
@@ -1198,12 +1223,18 @@ class Watches {
     for (const auto& ev : r.events()) {
       if (ev.type() == mvccpb::Event::DELETE) return finish(w, OkStatus());
     }
-    if (r.canceled()) retry(w);  // compacted, or refused: read again
+    if (r.canceled()) return retry(w);  // compacted, or refused: read again
+    // The last of the wait's watches is in place: what the reading finds
+    // there, they watch.
+    if (r.created() && w->unconfirmed > 0 && --w->unconfirmed == 0) read(w);
   }
 
   void on_end() {
     by_id_.clear();
-    for (const auto& w : waits_) w->watch_ids.clear();
+    for (const auto& w : waits_) {
+      w->watch_ids.clear();
+      w->unconfirmed = 0;
+    }
   }
 
   std::weak_ptr<Core> core_;
