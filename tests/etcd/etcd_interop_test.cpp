@@ -133,6 +133,14 @@ class Child {
   }
   pid_t pid() const { return pid_; }
 
+  // The exit status, once the child exits by itself (-1 if it was killed).
+  int wait_exit() {
+    int status = 0;
+    ::waitpid(pid_, &status, 0);
+    pid_ = -1;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  }
+
   // SIGINT (etcdctl lock then unlocks and exits), and the exit status.
   int interrupt_and_wait() {
     ::kill(pid_, SIGINT);
@@ -371,6 +379,30 @@ TEST_F(EtcdGoInterop, ADeadGoHoldersLeaseExpiresAndTheDlockWaiterTakesOver) {
   ASSERT_TRUE(hold) << "the dead Go holder's lease never expired";
   EXPECT_GT(hold->fencing_token(), go_token);
   EXPECT_EQ(GoGetPrefix("dies/").size(), 2u);  // dlock's own entry only
+}
+
+// `dlock run` against Go's Mutex on one name, both ways: a Go holder keeps
+// `dlock run` waiting (exit 3 when its --timeout passes); once Go released,
+// `dlock run` runs its command with a fencing token larger than the Go
+// key's revision, and keeps Go's Lock waiting until the command ends.
+TEST_F(EtcdGoInterop, DlockRunAndGosMutexExcludeEachOther) {
+  auto go = GoDriver();
+  const std::string acquired = go->call("lock " + GoName("run") + " 20", 30s);
+  ASSERT_EQ(acquired.rfind("acquired ", 0), 0u) << acquired;
+  const std::uint64_t go_token = std::stoull(acquired.substr(acquired.rfind(' ') + 1));
+  Child waiting({DLOCK_CLI, "run", "--url", target_.url, "--timeout", "500ms", "run", "--", "true"});
+  EXPECT_EQ(waiting.wait_exit(), 3) << "dlock run did not time out behind Go's holder";
+  EXPECT_EQ(go->call("release", 30s), "released");
+
+  Child run({DLOCK_CLI, "run", "--url", target_.url, "--timeout", "20s", "run", "--", "sh", "-c",
+             "echo $DLOCK_FENCING_TOKEN; exec sleep 30"});
+  const std::string token = run.read_line(30s);
+  ASSERT_FALSE(token.empty()) << "dlock run never ran its command";
+  EXPECT_GT(std::stoull(token), go_token);
+  EXPECT_EQ(go->call("lock " + GoName("run") + " 1", 30s), "timeout") << "Go got the lock dlock run holds";
+  EXPECT_EQ(run.interrupt_and_wait(), 128 + SIGINT);  // the command's status; the lock is released
+  EXPECT_EQ(go->call("lock " + GoName("run") + " 20", 30s).rfind("acquired ", 0), 0u);
+  EXPECT_EQ(go->call("release", 30s), "released");
 }
 
 }  // namespace
