@@ -460,5 +460,65 @@ TEST(EtcdRegressions, AWaitOnAnOwnEntryCreatedBeforeACompactionSeesItsDeletion) 
   (*session)->close();
 }
 
+
+// Review 2, finding A: KeepAlives leaves a member that stops answering
+// (Finding 8's fix), but the Watches stream is a MemberStream of its own
+// that nothing ever moves: a wait whose watch went to that member never
+// hears a delete made on the healthy quorum, while the session (its
+// keep-alive now on another member) is kConnected. With no transport
+// keep-alive the frozen member's TCP connection stays up: the waiter is
+// stuck until the member comes back.
+TEST(EtcdRegressions, AWaitLeavesAHungMemberOfThree) {
+  PrivateEtcd cluster(3);
+  ASSERT_TRUE(cluster.ok());
+  // The waiter's store lists member 0 first, and opens first (gRPC shares
+  // connections between channels: opened after the holder's, it would find
+  // members 1 and 2 ready first): its streams go to member 0.
+  auto store = OpenStore(Url(cluster, "ttl=5s"));
+  ASSERT_TRUE(store.ok()) << store.status().to_string();
+  const std::string healthy_url =
+      "etcd://127.0.0.1:" + cluster.port(1) + ",127.0.0.1:" + cluster.port(2) + "/rev?ttl=5s";
+  auto holder_store = OpenStore(healthy_url);
+  ASSERT_TRUE(holder_store.ok()) << holder_store.status().to_string();
+  auto holder = (*holder_store)->open_session(In(10s));
+  ASSERT_TRUE(holder.ok()) << holder.status().to_string();
+  EntrySpec spec;
+  spec.kind = "lock";
+  spec.attempt_id = "0123456789abcdef0123456789abcdef";
+  auto held = (*holder)->append("hung", spec, In(10s));
+  ASSERT_TRUE(held.ok()) << held.status().to_string();
+
+  auto session = (*store)->open_session(In(10s));
+  ASSERT_TRUE(session.ok()) << session.status().to_string();
+  std::promise<Status> gone;
+  const std::string id = held->entry.id;
+  auto wait = (*session)->async_wait_any_gone("hung", std::span<const std::string>(&id, 1),
+                                              [&gone](Status s) { gone.set_value(std::move(s)); });
+  auto outcome = gone.get_future();
+  std::this_thread::sleep_for(1s);  // the watch is on member 0
+  ASSERT_EQ(outcome.wait_for(0s), std::future_status::timeout);
+
+  cluster.freeze(0);
+  // The holder's entry goes on the healthy two (retried over an election if member 0 led).
+  Status removed = UnavailableError("not tried");
+  for (int i = 0; i < 15 && !removed.ok(); ++i) removed = (*holder)->remove("hung", id, In(8s));
+  ASSERT_TRUE(removed.ok()) << removed.to_string();
+  const auto deleted = SteadyClock::now();
+  const bool seen = outcome.wait_for(25s) == std::future_status::ready;
+  const SessionState state = (*session)->state();
+  cluster.thaw(0);
+  EXPECT_TRUE(seen) << "the wait did not see its entry's deletion in 25 s with member 0 hung (session "
+                    << (state == SessionState::kConnected ? "connected" : "not connected") << ")";
+  if (!seen) {
+    const bool after_thaw = outcome.wait_for(10s) == std::future_status::ready;
+    std::fprintf(stderr, "after thawing member 0 the wait %s\n", after_thaw ? "ended" : "still waits");
+  }
+  std::fprintf(stderr, "seen %d after %lld ms\n", seen ? 1 : 0,
+               static_cast<long long>(std::chrono::duration_cast<std::chrono::milliseconds>(SteadyClock::now() - deleted).count()));
+  wait.reset();
+  (*session)->close();
+  (*holder)->close();
+}
+
 }  // namespace
 }  // namespace dlock
