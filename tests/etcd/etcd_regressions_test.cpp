@@ -520,5 +520,56 @@ TEST(EtcdRegressions, AWaitLeavesAHungMemberOfThree) {
   (*holder)->close();
 }
 
+// Review 2, finding C: docs/etcd.md ("Threads") says a subscriber, which
+// runs on the loop thread, may call the blocking Session methods. One of
+// them, wait_any_gone, is AwaitAsyncWait over the loop: called there, it
+// blocks the very thread that must read and watch for it. An entry that is
+// gone already is reported only at the deadline (kDeadlineExceeded), and
+// meanwhile the loop runs nothing (no renewal, no other wait); without a
+// deadline the store's thread would wait forever.
+TEST(EtcdRegressions, ASubscriberMayWaitForAnEntryThatIsGone) {
+  PrivateEtcd server;
+  ASSERT_TRUE(server.ok());
+  auto store = OpenStore(Url(server, "ttl=3s"));
+  ASSERT_TRUE(store.ok()) << store.status().to_string();
+  auto session = (*store)->open_session(In(10s));
+  ASSERT_TRUE(session.ok()) << session.status().to_string();
+  EntrySpec spec;
+  spec.kind = "lock";
+  spec.attempt_id = "0123456789abcdef0123456789abcdef";
+  auto gone_entry = (*session)->append("sub", spec, In(10s));
+  ASSERT_TRUE(gone_entry.ok()) << gone_entry.status().to_string();
+  const std::string id = gone_entry->entry.id;
+  ASSERT_TRUE((*session)->remove("sub", id, In(10s)).ok());
+
+  std::promise<std::pair<Status, long>> waited;
+  std::atomic<bool> once{false};
+  std::weak_ptr<Session> weak = *session;
+  auto sub = (*session)->subscribe([&, weak](SessionState s) {
+    if (s != SessionState::kConnected || once.exchange(true)) return;
+    auto self = weak.lock();
+    if (!self) return;
+    const auto t0 = SteadyClock::now();
+    Status w = self->wait_any_gone("sub", std::span<const std::string>(&id, 1), In(4s), {});
+    waited.set_value({w, static_cast<long>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                               SteadyClock::now() - t0)
+                                               .count())});
+  });
+  // kSuspended (a renewal overdue), then kConnected on the loop thread.
+  server.freeze();
+  const auto frozen = SteadyClock::now();
+  while ((*session)->state() != SessionState::kSuspended && SteadyClock::now() - frozen < 3s) {
+    std::this_thread::sleep_for(10ms);
+  }
+  server.thaw();
+  auto f = waited.get_future();
+  ASSERT_EQ(f.wait_for(15s), std::future_status::ready) << "no kConnected notice";
+  auto [status, ms] = f.get();
+  std::fprintf(stderr, "wait_any_gone in the subscriber: %s after %ld ms\n", status.to_string().c_str(), ms);
+  EXPECT_TRUE(status.ok()) << status.to_string() << " after " << ms << " ms, for an entry gone before the call";
+  sub.reset();
+  (*session)->close();
+}
+
 }  // namespace
 }  // namespace dlock
