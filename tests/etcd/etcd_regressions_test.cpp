@@ -571,5 +571,34 @@ TEST(EtcdRegressions, ASubscriberMayWaitForAnEntryThatIsGone) {
   (*session)->close();
 }
 
+
+// Finding A as a user sees it: a Mutex waiter whose client listed the hung
+// member first times out on a lock that was released on the healthy quorum
+// long before.
+TEST(EtcdRegressions, AMutexWaiterIsGrantedWithItsWatchMemberHung) {
+  PrivateEtcd cluster(3);
+  ASSERT_TRUE(cluster.ok());
+  auto waiter_client = Client::connect(Url(cluster, "ttl=5s"));  // opened first: its streams go to member 0
+  Mutex waiter(waiter_client, "hung-mutex");
+  ASSERT_TRUE(waiter.acquire(10s).has_value());  // the session, its streams
+  auto holder_client = Client::connect("etcd://127.0.0.1:" + cluster.port(1) + ",127.0.0.1:" + cluster.port(2) +
+                                       "/rev?ttl=5s");
+  Mutex holder(holder_client, "hung-mutex");
+  auto hold = holder.acquire(10s);
+  ASSERT_TRUE(hold.has_value());
+  auto pending = std::async(std::launch::async, [&] { return waiter.acquire(40s).has_value(); });
+  std::this_thread::sleep_for(1s);  // the waiter watches the holder's entry, on member 0
+  cluster.freeze(0);
+  std::this_thread::sleep_for(4s);  // the waiter's session has moved its keep-alive off member 0
+  hold->release();
+  const auto released = SteadyClock::now();
+  const bool granted_in_time = pending.wait_for(25s) == std::future_status::ready;
+  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(SteadyClock::now() - released).count();
+  cluster.thaw(0);
+  EXPECT_TRUE(granted_in_time) << "the lock was released on the healthy two " << ms
+                               << " ms ago and the waiter still waits";
+  EXPECT_TRUE(pending.get());
+}
+
 }  // namespace
 }  // namespace dlock
