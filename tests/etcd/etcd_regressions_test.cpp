@@ -460,7 +460,6 @@ TEST(EtcdRegressions, AWaitOnAnOwnEntryCreatedBeforeACompactionSeesItsDeletion) 
   (*session)->close();
 }
 
-
 // Review 2, finding A: KeepAlives leaves a member that stops answering
 // (Finding 8's fix), but the Watches stream is a MemberStream of its own
 // that nothing ever moves: a wait whose watch went to that member never
@@ -514,14 +513,17 @@ TEST(EtcdRegressions, AWaitLeavesAHungMemberOfThree) {
     std::fprintf(stderr, "after thawing member 0 the wait %s\n", after_thaw ? "ended" : "still waits");
   }
   std::fprintf(stderr, "seen %d after %lld ms\n", seen ? 1 : 0,
-               static_cast<long long>(std::chrono::duration_cast<std::chrono::milliseconds>(SteadyClock::now() - deleted).count()));
+               static_cast<long long>(
+                   std::chrono::duration_cast<std::chrono::milliseconds>(SteadyClock::now() - deleted).count()));
   wait.reset();
   (*session)->close();
   (*holder)->close();
 }
 
 // Review 2, finding C: docs/etcd.md ("Threads") says a subscriber, which
-// runs on the loop thread, may call the blocking Session methods. One of
+// runs on the loop thread, may call the blocking Session methods. Fixed:
+// there wait_any_gone reads once (OK for an entry gone, kFailedPrecondition
+// for one still there: nothing could wake it). One of
 // them, wait_any_gone, is AwaitAsyncWait over the loop: called there, it
 // blocks the very thread that must read and watch for it. An entry that is
 // gone already is reported only at the deadline (kDeadlineExceeded), and
@@ -542,6 +544,11 @@ TEST(EtcdRegressions, ASubscriberMayWaitForAnEntryThatIsGone) {
   const std::string id = gone_entry->entry.id;
   ASSERT_TRUE((*session)->remove("sub", id, In(10s)).ok());
 
+  spec.attempt_id = "fedcba9876543210fedcba9876543210";
+  auto present = (*session)->append("sub", spec, In(10s));
+  ASSERT_TRUE(present.ok()) << present.status().to_string();
+  const std::string present_id = present->entry.id;
+  Status refused;
   std::promise<std::pair<Status, long>> waited;
   std::atomic<bool> once{false};
   std::weak_ptr<Session> weak = *session;
@@ -551,9 +558,10 @@ TEST(EtcdRegressions, ASubscriberMayWaitForAnEntryThatIsGone) {
     if (!self) return;
     const auto t0 = SteadyClock::now();
     Status w = self->wait_any_gone("sub", std::span<const std::string>(&id, 1), In(4s), {});
-    waited.set_value({w, static_cast<long>(std::chrono::duration_cast<std::chrono::milliseconds>(
-                                               SteadyClock::now() - t0)
-                                               .count())});
+    // An entry still there cannot be waited for on this thread: refused at once.
+    refused = self->wait_any_gone("sub", std::span<const std::string>(&present_id, 1), In(4s), {});
+    waited.set_value(
+        {w, static_cast<long>(std::chrono::duration_cast<std::chrono::milliseconds>(SteadyClock::now() - t0).count())});
   });
   // kSuspended (a renewal overdue), then kConnected on the loop thread.
   server.freeze();
@@ -567,10 +575,10 @@ TEST(EtcdRegressions, ASubscriberMayWaitForAnEntryThatIsGone) {
   auto [status, ms] = f.get();
   std::fprintf(stderr, "wait_any_gone in the subscriber: %s after %ld ms\n", status.to_string().c_str(), ms);
   EXPECT_TRUE(status.ok()) << status.to_string() << " after " << ms << " ms, for an entry gone before the call";
+  EXPECT_EQ(refused.code(), ErrorCode::kFailedPrecondition) << refused.to_string();
   sub.reset();
   (*session)->close();
 }
-
 
 // Finding A as a user sees it: a Mutex waiter whose client listed the hung
 // member first times out on a lock that was released on the healthy quorum
@@ -581,8 +589,8 @@ TEST(EtcdRegressions, AMutexWaiterIsGrantedWithItsWatchMemberHung) {
   auto waiter_client = Client::connect(Url(cluster, "ttl=5s"));  // opened first: its streams go to member 0
   Mutex waiter(waiter_client, "hung-mutex");
   ASSERT_TRUE(waiter.acquire(10s).has_value());  // the session, its streams
-  auto holder_client = Client::connect("etcd://127.0.0.1:" + cluster.port(1) + ",127.0.0.1:" + cluster.port(2) +
-                                       "/rev?ttl=5s");
+  auto holder_client =
+      Client::connect("etcd://127.0.0.1:" + cluster.port(1) + ",127.0.0.1:" + cluster.port(2) + "/rev?ttl=5s");
   Mutex holder(holder_client, "hung-mutex");
   auto hold = holder.acquire(10s);
   ASSERT_TRUE(hold.has_value());

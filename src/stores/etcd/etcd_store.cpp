@@ -52,6 +52,8 @@ constexpr std::uint16_t kDefaultPort = 2379;
 // Waits and stream reopenings retry after this, doubling up to the maximum.
 constexpr milliseconds kFirstRetry{50};
 constexpr milliseconds kMaxRetry{2'000};
+// How often the watch stream checks that its member answers (Watches::probe).
+constexpr milliseconds kWatchProbeEvery{2'000};
 // Reads of more keys than this in one Txn read the queue's range instead
 // (etcd's --max-txn-ops is 128 by default).
 constexpr std::size_t kMaxKeysPerTxn = 64;
@@ -534,6 +536,7 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
 
   const std::string& id() const { return sid_; }
   const std::shared_ptr<Clock>& clock() const { return cfg_.clock; }
+  bool on_loop_thread() const { return core_->loop().on_loop_thread(); }
   std::int64_t lease() const { return lease_; }
   seconds ttl() const { return ttl_; }
   // A tenth of the TTL (in the clock's unit: a whole-second division would
@@ -920,6 +923,8 @@ class MemberStream {
     if (auto core = core_.lock()) core->avoid(member_);
     stream_.cancel();
   }
+  std::size_t member() const { return member_; }
+  bool open_or_opening() const { return stream_.open_or_opening(); }
 
  private:
   void open() {
@@ -961,10 +966,13 @@ class MemberStream {
 
 // --- The keep-alive stream (loop thread)
 
+void WatchesFollow(Core& core, std::size_t left);
+
 class KeepAlives {
  public:
   explicit KeepAlives(const std::shared_ptr<Core>& core)
-      : clock_(core->cfg().clock),
+      : core_(core),
+        clock_(core->cfg().clock),
         loop_(core->loop().shared_from_this()),
         stream_(core,
                 [](const Core::Member& m, grpc::ClientContext* ctx, grpc::CompletionQueue* cq) {
@@ -1017,7 +1025,10 @@ class KeepAlives {
       // A renewal is overdue: the member hangs or lost its leader. Leave it
       // (a new stream, on the next member when there is one).
       s->suspend();
-      return stream_.leave_member();
+      const std::size_t left = stream_.member();
+      stream_.leave_member();
+      if (auto core = core_.lock()) WatchesFollow(*core, left);
+      return;
     }
     if (!stream_.ready()) return;
     pb::LeaseKeepAliveRequest req;
@@ -1050,6 +1061,7 @@ class KeepAlives {
     }
   }
 
+  std::weak_ptr<Core> core_;
   std::shared_ptr<Clock> clock_;
   std::shared_ptr<Loop> loop_;
   std::map<std::int64_t, Track> leases_;
@@ -1082,7 +1094,13 @@ class Watches {
   void start(const std::shared_ptr<WaitRec>& w) {
     if (w->done) return;
     waits_.insert(w);
+    arm_probe();
     check(w);
+  }
+
+  // The keep-alive left member `m` (hung): so does the watch stream if it is there.
+  void follow(std::size_t m) {
+    if (stream_.open_or_opening() && stream_.member() == m) stream_.leave_member();
   }
 
   // The wait is over (cancelled, or its session ended): forget it.
@@ -1195,6 +1213,36 @@ class Watches {
     w->outcome->complete(std::move(s));
   }
 
+  // While there are waits, the stream checks that its member answers: a
+  // frozen member keeps its connection open and answers nothing, and the
+  // keep-alive stream, which would notice, may be on another member (or
+  // there may be no session renewing). Every kWatchProbeEvery a progress
+  // request (etcd answers it at once, on the stream); one still unanswered
+  // at the next turn leaves the member.
+  void arm_probe() {
+    if (probe_timer_ != 0) return;
+    probe_timer_ = loop_->at(std::chrono::steady_clock::now() + kWatchProbeEvery, [this] {
+      probe_timer_ = 0;
+      probe();
+    });
+  }
+
+  void probe() {
+    if (waits_.empty()) return;  // start() arms it again
+    if (!stream_.ready()) {
+      probe_unanswered_ = false;
+    } else if (probe_unanswered_) {
+      probe_unanswered_ = false;
+      stream_.leave_member();
+    } else {
+      pb::WatchRequest req;
+      req.mutable_progress_request();
+      stream_.write(std::move(req));
+      probe_unanswered_ = true;
+    }
+    arm_probe();
+  }
+
   void on_ready() {
     std::vector<std::shared_ptr<WaitRec>> all(waits_.begin(), waits_.end());
     for (const auto& w : all) {
@@ -1203,6 +1251,7 @@ class Watches {
   }
 
   void on_message(pb::WatchResponse& r) {
+    probe_unanswered_ = false;  // the member answers
     if (r.canceled() && IsStaleToken(grpc::Status(grpc::StatusCode::UNKNOWN, r.cancel_reason()))) {
       // The stream's token (sent when it opened) expired: a new token and a
       // new stream, on which every wait reads again.
@@ -1230,6 +1279,7 @@ class Watches {
   }
 
   void on_end() {
+    probe_unanswered_ = false;
     by_id_.clear();
     for (const auto& w : waits_) {
       w->watch_ids.clear();
@@ -1242,8 +1292,12 @@ class Watches {
   std::set<std::shared_ptr<WaitRec>> waits_;
   std::map<std::int64_t, std::shared_ptr<WaitRec>> by_id_;
   std::int64_t next_watch_id_ = 1;
+  std::uint64_t probe_timer_ = 0;
+  bool probe_unanswered_ = false;  // a progress request went out, and nothing came back since
   MemberStream<pb::WatchRequest, pb::WatchResponse> stream_;  // last: its handlers use the above
 };
+
+void WatchesFollow(Core& core, std::size_t left) { core.watches().follow(left); }
 
 Core::~Core() {
   // Their callbacks may still be in flight: the loop keeps them until it has drained.
@@ -1384,6 +1438,9 @@ class EtcdSession final : public Session {
   }
   Status wait_any_gone(std::string_view queue, std::span<const std::string> ids, Clock::time_point deadline,
                        std::stop_token stop) override {
+    // On the loop thread (a subscriber), the wait would block the thread
+    // that reads and watches for it: read once instead.
+    if (core_->on_loop_thread()) return any_gone_now(queue, ids, deadline);
     return AwaitAsyncWait(*core_->clock(), queue, deadline, std::move(stop),
                           [&](std::function<void(Status)> done) { return core_->wait(queue, ids, std::move(done)); });
   }
@@ -1412,6 +1469,20 @@ class EtcdSession final : public Session {
   void close() noexcept override { core_->close(); }
 
  private:
+  // wait_any_gone on the loop thread: OK if an entry of `ids` is gone now;
+  // waiting there for one that is still there is refused.
+  Status any_gone_now(std::string_view queue, std::span<const std::string> ids, Clock::time_point deadline) {
+    if (ids.empty()) return InvalidArgumentError("nothing to wait for");
+    auto entries = list(queue, ListOptions{}, deadline);
+    if (!entries.ok()) return entries.status();
+    for (const std::string& id : ids) {
+      if (std::none_of(entries->begin(), entries->end(), [&](const Entry& e) { return e.id == id; })) return OkStatus();
+    }
+    return FailedPreconditionError(
+        "etcd store: wait_any_gone called on the store's own thread (a session subscriber) would block the thread "
+        "that watches for it; use async_wait_any_gone there");
+  }
+
   // A request made on this thread: its `done` has run when it returns.
   template <class T, class Start>
   static Result<T> on_this_thread(Start start) {
