@@ -142,8 +142,11 @@ void IsolateUnderAHolder(bool leader) {
   ASSERT_TRUE(cluster.start_all()) << "could not start a three-member etcd (see " << cluster.dir() << ")";
   if (leader) {
     ASSERT_TRUE(cluster.make_leader(0)) << "could not move the leadership to member 0";
+    // The move is an election: until it settles a lease grant may time out
+    // (seen once under ASan in CI with a 2 s connect timeout).
+    for (std::size_t i = 0; i < 3; ++i) ASSERT_TRUE(cluster.wait_serving(i));
   }
-  const std::string q = "/isolated?ttl=3s&connect_timeout=2s";
+  const std::string q = "/isolated?ttl=3s&connect_timeout=10s";
   auto at = [&](std::size_t i) { return "127.0.0.1:" + std::to_string(cluster.client_port(i)); };
   auto holder_client = Client::connect("etcd://" + at(0) + q);
   Mutex held(holder_client, "m");

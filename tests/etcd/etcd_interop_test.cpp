@@ -188,7 +188,12 @@ class EtcdInterop : public ::testing::Test {
   std::unique_ptr<Child> GoDriver(int ttl_s = 3) {
     auto go = std::make_unique<Child>(
         std::vector<std::string>{DLOCK_GO_MUTEX_DRIVER, target_.endpoints, std::to_string(ttl_s)}, true);
-    EXPECT_EQ(go->read_line(30s), "ready");
+    // Its connection attempts are bounded (go_mutex_driver.go: 4 of at most 35 s).
+    const std::string ready = go->read_line(150s);
+    if (ready != "ready") {
+      ADD_FAILURE() << "the Go driver did not start: '" << ready << "'";
+      return nullptr;
+    }
     return go;
   }
   std::string GoName(const std::string& name) const { return target_.prefix + "/" + name; }
@@ -288,6 +293,7 @@ TEST_F(EtcdGoInterop, GoAndDlockHoldersNeverOverlapAndTheirTokensGrow) {
   testing::Ledger ledger;
   Mutex m(*client_, "turns");
   auto go1 = GoDriver(), go2 = GoDriver();
+  ASSERT_TRUE(go1 && go2);
   go1->send("cycles " + GoName("turns") + " " + std::to_string(kRounds) + " " + ledger.path() + " go-1");
   go2->send("cycles " + GoName("turns") + " " + std::to_string(kRounds) + " " + ledger.path() + " go-2");
   std::vector<std::jthread> threads;
@@ -313,6 +319,7 @@ TEST_F(EtcdGoInterop, GoAndDlockHoldersNeverOverlapAndTheirTokensGrow) {
 // ledger).
 TEST_F(EtcdGoInterop, GoMutexTakesTurnsWithDlockReadersAndWriters) {
   auto go = GoDriver();
+  ASSERT_TRUE(go);
   testing::Ledger ledger;
   ReadWriteLock rw(*client_, "mixed");
   go->send("cycles " + GoName("mixed") + " " + std::to_string(kRounds) + " " + ledger.path() + " go-1");
@@ -333,6 +340,7 @@ TEST_F(EtcdGoInterop, GoMutexTakesTurnsWithDlockReadersAndWriters) {
 // so the two do not exclude each other and must not share a name.
 TEST_F(EtcdGoInterop, AGoMutexWaitsForEarlierPermitHolders) {
   auto go = GoDriver();
+  ASSERT_TRUE(go);
   Semaphore permits(*client_, "permits", 2);
   std::optional<Lease> lease = permits.acquire(1, 20s);
   ASSERT_TRUE(lease);
@@ -350,6 +358,7 @@ TEST_F(EtcdGoInterop, WaitersThatGiveUpLeaveNothingBehindForTheOtherClient) {
   Mutex m(*client_, "give-up");
   ASSERT_TRUE(m.try_lock_for(20s));
   auto go = GoDriver();
+  ASSERT_TRUE(go);
   EXPECT_EQ(go->call("lock " + GoName("give-up") + " 0.5", 30s), "timeout");
   m.unlock();
   EXPECT_TRUE(m.try_lock_for(0ms)) << "a dlock try behind nobody failed: the Go waiter's key is still there";
@@ -370,6 +379,7 @@ TEST_F(EtcdGoInterop, WaitersThatGiveUpLeaveNothingBehindForTheOtherClient) {
 // larger token than the Go holder's create revision.
 TEST_F(EtcdGoInterop, ADeadGoHoldersLeaseExpiresAndTheDlockWaiterTakesOver) {
   auto go = GoDriver(/*ttl_s=*/2);
+  ASSERT_TRUE(go);
   const std::string acquired = go->call("lock " + GoName("dies") + " 20", 30s);
   ASSERT_EQ(acquired.rfind("acquired ", 0), 0u) << acquired;
   const std::uint64_t go_token = std::stoull(acquired.substr(acquired.rfind(' ') + 1));
@@ -387,6 +397,7 @@ TEST_F(EtcdGoInterop, ADeadGoHoldersLeaseExpiresAndTheDlockWaiterTakesOver) {
 // key's revision, and keeps Go's Lock waiting until the command ends.
 TEST_F(EtcdGoInterop, DlockRunAndGosMutexExcludeEachOther) {
   auto go = GoDriver();
+  ASSERT_TRUE(go);
   const std::string acquired = go->call("lock " + GoName("run") + " 20", 30s);
   ASSERT_EQ(acquired.rfind("acquired ", 0), 0u) << acquired;
   const std::uint64_t go_token = std::stoull(acquired.substr(acquired.rfind(' ') + 1));

@@ -113,23 +113,42 @@ func (d *driver) handle(words []string) string {
 	return "error unknown command " + strings.Join(words, " ")
 }
 
+// connect makes the client and its session, each attempt bounded: a Go
+// client whose first connection hangs on a loaded machine waits forever
+// for its lease otherwise (seen once in CI). A new client per attempt.
+func connect(endpoints []string, ttl int) (*clientv3.Client, *concurrency.Session) {
+	for attempt := 1; ; attempt++ {
+		client, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: 20 * time.Second})
+		if err == nil {
+			ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+			lease, gerr := client.Grant(ctx, int64(ttl))
+			cancel()
+			if gerr == nil {
+				session, serr := concurrency.NewSession(client, concurrency.WithLease(lease.ID))
+				if serr == nil {
+					return client, session
+				}
+				err = serr
+			} else {
+				err = gerr
+			}
+			client.Close()
+		}
+		fmt.Fprintf(os.Stderr, "go driver: connecting, attempt %d: %v\n", attempt, err)
+		if attempt == 4 {
+			os.Exit(1)
+		}
+	}
+}
+
 func main() {
 	if len(os.Args) != 3 {
 		fmt.Fprintln(os.Stderr, "usage: go_mutex_driver host:port[,host:port...] session-ttl-seconds")
 		os.Exit(2)
 	}
 	ttl, _ := strconv.Atoi(os.Args[2])
-	client, err := clientv3.New(clientv3.Config{Endpoints: strings.Split(os.Args[1], ","), DialTimeout: 20 * time.Second})
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "go driver: connect:", err)
-		os.Exit(1)
-	}
+	client, session := connect(strings.Split(os.Args[1], ","), ttl)
 	defer client.Close()
-	session, err := concurrency.NewSession(client, concurrency.WithTTL(ttl))
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "go driver: session:", err)
-		os.Exit(1)
-	}
 	defer session.Close() // revokes the lease: its keys go with it
 	d := &driver{client: client, session: session}
 	fmt.Println("ready")
