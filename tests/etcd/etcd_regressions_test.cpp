@@ -521,14 +521,13 @@ TEST(EtcdRegressions, AWaitLeavesAHungMemberOfThree) {
 }
 
 // Review 2, finding C: docs/etcd.md ("Threads") says a subscriber, which
-// runs on the loop thread, may call the blocking Session methods. Fixed:
-// there wait_any_gone reads once (OK for an entry gone, kFailedPrecondition
-// for one still there: nothing could wake it). One of
-// them, wait_any_gone, is AwaitAsyncWait over the loop: called there, it
-// blocks the very thread that must read and watch for it. An entry that is
-// gone already is reported only at the deadline (kDeadlineExceeded), and
-// meanwhile the loop runs nothing (no renewal, no other wait); without a
-// deadline the store's thread would wait forever.
+// runs on the loop thread, may call the blocking Session methods. One of
+// them, wait_any_gone, was AwaitAsyncWait over the loop: called there, it
+// blocked the very thread that must read and watch for it, so an entry gone
+// already was reported only at the deadline (kDeadlineExceeded), the loop
+// meanwhile running nothing (no renewal, no other wait). Fixed: there it
+// reads once (OK for an entry gone, kFailedPrecondition for one still
+// there: nothing could wake it).
 TEST(EtcdRegressions, ASubscriberMayWaitForAnEntryThatIsGone) {
   PrivateEtcd server;
   ASSERT_TRUE(server.ok());
