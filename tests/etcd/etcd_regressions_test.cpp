@@ -12,6 +12,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -605,6 +606,73 @@ TEST(EtcdRegressions, AMutexWaiterIsGrantedWithItsWatchMemberHung) {
   EXPECT_TRUE(granted_in_time) << "the lock was released on the healthy two " << ms
                                << " ms ago and the waiter still waits";
   EXPECT_TRUE(pending.get());
+}
+
+// Review 2, finding B: the store's one thread ran timers only when no
+// completion was ready, and the lease's renewals and its lost timer were
+// timers there. A burst of requests kept the thread busy past the TTL: no
+// renewal went out, the server expired the lease, and no subscriber was
+// told (only state() read kLost, from the clock). The renewals and the lost
+// timer now run on a thread of their own, over a connection of their own.
+// The burst: 8,000 listings whose completions take half a millisecond each
+// on the store's thread (as a slow client would), so that the thread stays
+// busy for longer than the TTL (3 s) while the server has long answered
+// them.
+TEST(EtcdRegressions, ABurstOfAsyncRequestsDoesNotLoseTheSession) {
+  constexpr int kRequests = 8000;
+  PrivateEtcd server;
+  ASSERT_TRUE(server.ok());
+  auto store = OpenStore(Url(server, "ttl=3s"));
+  ASSERT_TRUE(store.ok()) << store.status().to_string();
+  auto session = (*store)->open_session(In(5s));
+  ASSERT_TRUE(session.ok()) << session.status().to_string();
+  EntrySpec spec;
+  spec.kind = "lock";
+  spec.attempt_id = "0123456789abcdef0123456789abcdef";
+  auto entry = (*session)->append("burst", spec, In(5s));
+  ASSERT_TRUE(entry.ok()) << entry.status().to_string();
+  std::atomic<int> lost_notices{0};
+  auto sub = (*session)->subscribe([&](SessionState s) {
+    if (s == SessionState::kLost) ++lost_notices;
+  });
+  struct Tally {  // shared: a late answer after a failed wait must find it
+    std::mutex mu;
+    std::condition_variable cv;
+    int done = 0, failed = 0;
+    std::string first_error;
+  };
+  auto tally = std::make_shared<Tally>();
+  const auto started = SteadyClock::now();
+  for (int i = 0; i < kRequests; ++i) {
+    (*session)->async_list("burst", {}, In(120s), [tally](Result<std::vector<Entry>> r) {
+      std::this_thread::sleep_for(500us);
+      std::lock_guard<std::mutex> g(tally->mu);
+      ++tally->done;
+      if (!r.ok() && tally->failed++ == 0) tally->first_error = r.status().to_string();
+      tally->cv.notify_all();
+    });
+  }
+  {
+    std::unique_lock<std::mutex> lock(tally->mu);
+    ASSERT_TRUE(tally->cv.wait_for(lock, 180s, [&] { return tally->done == kRequests; }))
+        << tally->done << " of " << kRequests << " answered";
+    std::fprintf(stderr, "%d listings answered in %lld ms, %d failed (%s)\n", kRequests,
+                 static_cast<long long>(
+                     std::chrono::duration_cast<std::chrono::milliseconds>(SteadyClock::now() - started).count()),
+                 tally->failed, tally->first_error.c_str());
+  }
+  EXPECT_NE((*session)->state(), SessionState::kLost) << "the burst lost the session";
+  // The server still has the lease: the session's entry is there, and it
+  // can add another.
+  auto listed = (*session)->list("burst", {}, In(10s));
+  ASSERT_TRUE(listed.ok()) << listed.status().to_string();
+  EXPECT_EQ(listed->size(), 1u) << "the session's entry went with its lease";
+  spec.attempt_id = "fedcba9876543210fedcba9876543210";
+  auto again = (*session)->append("burst/after", spec, In(10s));
+  EXPECT_TRUE(again.ok()) << again.status().to_string();
+  EXPECT_EQ(lost_notices.load(), 0);
+  sub.reset();
+  (*session)->close();
 }
 
 }  // namespace

@@ -8,10 +8,15 @@
 //    ones on the store's Loop, whose one thread runs their completions;
 //  - one LeaseKeepAlive stream for the leases of every session (KeepAlives);
 //  - one Watch stream for the waits of every session (Watches).
-// Both streams, their bookkeeping and the timers belong to the Loop's
-// thread: other threads post to it. So a store runs one thread of its own,
-// whatever the number of sessions, waits and holds. (gRPC runs a few
-// process-wide threads of its own, which never run dlock code.)
+// The unary calls, the watch stream and the waits' bookkeeping belong to
+// the store's Loop thread; the keep-alive stream, the renewal cadence and
+// each session's lost timer to a second Loop, the lease loop, which nothing
+// else uses: a burst of requests or watch events, however long the first
+// loop takes to drain it, never delays a renewal or the kLost notice
+// (review 2, finding B). Other threads post to them. So a store runs two
+// threads of its own, whatever the number of sessions, waits and holds.
+// (gRPC runs a few process-wide threads of its own, which never run dlock
+// code.)
 //
 // Lease accounting: a renewal request sent at time S and answered with
 // TTL > 0 proves that the leader renewed the lease after S, so it lives at
@@ -266,7 +271,11 @@ class Core : public std::enable_shared_from_this<Core> {
  public:
   // One channel per endpoint, so that the store can leave a member that
   // hangs or lost its leader (one channel over all of them would stay with a
-  // member whose connection still stands).
+  // member whose connection still stands). The lease calls have a channel
+  // of their own per endpoint, on a connection of its own: on one
+  // connection, a renewal and its answer queue behind every request and
+  // answer sent before them (a burst of thousands of them took longer than
+  // the TTL).
   struct Member {
     std::shared_ptr<grpc::Channel> channel;
     std::unique_ptr<pb::KV::Stub> kv;
@@ -274,10 +283,12 @@ class Core : public std::enable_shared_from_this<Core> {
     std::unique_ptr<pb::Watch::Stub> watch;
   };
 
-  Core(Config cfg, const std::vector<std::shared_ptr<grpc::Channel>>& channels, std::size_t first)
-      : cfg_(std::move(cfg)), loop_(Loop::start()), current_(first) {
-    for (const auto& c : channels) {
-      members_.push_back(Member{c, pb::KV::NewStub(c), pb::Lease::NewStub(c), pb::Watch::NewStub(c)});
+  Core(Config cfg, const std::vector<std::shared_ptr<grpc::Channel>>& channels,
+       const std::vector<std::shared_ptr<grpc::Channel>>& lease_channels, std::size_t first)
+      : cfg_(std::move(cfg)), loop_(Loop::start()), lease_loop_(Loop::start()), current_(first) {
+    for (std::size_t i = 0; i < channels.size(); ++i) {
+      const auto& c = channels[i];
+      members_.push_back(Member{c, pb::KV::NewStub(c), pb::Lease::NewStub(lease_channels[i]), pb::Watch::NewStub(c)});
     }
   }
   ~Core();
@@ -286,8 +297,13 @@ class Core : public std::enable_shared_from_this<Core> {
   void start();
 
   const Config& cfg() const { return cfg_; }
+  // Requests and waits.
   Loop& loop() { return *loop_; }
-  KeepAlives& keep_alives() { return *keep_alives_; }  // loop thread only
+  // The keep-alive stream and the sessions' lost timers, apart from the
+  // requests, so that no backlog of theirs can hold a renewal back.
+  Loop& lease_loop() { return *lease_loop_; }
+  bool on_store_thread() const { return loop_->on_loop_thread() || lease_loop_->on_loop_thread(); }
+  KeepAlives& keep_alives() { return *keep_alives_; }  // lease loop thread only
   Watches& watches() { return *watches_; }             // loop thread only
   // The member calls go to now, and its index (for avoid()).
   std::size_t current() const { return current_.load(); }
@@ -360,6 +376,7 @@ class Core : public std::enable_shared_from_this<Core> {
   const Config cfg_;
   std::vector<Member> members_;  // set by the constructor, then constant
   const std::shared_ptr<Loop> loop_;
+  const std::shared_ptr<Loop> lease_loop_;
   std::atomic<std::size_t> current_;
   std::shared_ptr<KeepAlives> keep_alives_;  // set by start(), then constant
   std::shared_ptr<Watches> watches_;         // set by start(), then constant
@@ -536,7 +553,8 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
 
   const std::string& id() const { return sid_; }
   const std::shared_ptr<Clock>& clock() const { return cfg_.clock; }
-  bool on_loop_thread() const { return core_->loop().on_loop_thread(); }
+  // On one of the store's two threads (where a subscriber runs).
+  bool on_store_thread() const { return core_->on_store_thread(); }
   std::int64_t lease() const { return lease_; }
   seconds ttl() const { return ttl_; }
   // A tenth of the TTL (in the clock's unit: a whole-second division would
@@ -661,7 +679,7 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
 
   void close() noexcept;
 
-  // Loop thread: a renewal sent at `sent` was answered with `ttl`.
+  // Lease loop thread: a renewal sent at `sent` was answered with `ttl`.
   void renewed(Clock::time_point sent, seconds ttl) {
     if (cfg_.clock->now() >= lost_at()) {
       // Answered, but handled after the deadline (the process was paused):
@@ -673,10 +691,10 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
     arm_lost_timer();
     transition(SessionState::kConnected);
   }
-  // Loop thread: the keep-alive stream failed, or a renewal is overdue.
+  // Lease loop thread: the keep-alive stream failed, or a renewal is overdue.
   void suspend() { transition(SessionState::kSuspended); }
   // Any thread. kLost at once; subscribers are told on this thread, or
-  // (`here` false: a request's caller) on the loop's.
+  // (`here` false: a request's caller) on the lease loop's.
   void lose(std::string reason, bool here = true) {
     {
       MutexLock lk(mu_);
@@ -684,7 +702,7 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
     }
     transition(SessionState::kLost, here);
   }
-  // Loop thread: the timer that tells kLost from the client's own clock.
+  // Lease loop thread: the timer that tells kLost from the client's own clock.
   void arm_lost_timer();
 
   void forget_wait(const std::shared_ptr<WaitRec>& w) DLOCK_EXCLUDES(mu_) {
@@ -832,7 +850,7 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
     auto task = [self = shared_from_this()] { self->deliver_pending(); };
     if (to == SessionState::kClosed) {
       delivery_.run(std::move(task));  // close() returns once it is told (unless inside a subscriber)
-    } else if (here || !core_->loop().post([self = shared_from_this(), task] { self->delivery_.post(task); })) {
+    } else if (here || !core_->lease_loop().post([self = shared_from_this(), task] { self->delivery_.post(task); })) {
       delivery_.post(std::move(task));
     }
     return true;
@@ -879,16 +897,16 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
   Mutex notice_mu_;  // orders state changes with their notices
   std::deque<SessionState> notices_ DLOCK_GUARDED_BY(notice_mu_);
 
-  std::uint64_t lost_timer_ = 0;  // the loop thread's
+  std::uint64_t lost_timer_ = 0;  // the lease loop thread's
 };
 
-// --- The store's two long-lived streams (loop thread)
+// --- The store's two long-lived streams (each on its own loop's thread)
 //
 // One stream on the current member: opened on demand, left for the next
 // member when it ends unavailable (or its owner finds it hung), opened again
 // after a growing pause while its owner still wants it, with a fresh auth
-// token when the member refused the old one. KeepAlives and Watches each
-// have one.
+// token when the member refused the old one. KeepAlives (on the lease loop)
+// and Watches (on the loop) each have one.
 template <class Request, class Response>
 class MemberStream {
  public:
@@ -902,9 +920,9 @@ class MemberStream {
     std::function<bool()> wanted;               // whether to open it again
   };
 
-  MemberStream(const std::shared_ptr<Core>& core, Prepare prepare, Handlers handlers)
+  MemberStream(const std::shared_ptr<Core>& core, Loop& loop, Prepare prepare, Handlers handlers)
       : core_(core),
-        loop_(core->loop().shared_from_this()),
+        loop_(loop.shared_from_this()),
         prepare_(std::move(prepare)),
         handlers_(std::move(handlers)),
         stream_(loop_, {[this] { on_ready(); }, [this](Response& r) { handlers_.on_message(r); },
@@ -964,7 +982,7 @@ class MemberStream {
   std::size_t member_ = 0;  // the stream's
 };
 
-// --- The keep-alive stream (loop thread)
+// --- The keep-alive stream (lease loop thread)
 
 void WatchesFollow(Core& core, std::size_t left);
 
@@ -973,8 +991,8 @@ class KeepAlives {
   explicit KeepAlives(const std::shared_ptr<Core>& core)
       : core_(core),
         clock_(core->cfg().clock),
-        loop_(core->loop().shared_from_this()),
-        stream_(core,
+        loop_(core->lease_loop().shared_from_this()),
+        stream_(core, core->lease_loop(),
                 [](const Core::Member& m, grpc::ClientContext* ctx, grpc::CompletionQueue* cq) {
                   return m.lease->PrepareAsyncLeaseKeepAlive(ctx, cq);
                 },
@@ -1023,11 +1041,12 @@ class KeepAlives {
     const Clock::time_point now = clock_->now();
     if (!t.sent.empty() && now - t.sent.front() > t.every) {
       // A renewal is overdue: the member hangs or lost its leader. Leave it
-      // (a new stream, on the next member when there is one).
+      // (a new stream, on the next member when there is one), and so does
+      // the watch stream if it is there.
       s->suspend();
       const std::size_t left = stream_.member();
       stream_.leave_member();
-      if (auto core = core_.lock()) WatchesFollow(*core, left);
+      if (auto core = core_.lock()) core->loop().post([core, left] { WatchesFollow(*core, left); });
       return;
     }
     if (!stream_.ready()) return;
@@ -1084,7 +1103,7 @@ class Watches {
   explicit Watches(const std::shared_ptr<Core>& core)
       : core_(core),
         loop_(core->loop().shared_from_this()),
-        stream_(core,
+        stream_(core, core->loop(),
                 [](const Core::Member& m, grpc::ClientContext* ctx, grpc::CompletionQueue* cq) {
                   return m.watch->PrepareAsyncWatch(ctx, cq);
                 },
@@ -1300,9 +1319,10 @@ class Watches {
 void WatchesFollow(Core& core, std::size_t left) { core.watches().follow(left); }
 
 Core::~Core() {
-  // Their callbacks may still be in flight: the loop keeps them until it has drained.
-  loop_->keep_until_drained(keep_alives_);
+  // Their callbacks may still be in flight: each loop keeps its own until it has drained.
+  lease_loop_->keep_until_drained(keep_alives_);
   loop_->keep_until_drained(watches_);
+  lease_loop_->shut_down();
   loop_->shut_down();
 }
 
@@ -1312,12 +1332,12 @@ void Core::start() {
 }
 
 void SessionCore::start() {
-  core_->loop().post([self = shared_from_this()] { self->core_->keep_alives().add(self); });
+  core_->lease_loop().post([self = shared_from_this()] { self->core_->keep_alives().add(self); });
 }
 
 void SessionCore::arm_lost_timer() {
-  core_->loop().cancel_timer(lost_timer_);
-  lost_timer_ = core_->loop().at(RealTimeAt(*cfg_.clock, lost_at()), [weak = weak_from_this()] {
+  core_->lease_loop().cancel_timer(lost_timer_);
+  lost_timer_ = core_->lease_loop().at(RealTimeAt(*cfg_.clock, lost_at()), [weak = weak_from_this()] {
     auto self = weak.lock();
     if (!self) return;
     self->lost_timer_ = 0;
@@ -1392,10 +1412,10 @@ void SessionCore::ended(SessionState how) {
     w->outcome->complete(lost);
     core_->loop().post([w, core = core_] { core->watches().stop(w); });
   }
-  core_->loop().post([core = core_, lease = lease_] { core->keep_alives().remove(lease); });
-  // The lease goes now: its entries with it. From the loop thread (a kLost
+  core_->lease_loop().post([core = core_, lease = lease_] { core->keep_alives().remove(lease); });
+  // The lease goes now: its entries with it. From a store thread (a kLost
   // from a timer, a close inside a subscriber) without waiting.
-  if (revoke) core_->revoke(lease_, /*sync=*/!core_->loop().on_loop_thread());
+  if (revoke) core_->revoke(lease_, /*sync=*/!core_->on_store_thread());
 }
 
 void SessionCore::close() noexcept {
@@ -1438,9 +1458,10 @@ class EtcdSession final : public Session {
   }
   Status wait_any_gone(std::string_view queue, std::span<const std::string> ids, Clock::time_point deadline,
                        std::stop_token stop) override {
-    // On the loop thread (a subscriber), the wait would block the thread
-    // that reads and watches for it: read once instead.
-    if (core_->on_loop_thread()) return any_gone_now(queue, ids, deadline);
+    // On a store thread (a subscriber), the wait would block the thread
+    // that reads and watches for it, or the one that renews the lease: read
+    // once instead.
+    if (core_->on_store_thread()) return any_gone_now(queue, ids, deadline);
     return AwaitAsyncWait(*core_->clock(), queue, deadline, std::move(stop),
                           [&](std::function<void(Status)> done) { return core_->wait(queue, ids, std::move(done)); });
   }
@@ -1469,7 +1490,7 @@ class EtcdSession final : public Session {
   void close() noexcept override { core_->close(); }
 
  private:
-  // wait_any_gone on the loop thread: OK if an entry of `ids` is gone now;
+  // wait_any_gone on a store thread: OK if an entry of `ids` is gone now;
   // waiting there for one that is still there is refused.
   Status any_gone_now(std::string_view queue, std::span<const std::string> ids, Clock::time_point deadline) {
     if (ids.empty()) return InvalidArgumentError("nothing to wait for");
@@ -1553,6 +1574,15 @@ Result<std::shared_ptr<Store>> Open(const ParsedUrl& url, const StoreOptions& op
   for (const std::string& target : cfg->targets) {
     channels.push_back(grpc::CreateCustomChannel(target, Credentials(*cfg), args));
   }
+  // The lease channels: the same, each on a connection of its own (gRPC
+  // otherwise shares one connection among channels to one target with the
+  // same arguments). They connect on their first call.
+  grpc::ChannelArguments lease_args = args;
+  lease_args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  std::vector<std::shared_ptr<grpc::Channel>> lease_channels;
+  for (const std::string& target : cfg->targets) {
+    lease_channels.push_back(grpc::CreateCustomChannel(target, Credentials(*cfg), lease_args));
+  }
   // The first member that connects within the connect timeout.
   const auto connect_deadline = std::chrono::steady_clock::now() + cfg->connect_timeout;
   std::optional<std::size_t> first;
@@ -1575,7 +1605,7 @@ Result<std::shared_ptr<Store>> Open(const ParsedUrl& url, const StoreOptions& op
     return UnavailableError("etcd store: cannot connect to " + cfg->url + " within " +
                             std::to_string(cfg->connect_timeout.count()) + " ms (" + states + ")");
   }
-  auto core = std::make_shared<Core>(std::move(*cfg), channels, *first);
+  auto core = std::make_shared<Core>(std::move(*cfg), channels, lease_channels, *first);
   core->start();
   if (auto s = core->authenticate(); !s.ok()) return s;
   return std::shared_ptr<Store>(std::make_shared<EtcdStore>(std::move(core)));
