@@ -409,10 +409,20 @@ TEST_P(ConformanceTest, WaitFollowsAHandMovedClock) {
     store = target_->OpenAgain({.clock = clock, .connect_timeout = std::chrono::milliseconds(10'000)});
   }
   ASSERT_TRUE(store);
-  auto holder = NewSession(store.get());
-  auto waiter = NewSession(store.get());
+  // Deadlines on the store's own clock: it starts an hour after the steady
+  // clock's epoch, which is ahead of real time on a machine up for less
+  // than an hour (CI found it: every request "before the deadline" failed).
+  auto open = [&] {
+    auto s = store->open_session(clock->now() + kPrompt);
+    EXPECT_THAT(s.status(), IsOk());
+    return s.ok() ? *s : nullptr;
+  };
+  auto holder = open();
+  auto waiter = open();
   ASSERT_TRUE(holder && waiter);
-  Entry e = Append(*holder, Queue("manual"));
+  auto appended = holder->append(Queue("manual"), Spec(), clock->now() + kPrompt);
+  ASSERT_THAT(appended.status(), IsOk());
+  const Entry e = appended->entry;
   // Short steps: a session on this clock must not count itself lost.
   AsyncWait wait(waiter, Queue("manual"), {e.id}, clock->now() + 1s);
   EXPECT_TRUE(wait.Blocks()) << "a deadline on a clock that stands still passed";
