@@ -187,7 +187,7 @@ void ClientCore::async_session(Clock::time_point deadline, std::function<void(Re
       if (opener_thread_.joinable()) opener_thread_.join();  // done: it cleared opener_running_ last
       try {
         opener_thread_ = std::jthread([self = shared_from_this()] {
-          MarkDlockThread();
+          MarkDlockThread("dlock-opener");
           self->open_sessions();
         });
       } catch (const std::exception& e) {  // no thread to be had: these waiters hear it now

@@ -15,6 +15,9 @@ namespace dlock::internal {
 
 // Marks the calling thread as dlock's, for as long as it lives.
 void MarkDlockThread() noexcept;
+// The same for a thread dlock started, which also takes `name` (at most 15
+// characters: what `top -H`, `ps -L` and debuggers show).
+void MarkDlockThread(const char* name) noexcept;
 
 // True on a thread marked by MarkDlockThread().
 bool OnDlockThread() noexcept;

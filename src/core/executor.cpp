@@ -144,7 +144,7 @@ class Executor::Queue : public std::enable_shared_from_this<Queue> {
 };
 
 void QueueThread::operator()() const {
-  MarkDlockThread();
+  MarkDlockThread("dlock-executor");
   queue->run();
 }
 

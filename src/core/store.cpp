@@ -52,7 +52,7 @@ class ThreadWait {
   ThreadWait(Session& session, std::string queue, std::vector<std::string> ids, std::function<void(Status)> done)
       : thread_(
             [&session, queue = std::move(queue), ids = std::move(ids), done = std::move(done)](std::stop_token stop) {
-              internal::MarkDlockThread();
+              internal::MarkDlockThread("dlock-wait");
               Status outcome;
               try {
                 outcome = session.wait_any_gone(queue, ids, kNoDeadline, std::move(stop));

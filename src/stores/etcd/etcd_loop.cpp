@@ -6,12 +6,12 @@
 
 namespace dlock::internal::etcd {
 
-std::shared_ptr<Loop> Loop::start() {
+std::shared_ptr<Loop> Loop::start(const char* name) {
   std::shared_ptr<Loop> loop(new Loop());
   MutexLock lk(loop->thread_mu_);
   // The thread holds its loop: a completion may drop the owner's last reference.
-  loop->thread_ = std::thread([loop] {
-    MarkDlockThread();
+  loop->thread_ = std::thread([loop, name] {
+    MarkDlockThread(name);
     loop->run();
   });
   loop->thread_id_ = loop->thread_.get_id();

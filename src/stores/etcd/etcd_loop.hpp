@@ -36,7 +36,8 @@ class Loop : public std::enable_shared_from_this<Loop> {
   using Task = std::function<void()>;
   using TimePoint = std::chrono::steady_clock::time_point;
 
-  static std::shared_ptr<Loop> start();
+  // `name`: the thread's (a string literal, at most 15 characters).
+  static std::shared_ptr<Loop> start(const char* name);
   ~Loop();
   Loop(const Loop&) = delete;
   Loop& operator=(const Loop&) = delete;

@@ -285,7 +285,10 @@ class Core : public std::enable_shared_from_this<Core> {
 
   Core(Config cfg, const std::vector<std::shared_ptr<grpc::Channel>>& channels,
        const std::vector<std::shared_ptr<grpc::Channel>>& lease_channels, std::size_t first)
-      : cfg_(std::move(cfg)), loop_(Loop::start()), lease_loop_(Loop::start()), current_(first) {
+      : cfg_(std::move(cfg)),
+        loop_(Loop::start("dlock-etcd")),
+        lease_loop_(Loop::start("dlock-etcd-ka")),
+        current_(first) {
     for (std::size_t i = 0; i < channels.size(); ++i) {
       const auto& c = channels[i];
       members_.push_back(Member{c, pb::KV::NewStub(c), pb::Lease::NewStub(lease_channels[i]), pb::Watch::NewStub(c)});

@@ -266,7 +266,7 @@ class FifoWatcher : public std::enable_shared_from_this<FifoWatcher> {
     try {
       // The thread keeps the watcher (and so the epoll set) alive until it ends.
       thread_ = std::thread([self = shared_from_this()] {
-        MarkDlockThread();
+        MarkDlockThread("dlock-file-fifo");
         self->run();
       });
       started_by_ = getpid();

@@ -16,7 +16,7 @@ std::shared_ptr<RequestLoop> RequestLoop::start(Endpoint endpoint, std::chrono::
   std::shared_ptr<RequestLoop> loop(new RequestLoop(std::move(endpoint), connect_timeout));
   MutexLock lk(loop->thread_mu_);
   loop->thread_ = std::jthread([self = loop](std::stop_token st) {
-    MarkDlockThread();
+    MarkDlockThread("dlock-redis-io");
     self->run(st);
   });
   return loop;

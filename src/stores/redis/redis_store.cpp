@@ -503,7 +503,7 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
       }
     });
     thread_ = std::thread([self] {
-      MarkDlockThread();
+      MarkDlockThread("dlock-redis-ka");
       self->keep_alive();
     });
   }

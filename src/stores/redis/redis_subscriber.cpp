@@ -126,7 +126,7 @@ std::shared_ptr<Subscriber> Subscriber::start(SubscriberOptions options) {
     if (auto s = weak.lock()) s->poke();
   });
   sub->thread_ = std::jthread([self = sub](std::stop_token st) {
-    MarkDlockThread();
+    MarkDlockThread("dlock-redis-sub");
     self->run(st);
   });
   sub->thread_id_ = sub->thread_.get_id();

@@ -1693,7 +1693,7 @@ std::shared_ptr<ZkSession> ZkSession::start(std::shared_ptr<const Config> config
   core->init();
   std::shared_ptr<ZkSession> session(new ZkSession(core));
   session->thread_ = std::jthread([core](std::stop_token stop) {
-    MarkDlockThread();
+    MarkDlockThread("dlock-zk");
     core->run(stop);
   });
   return session;
