@@ -30,6 +30,34 @@
 #include "dlock/store.hpp"
 #include "etcd/private_etcd.hpp"
 
+#if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+#include <dlfcn.h>
+#include <pthread.h>
+
+// A thread that cannot be had: while `armed` on the calling thread, the
+// `fail_at`-th std::thread it starts fails with EAGAIN (gRPC's own threads
+// start elsewhere and are never failed). Not under the sanitizers, which
+// intercept pthread_create themselves.
+#define DLOCK_FAILING_THREADS 1
+namespace failing_threads {
+thread_local bool armed = false;
+std::atomic<int> started{0};
+std::atomic<int> fail_at{0};
+}  // namespace failing_threads
+
+extern "C" int pthread_create(pthread_t* t, const pthread_attr_t* a, void* (*fn)(void*), void* arg) {
+  using Real = int (*)(pthread_t*, const pthread_attr_t*, void* (*)(void*), void*);
+  static const Real real = reinterpret_cast<Real>(::dlsym(RTLD_NEXT, "pthread_create"));
+  Dl_info info{};
+  if (failing_threads::armed && ::dladdr(reinterpret_cast<void*>(fn), &info) != 0 && info.dli_fname != nullptr &&
+      std::string(info.dli_fname).find("libstdc++") != std::string::npos &&
+      ++failing_threads::started == failing_threads::fail_at.load()) {
+    return EAGAIN;
+  }
+  return real(t, a, fn, arg);
+}
+#endif
+
 namespace dlock {
 namespace {
 
@@ -673,6 +701,44 @@ TEST(EtcdRegressions, ABurstOfAsyncRequestsDoesNotLoseTheSession) {
   EXPECT_EQ(lost_notices.load(), 0);
   sub.reset();
   (*session)->close();
+}
+
+// Review of the fix above: the store starts two threads; when the second
+// could not be had (EAGAIN), the first kept running for good (it holds its
+// own loop) and OpenStore threw instead of returning a Status.
+TEST(EtcdRegressions, AStoreWhoseSecondThreadCannotStartLeavesNoThread) {
+#ifndef DLOCK_FAILING_THREADS
+  GTEST_SKIP() << "pthread_create is the sanitizer's here";
+#else
+  PrivateEtcd server;
+  ASSERT_TRUE(server.ok());
+  {  // gRPC's own threads come and go with its first and last objects
+    auto warm = OpenStore(Url(server, "ttl=3s"));
+    ASSERT_TRUE(warm.ok()) << warm.status().to_string();
+  }
+  std::this_thread::sleep_for(1s);
+  const int before = ThreadCount();
+  failing_threads::started = 0;
+  failing_threads::fail_at = 2;  // the store's second std::thread
+  failing_threads::armed = true;
+  std::string outcome;
+  try {
+    auto store = OpenStore(Url(server, "ttl=3s"));
+    outcome = store.ok() ? "opened" : store.status().to_string();
+  } catch (const std::exception& e) {
+    outcome = std::string("threw: ") + e.what();
+  }
+  failing_threads::armed = false;
+  int now = 0;
+  for (int i = 0; i < 300; ++i) {
+    now = ThreadCount();
+    if (now <= before) break;
+    std::this_thread::sleep_for(10ms);
+  }
+  EXPECT_EQ(failing_threads::started.load(), 2) << "the store starts two threads of its own";
+  EXPECT_EQ(outcome.rfind("Unavailable", 0), 0u) << outcome;
+  EXPECT_LE(now, before) << "threads: " << before << " before, " << now << " 3 s after the failed open";
+#endif
 }
 
 }  // namespace

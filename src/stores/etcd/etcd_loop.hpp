@@ -1,11 +1,11 @@
-// Internal: the one thread of an etcd:// store, and the streams it drives.
+// Internal: a thread of an etcd:// store (it has two: one for requests and
+// watches, one for leases), and the streams it drives.
 //
-// Every asynchronous gRPC operation of a store (unary calls made from any
-// thread, the keep-alive and watch streams) completes on one
-// grpc::CompletionQueue, which one thread of the store's drains: gRPC's own
-// threads never run dlock code (docs/etcd.md, "Threads"). The same thread
-// runs timers and tasks posted from other threads, so the streams' state
-// needs no lock: it belongs to this thread.
+// Every asynchronous gRPC operation started on a Loop (posted there from
+// any thread) completes on its one grpc::CompletionQueue, which the Loop's
+// thread drains: gRPC's own threads never run dlock code (docs/etcd.md,
+// "Threads"). The same thread runs timers and tasks posted from other
+// threads, so the streams' state needs no lock: it belongs to this thread.
 //
 // Shutting down: shut_down() cancels every call in flight; the thread keeps
 // draining until the last operation has come back, then shuts the queue

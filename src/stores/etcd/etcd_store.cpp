@@ -2,21 +2,21 @@
 // etcd_layout.hpp for the keys, docs/etcd.md for every operation as etcd
 // RPCs and why.
 //
-// One gRPC channel per store carries everything:
-//  - unary calls (Txn, LeaseGrant, LeaseRevoke): the blocking Session methods
-//    make them on the calling thread (gRPC's synchronous stubs), the async_
-//    ones on the store's Loop, whose one thread runs their completions;
-//  - one LeaseKeepAlive stream for the leases of every session (KeepAlives);
-//  - one Watch stream for the waits of every session (Watches).
-// The unary calls, the watch stream and the waits' bookkeeping belong to
-// the store's Loop thread; the keep-alive stream, the renewal cadence and
-// each session's lost timer to a second Loop, the lease loop, which nothing
-// else uses: a burst of requests or watch events, however long the first
-// loop takes to drain it, never delays a renewal or the kLost notice
-// (review 2, finding B). Other threads post to them. So a store runs two
-// threads of its own, whatever the number of sessions, waits and holds.
-// (gRPC runs a few process-wide threads of its own, which never run dlock
-// code.)
+// Two gRPC channels per endpoint (each on a connection of its own):
+//  - the first carries the unary calls (Txn, LeaseRevoke): the blocking
+//    Session methods make them on the calling thread (gRPC's synchronous
+//    stubs), the async_ ones on the store's Loop, whose thread runs their
+//    completions; and one Watch stream for the waits of every session
+//    (Watches), on the Loop too;
+//  - the second the lease calls: LeaseGrant, and one LeaseKeepAlive stream
+//    for the leases of every session (KeepAlives), on a second Loop, the
+//    lease loop, which also runs each session's lost timer and tells the
+//    sessions' subscribers of their state. No request, answer or watch
+//    event, however many, queues ahead of a renewal (review 2, finding B);
+//    a subscriber that blocks still holds back every session's renewals.
+// Other threads post to the loops. So a store runs two threads of its own,
+// whatever the number of sessions, waits and holds. (gRPC runs a few
+// process-wide threads of its own, which never run dlock code.)
 //
 // Lease accounting: a renewal request sent at time S and answered with
 // TTL > 0 proves that the leader renewed the lease after S, so it lives at
@@ -35,6 +35,7 @@
 #include <optional>
 #include <set>
 #include <sstream>
+#include <system_error>
 
 #include "core/dlock_thread.hpp"
 #include "core/listeners.hpp"
@@ -265,7 +266,23 @@ class SessionCore;
 class KeepAlives;
 class Watches;
 
-// --- The shared part of a store: channel, stubs, loop
+// --- The shared part of a store: channels, stubs, loops
+
+// A started Loop, shut down (its thread ended) when this goes: a Core whose
+// constructor throws after starting one (the second thread cannot be had)
+// leaves no thread behind (review finding).
+class StartedLoop {
+ public:
+  explicit StartedLoop(const char* name) : loop_(Loop::start(name)) {}
+  ~StartedLoop() { loop_->shut_down(); }
+  StartedLoop(const StartedLoop&) = delete;
+  StartedLoop& operator=(const StartedLoop&) = delete;
+  Loop& operator*() const { return *loop_; }
+  Loop* operator->() const { return loop_.get(); }
+
+ private:
+  const std::shared_ptr<Loop> loop_;
+};
 
 class Core : public std::enable_shared_from_this<Core> {
  public:
@@ -285,10 +302,7 @@ class Core : public std::enable_shared_from_this<Core> {
 
   Core(Config cfg, const std::vector<std::shared_ptr<grpc::Channel>>& channels,
        const std::vector<std::shared_ptr<grpc::Channel>>& lease_channels, std::size_t first)
-      : cfg_(std::move(cfg)),
-        loop_(Loop::start("dlock-etcd")),
-        lease_loop_(Loop::start("dlock-etcd-ka")),
-        current_(first) {
+      : cfg_(std::move(cfg)), loop_("dlock-etcd"), lease_loop_("dlock-etcd-ka"), current_(first) {
     for (std::size_t i = 0; i < channels.size(); ++i) {
       const auto& c = channels[i];
       members_.push_back(Member{c, pb::KV::NewStub(c), pb::Lease::NewStub(lease_channels[i]), pb::Watch::NewStub(c)});
@@ -378,8 +392,8 @@ class Core : public std::enable_shared_from_this<Core> {
 
   const Config cfg_;
   std::vector<Member> members_;  // set by the constructor, then constant
-  const std::shared_ptr<Loop> loop_;
-  const std::shared_ptr<Loop> lease_loop_;
+  const StartedLoop loop_;
+  const StartedLoop lease_loop_;
   std::atomic<std::size_t> current_;
   std::shared_ptr<KeepAlives> keep_alives_;  // set by start(), then constant
   std::shared_ptr<Watches> watches_;         // set by start(), then constant
@@ -1608,7 +1622,12 @@ Result<std::shared_ptr<Store>> Open(const ParsedUrl& url, const StoreOptions& op
     return UnavailableError("etcd store: cannot connect to " + cfg->url + " within " +
                             std::to_string(cfg->connect_timeout.count()) + " ms (" + states + ")");
   }
-  auto core = std::make_shared<Core>(std::move(*cfg), channels, lease_channels, *first);
+  std::shared_ptr<Core> core;
+  try {
+    core = std::make_shared<Core>(std::move(*cfg), channels, lease_channels, *first);
+  } catch (const std::system_error& e) {  // a thread could not be had: say so, rather than throw
+    return UnavailableError(std::string("etcd store: cannot start its threads: ") + e.what());
+  }
   core->start();
   if (auto s = core->authenticate(); !s.ok()) return s;
   return std::shared_ptr<Store>(std::make_shared<EtcdStore>(std::move(core)));
