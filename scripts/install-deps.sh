@@ -25,6 +25,7 @@ packages=(
   libhiredis-dev redis-server python3-redis
   etcd-server etcd-client golang-go libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
   golang-etcd-server-dev golang-github-gogo-protobuf-dev golang-github-grpc-ecosystem-grpc-gateway-dev
+  libasio-dev
   procps iproute2 gdb openssl
   dpkg-dev file man-db
 )

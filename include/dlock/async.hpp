@@ -13,6 +13,9 @@
 //   // 3. a coroutine (any coroutine type: the awaitable needs nothing from it)
 //   std::optional<dlock::Hold> h = co_await mutex.async_acquire(5s);
 //
+// (With Asio, dlock/asio.hpp adds Asio's completion tokens: the handler then
+// runs on its own executor rather than on dlock's thread.)
+//
 // The outcome is the Hold (the caller owns it: it is released when
 // destroyed), std::nullopt (the timeout passed or `stop` was requested; nothing
 // of the acquire is left in the store), or an error (the future and the

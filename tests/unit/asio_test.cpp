@@ -1,0 +1,198 @@
+// dlock/asio.hpp: Asio completion tokens over the asynchronous engine, on
+// mem://. Every wait is bounded: a handler that never comes fails the test.
+#include "dlock/asio.hpp"
+
+#include <asio/awaitable.hpp>
+#include <asio/bind_cancellation_slot.hpp>
+#include <asio/bind_executor.hpp>
+#include <asio/cancellation_signal.hpp>
+#include <asio/co_spawn.hpp>
+#include <asio/detached.hpp>
+#include <asio/io_context.hpp>
+#include <asio/use_awaitable.hpp>
+#include <asio/use_future.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <future>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "dlock/dlock.hpp"
+
+namespace dlock {
+namespace {
+
+using namespace std::chrono_literals;
+
+// Runs `io` on a thread of its own until it runs out of work or `limit`
+// passes; joins on destruction.
+class IoThread {
+ public:
+  explicit IoThread(asio::io_context& io) : io_(io) {
+    thread_ = std::thread([this] {
+      id_ = std::this_thread::get_id();
+      io_.run_for(std::chrono::seconds(30));
+      ran_out_ = true;
+    });
+  }
+  ~IoThread() { join(); }
+  void join() {
+    if (thread_.joinable()) thread_.join();
+  }
+  std::thread::id id() const { return id_; }
+
+ private:
+  asio::io_context& io_;
+  std::thread thread_;
+  std::atomic<std::thread::id> id_{};
+  std::atomic<bool> ran_out_{false};
+};
+
+std::size_t Entries(const Client& c, const std::string& name) {
+  auto listed = c.list_entries(name, false);
+  return listed.ok() ? listed->size() : 999;
+}
+
+TEST(AsioTest, ACallbackRunsOnItsExecutorAndNeverInsideTheCall) {
+  Client client = Client::connect("mem://");
+  Mutex mutex(client, "asio/callback");
+  asio::io_context io;
+  std::atomic<bool> called{false};
+  std::thread::id ran_on;
+  std::optional<Hold> got;
+  // A plain callback's executor is Asio's system executor: bound to io here.
+  async_acquire(mutex, 5s, asio::bind_executor(io, [&](std::exception_ptr error, std::optional<Hold> hold) {
+                  EXPECT_FALSE(error);
+                  ran_on = std::this_thread::get_id();
+                  got = std::move(hold);
+                  called = true;
+                }));
+  std::this_thread::sleep_for(100ms);  // granted by now; the handler waits for its executor
+  EXPECT_FALSE(called.load()) << "the handler ran off its executor";
+  IoThread runner(io);  // io.run() returns only once the handler ran: it was work of io
+  runner.join();
+  ASSERT_TRUE(called.load());
+  EXPECT_EQ(ran_on, runner.id());
+  ASSERT_TRUE(got.has_value());
+  EXPECT_GT(got->fencing_token(), 0u);
+}
+
+asio::awaitable<void> TakeTurn(Mutex& mutex, std::vector<int>& order, int who) {
+  std::optional<Hold> hold = co_await async_acquire(mutex, 10s, asio::use_awaitable);
+  if (!hold) co_return;
+  order.push_back(who);  // one io thread: no lock needed
+}
+
+TEST(AsioTest, CoroutinesAwaitAndAreGrantedInOrder) {
+  Client client = Client::connect("mem://");
+  Mutex mutex(client, "asio/coroutines");
+  std::optional<Hold> first = mutex.acquire(5s);
+  ASSERT_TRUE(first.has_value());
+  asio::io_context io;
+  std::vector<int> order;
+  for (int who = 0; who < 5; ++who) asio::co_spawn(io, TakeTurn(mutex, order, who), asio::detached);
+  IoThread runner(io);
+  for (int i = 0; i < 500 && Entries(client, "asio/coroutines") < 2; ++i) std::this_thread::sleep_for(10ms);
+  EXPECT_TRUE(order.empty()) << "granted while the lock was held";
+  first->release();
+  runner.join();
+  EXPECT_EQ(order, (std::vector<int>{0, 1, 2, 3, 4}));
+  EXPECT_EQ(Entries(client, "asio/coroutines"), 0u);
+}
+
+TEST(AsioTest, AFutureTokenAndASemaphoreLease) {
+  Client client = Client::connect("mem://");
+  Semaphore slots(client, "asio/slots", 3);
+  asio::io_context io;
+  std::future<std::optional<Lease>> lease = async_acquire(slots, 2, 5s, asio::use_future);
+  IoThread runner(io);
+  ASSERT_EQ(lease.wait_for(10s), std::future_status::ready);
+  std::optional<Lease> got = lease.get();
+  ASSERT_TRUE(got.has_value());
+  EXPECT_EQ(got->permits(), 2u);
+  EXPECT_FALSE(slots.try_acquire(2).has_value()) << "2 + 2 of 3 permits";
+}
+
+TEST(AsioTest, CancellingAPendingAcquireLeavesNothing) {
+  Client client = Client::connect("mem://");
+  Mutex mutex(client, "asio/cancel");
+  std::optional<Hold> held = mutex.acquire(5s);
+  ASSERT_TRUE(held.has_value());
+  asio::io_context io;
+  asio::cancellation_signal cancel;
+  std::promise<std::pair<bool, bool>> outcome;  // (error, hold)
+  async_acquire(mutex, kForever,
+                asio::bind_cancellation_slot(
+                    cancel.slot(), asio::bind_executor(io, [&](std::exception_ptr error, std::optional<Hold> hold) {
+                      outcome.set_value({error != nullptr, hold.has_value()});
+                    })));
+  IoThread runner(io);
+  for (int i = 0; i < 500 && Entries(client, "asio/cancel") < 2; ++i) std::this_thread::sleep_for(10ms);
+  ASSERT_EQ(Entries(client, "asio/cancel"), 2u) << "the acquire never queued";
+  asio::post(io, [&] { cancel.emit(asio::cancellation_type::terminal); });  // on the slot's thread
+  auto f = outcome.get_future();
+  ASSERT_EQ(f.wait_for(10s), std::future_status::ready) << "no outcome after the cancel";
+  const auto [error, hold] = f.get();
+  EXPECT_FALSE(error);
+  EXPECT_FALSE(hold) << "granted although the lock is held";
+  EXPECT_EQ(Entries(client, "asio/cancel"), 1u) << "the cancelled acquire left its entry";
+  runner.join();
+}
+
+TEST(AsioTest, ATimeoutGivesNullopt) {
+  Client client = Client::connect("mem://");
+  Mutex mutex(client, "asio/timeout");
+  std::optional<Hold> held = mutex.acquire(5s);
+  ASSERT_TRUE(held.has_value());
+  asio::io_context io;
+  std::future<std::optional<Hold>> late = async_acquire(mutex, 50ms, asio::use_future);
+  IoThread runner(io);
+  ASSERT_EQ(late.wait_for(10s), std::future_status::ready);
+  EXPECT_FALSE(late.get().has_value());
+  EXPECT_EQ(Entries(client, "asio/timeout"), 1u);
+}
+
+// A stop_token of the caller's own reaches the acquire.
+TEST(AsioTest, AStopTokenOfTheCallersOwnCancels) {
+  Client client = Client::connect("mem://");
+  Mutex mutex(client, "asio/stop");
+  std::optional<Hold> held = mutex.acquire(5s);
+  ASSERT_TRUE(held.has_value());
+  asio::io_context io;
+  std::stop_source stop;
+  std::future<std::optional<Hold>> waiting = async_acquire(mutex, kForever, stop.get_token(), asio::use_future);
+  IoThread runner(io);
+  for (int i = 0; i < 500 && Entries(client, "asio/stop") < 2; ++i) std::this_thread::sleep_for(10ms);
+  stop.request_stop();
+  ASSERT_EQ(waiting.wait_for(10s), std::future_status::ready);
+  EXPECT_FALSE(waiting.get().has_value());
+  EXPECT_EQ(Entries(client, "asio/stop"), 1u);
+}
+
+// An executor that is gone before the handler runs: the handler goes with
+// its Hold, and the lock is free again.
+TEST(AsioTest, AHandlerThatNeverRunsReleasesItsHold) {
+  Client client = Client::connect("mem://");
+  Mutex mutex(client, "asio/dropped");
+  {
+    asio::io_context io;
+    std::atomic<bool> called{false};
+    async_acquire(mutex, 5s, asio::bind_executor(io, [&](std::exception_ptr, std::optional<Hold>) { called = true; }));
+    for (int i = 0; i < 500 && Entries(client, "asio/dropped") < 1; ++i) std::this_thread::sleep_for(10ms);
+    // A blocking call of the same client runs on the client's dlock thread
+    // after the grant's step: once it returns, the handler was posted to io
+    // (which never runs), and io may go.
+    EXPECT_TRUE(Mutex(client, "asio/probe").acquire(0s).has_value());
+    EXPECT_FALSE(called.load());
+  }  // io goes, and the posted handler with it
+  for (int i = 0; i < 500 && Entries(client, "asio/dropped") > 0; ++i) std::this_thread::sleep_for(10ms);
+  EXPECT_EQ(Entries(client, "asio/dropped"), 0u) << "the undelivered hold was never released";
+  EXPECT_TRUE(mutex.acquire(0s).has_value());
+}
+
+}  // namespace
+}  // namespace dlock
