@@ -194,5 +194,107 @@ TEST(AsioTest, AHandlerThatNeverRunsReleasesItsHold) {
   EXPECT_TRUE(mutex.acquire(0s).has_value());
 }
 
+// Review: a wrong argument is told through the handler. With use_awaitable,
+// Asio starts the operation inside a noexcept await_suspend: thrown there,
+// it ended the process (std::terminate).
+TEST(AsioTest, AWrongArgumentIsThrownAtTheCoAwait) {
+  Client client = Client::connect("mem://");
+  Semaphore slots(client, "asio/wrong", 2);
+  asio::io_context io;
+  std::atomic<int> outcome{0};  // 1: threw dlock::Error, 2: returned, 3: threw something else
+  asio::co_spawn(
+      io,
+      [&]() -> asio::awaitable<void> {
+        try {
+          co_await async_acquire(slots, 0, 1s, asio::use_awaitable);
+          outcome = 2;
+        } catch (const Error&) {
+          outcome = 1;
+        } catch (...) {
+          outcome = 3;
+        }
+      },
+      asio::detached);
+  io.run_for(10s);
+  EXPECT_EQ(outcome.load(), 1);
+}
+
+// Review: an io_context stopped and destroyed with a coroutine still
+// waiting for a lock. Asio destroys its own operations' handlers then;
+// dlock's acquire kept waiting, later posted its Hold into the destroyed
+// context (a use-after-free under ASan) and the lock was never released.
+TEST(AsioTest, AnIoContextDestroyedWhileAnAcquireWaitsEndsTheAcquire) {
+  Client client = Client::connect("mem://");
+  Mutex mutex(client, "asio/gone");
+  std::optional<Hold> held = mutex.acquire(5s);
+  ASSERT_TRUE(held.has_value());
+  std::atomic<bool> resumed{false};
+  {
+    asio::io_context io;
+    asio::co_spawn(
+        io,
+        [&]() -> asio::awaitable<void> {
+          std::optional<Hold> h = co_await async_acquire(mutex, kForever, asio::use_awaitable);
+          resumed = true;
+        },
+        asio::detached);
+    std::thread runner([&] { io.run_for(10s); });
+    for (int i = 0; i < 500 && Entries(client, "asio/gone") < 2; ++i) std::this_thread::sleep_for(10ms);
+    EXPECT_EQ(Entries(client, "asio/gone"), 2u) << "the acquire never queued";
+    io.stop();
+    runner.join();
+  }  // the coroutine goes with io; its acquire is told to stop
+  for (int i = 0; i < 500 && Entries(client, "asio/gone") > 1; ++i) std::this_thread::sleep_for(10ms);
+  EXPECT_EQ(Entries(client, "asio/gone"), 1u) << "the abandoned acquire is still queued";
+  EXPECT_FALSE(resumed.load());
+  held->release();
+  EXPECT_TRUE(mutex.acquire(2s).has_value()) << "the lock leaked";
+}
+
+// An executor whose post() returns late (a preempted dlock thread): its
+// io_context may be destroyed before the post returns. Review: dlock's
+// callback then still held the work guard and released it into the freed
+// context (a use-after-free that ASan shows).
+struct SlowPostExecutor {
+  asio::io_context* io;
+  std::atomic<bool>* posted;
+  asio::execution_context& context() const noexcept { return *io; }
+  void on_work_started() const noexcept { io->get_executor().on_work_started(); }
+  void on_work_finished() const noexcept { io->get_executor().on_work_finished(); }
+  template <class F, class A>
+  void dispatch(F&& f, const A& a) const {
+    io->get_executor().dispatch(std::forward<F>(f), a);
+  }
+  template <class F, class A>
+  void post(F&& f, const A& a) const {
+    io->get_executor().post(std::forward<F>(f), a);
+    posted->store(true);
+    std::this_thread::sleep_for(300ms);
+  }
+  template <class F, class A>
+  void defer(F&& f, const A& a) const {
+    post(std::forward<F>(f), a);
+  }
+  friend bool operator==(const SlowPostExecutor& a, const SlowPostExecutor& b) noexcept { return a.io == b.io; }
+  friend bool operator!=(const SlowPostExecutor& a, const SlowPostExecutor& b) noexcept { return a.io != b.io; }
+};
+
+TEST(AsioTest, AnIoContextDestroyedRightAfterThePostIsSafe) {
+  Client client = Client::connect("mem://");
+  Mutex mutex(client, "asio/posted-then-gone");
+  std::atomic<bool> posted{false}, called{false};
+  {
+    auto io = std::make_unique<asio::io_context>();
+    async_acquire(mutex, 5s,
+                  asio::bind_executor(SlowPostExecutor{io.get(), &posted},
+                                      [&](std::exception_ptr, std::optional<Hold>) { called = true; }));
+    for (int i = 0; i < 500 && !posted; ++i) std::this_thread::sleep_for(10ms);
+    ASSERT_TRUE(posted.load());
+    io.reset();
+  }
+  EXPECT_FALSE(called.load());
+  EXPECT_TRUE(mutex.acquire(2s).has_value()) << "the undelivered hold was never released";
+}
+
 }  // namespace
 }  // namespace dlock
