@@ -57,6 +57,12 @@ std::size_t Entries(const Client& c, const std::string& name) {
   return listed.ok() ? listed->size() : 999;
 }
 
+// Waits (5 s at most) until `name` has `n` entries; how many it has then.
+std::size_t AwaitEntries(const Client& c, const std::string& name, std::size_t n) {
+  for (int i = 0; i < 500 && Entries(c, name) != n; ++i) std::this_thread::sleep_for(10ms);
+  return Entries(c, name);
+}
+
 TEST(AsioTest, ACallbackRunsOnItsExecutorAndNeverInsideTheCall) {
   Client client = Client::connect("mem://");
   Mutex mutex(client, "asio/callback");
@@ -96,7 +102,7 @@ TEST(AsioTest, CoroutinesAwaitAndAreGrantedInOrder) {
   std::vector<int> order;
   for (int who = 0; who < 5; ++who) asio::co_spawn(io, TakeTurn(mutex, order, who), asio::detached);
   IoThread runner(io);
-  for (int i = 0; i < 500 && Entries(client, "asio/coroutines") < 2; ++i) std::this_thread::sleep_for(10ms);
+  AwaitEntries(client, "asio/coroutines", 2);
   EXPECT_TRUE(order.empty()) << "granted while the lock was held";
   first->release();
   runner.join();
@@ -131,7 +137,7 @@ TEST(AsioTest, CancellingAPendingAcquireLeavesNothing) {
                       outcome.set_value({error != nullptr, hold.has_value()});
                     })));
   IoThread runner(io);
-  for (int i = 0; i < 500 && Entries(client, "asio/cancel") < 2; ++i) std::this_thread::sleep_for(10ms);
+  AwaitEntries(client, "asio/cancel", 2);
   ASSERT_EQ(Entries(client, "asio/cancel"), 2u) << "the acquire never queued";
   asio::post(io, [&] { cancel.emit(asio::cancellation_type::terminal); });  // on the slot's thread
   auto f = outcome.get_future();
@@ -166,7 +172,7 @@ TEST(AsioTest, AStopTokenOfTheCallersOwnCancels) {
   std::stop_source stop;
   std::future<std::optional<Hold>> waiting = async_acquire(mutex, kForever, stop.get_token(), asio::use_future);
   IoThread runner(io);
-  for (int i = 0; i < 500 && Entries(client, "asio/stop") < 2; ++i) std::this_thread::sleep_for(10ms);
+  AwaitEntries(client, "asio/stop", 2);
   stop.request_stop();
   ASSERT_EQ(waiting.wait_for(10s), std::future_status::ready);
   EXPECT_FALSE(waiting.get().has_value());
@@ -182,14 +188,14 @@ TEST(AsioTest, AHandlerThatNeverRunsReleasesItsHold) {
     asio::io_context io;
     std::atomic<bool> called{false};
     async_acquire(mutex, 5s, asio::bind_executor(io, [&](std::exception_ptr, std::optional<Hold>) { called = true; }));
-    for (int i = 0; i < 500 && Entries(client, "asio/dropped") < 1; ++i) std::this_thread::sleep_for(10ms);
+    AwaitEntries(client, "asio/dropped", 1);
     // A blocking call of the same client runs on the client's dlock thread
     // after the grant's step: once it returns, the handler was posted to io
     // (which never runs), and io may go.
     EXPECT_TRUE(Mutex(client, "asio/probe").acquire(0s).has_value());
     EXPECT_FALSE(called.load());
   }  // io goes, and the posted handler with it
-  for (int i = 0; i < 500 && Entries(client, "asio/dropped") > 0; ++i) std::this_thread::sleep_for(10ms);
+  AwaitEntries(client, "asio/dropped", 0);
   EXPECT_EQ(Entries(client, "asio/dropped"), 0u) << "the undelivered hold was never released";
   EXPECT_TRUE(mutex.acquire(0s).has_value());
 }
@@ -239,12 +245,12 @@ TEST(AsioTest, AnIoContextDestroyedWhileAnAcquireWaitsEndsTheAcquire) {
         },
         asio::detached);
     std::thread runner([&] { io.run_for(10s); });
-    for (int i = 0; i < 500 && Entries(client, "asio/gone") < 2; ++i) std::this_thread::sleep_for(10ms);
+    AwaitEntries(client, "asio/gone", 2);
     EXPECT_EQ(Entries(client, "asio/gone"), 2u) << "the acquire never queued";
     io.stop();
     runner.join();
   }  // the coroutine goes with io; its acquire is told to stop
-  for (int i = 0; i < 500 && Entries(client, "asio/gone") > 1; ++i) std::this_thread::sleep_for(10ms);
+  AwaitEntries(client, "asio/gone", 1);
   EXPECT_EQ(Entries(client, "asio/gone"), 1u) << "the abandoned acquire is still queued";
   EXPECT_FALSE(resumed.load());
   held->release();
