@@ -22,6 +22,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"time"
@@ -147,7 +148,20 @@ func main() {
 		os.Exit(2)
 	}
 	ttl, _ := strconv.Atoi(os.Args[2])
+	// However the connection goes, "ready" or an exit within 60 s, with
+	// the goroutines' stacks to say where it hung.
+	connected := make(chan struct{})
+	go func() {
+		select {
+		case <-connected:
+		case <-time.After(60 * time.Second):
+			fmt.Fprintln(os.Stderr, "go driver: not connected after 60 s; goroutines:")
+			pprof.Lookup("goroutine").WriteTo(os.Stderr, 1)
+			os.Exit(1)
+		}
+	}()
 	client, session := connect(strings.Split(os.Args[1], ","), ttl)
+	close(connected)
 	defer client.Close()
 	defer session.Close() // revokes the lease: its keys go with it
 	d := &driver{client: client, session: session}
