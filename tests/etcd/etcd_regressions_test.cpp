@@ -15,7 +15,6 @@
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
 #include <future>
 #include <mutex>
 #include <span>
@@ -29,6 +28,7 @@
 #include "dlock/dlock.hpp"
 #include "dlock/store.hpp"
 #include "etcd/private_etcd.hpp"
+#include "support/threads.hpp"
 
 #if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
 #include <dlfcn.h>
@@ -76,15 +76,7 @@ double CpuSeconds() {
   return u.ru_utime.tv_sec + u.ru_stime.tv_sec + (u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e6;
 }
 
-int ThreadCount() {
-  int n = 0;
-  std::ifstream in("/proc/self/status");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("Threads:", 0) == 0) n = std::stoi(line.substr(8));
-  }
-  return n;
-}
+using testing::ThreadCount;
 
 // Txn calls the server received (its /metrics on the client port:
 // grpc_server_msg_received_total), or -1 if unreadable.

@@ -40,6 +40,7 @@
 #include "stores/file/layout.hpp"
 #include "support/child.hpp"
 #include "support/poll.hpp"
+#include "support/threads.hpp"
 
 extern char** environ;
 
@@ -640,17 +641,7 @@ TEST_F(FileStoreTest, ManyWaitersWakeTogether) {
 
 // --- asynchronous waits
 
-std::size_t ThreadCount() {
-  // ThreadSanitizer starts a thread of its own with the first thread made.
-  static const bool warm = [] {
-    std::thread([] {}).join();
-    return true;
-  }();
-  static_cast<void>(warm);
-  std::size_t n = 0;
-  for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator("/proc/self/task")) ++n;
-  return n;
-}
+using testing::ThreadCount;
 
 // Counts the outcomes of many async waits.
 class Outcomes {
@@ -688,7 +679,7 @@ TEST_F(FileStoreTest, FiveHundredAsyncWaitsAddAtMostOneThread) {
   auto waiter = NewSession();
   std::vector<Entry> entries;
   for (int i = 0; i < kEntries; ++i) entries.push_back(Append(*holder, "many"));
-  const std::size_t threads_before = ThreadCount();
+  const int threads_before = ThreadCount();
   Outcomes done;
   std::vector<std::shared_ptr<void>> handles;
   for (int i = 0; i < kWaits; ++i) {
@@ -720,7 +711,7 @@ TEST_F(FileStoreTest, FiveHundredAsyncWaitsAddAtMostOneThread) {
 TEST_F(FileStoreTest, TheWaitingThreadEndsWithTheStoreAndItsSessions) {
   auto holder = NewSession();
   Entry e = Append(*holder, "thread");
-  const std::size_t threads_before = ThreadCount();
+  const int threads_before = ThreadCount();
   auto other = OpenStoreAt(dir_.path());
   auto waiter = NewSession(other.get());
   Outcomes done;

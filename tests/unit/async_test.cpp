@@ -19,6 +19,7 @@
 #include "dlock/dlock.hpp"
 #include "support/detached.hpp"
 #include "support/stores.hpp"
+#include "support/threads.hpp"
 
 namespace dlock {
 namespace {
@@ -34,15 +35,8 @@ std::string UniqueName(const std::string& base) {
   return "async/" + base + "-" + std::to_string(::getpid()) + "-" + std::to_string(counter++);
 }
 
-int ThreadCount() {
-  int n = 0;
-  if (DIR* d = ::opendir("/proc/self/task")) {
-    while (dirent* e = ::readdir(d)) n += e->d_name[0] != '.';
-    ::closedir(d);
-  }
-  return n;
-}
-
+using testing::ThreadCount;
+using testing::ThreadNames;
 using testing::Detached;
 
 // Collects the outcomes of asynchronous acquires; each must come once.
@@ -530,6 +524,7 @@ TEST_P(AsyncTest, TheLastHandleOfAClientMayGoOnAnyThread) {
   std::optional<Hold> contended = Mutex(holder, name + "/held").acquire(5s);
   ASSERT_TRUE(contended);
   const int baseline = ThreadCount();
+  const std::string before = ThreadNames();
   constexpr int kRounds = 24;
   for (int round = 0; round < kRounds; ++round) {
     const std::string lock = name + "/" + std::to_string(round % 3);
@@ -578,7 +573,8 @@ TEST_P(AsyncTest, TheLastHandleOfAClientMayGoOnAnyThread) {
     m.reset();
     c.reset();
     EXPECT_TRUE(Eventually([&] { return ThreadCount() <= baseline; }, kPrompt))
-        << "round " << round << ": " << ThreadCount() << " threads, " << baseline << " before";
+        << "round " << round << ": " << ThreadCount() << " threads (" << ThreadNames() << "), "
+        << baseline << " before (" << before << ")";
   }
   for (int i = 0; i < 3; ++i) EXPECT_EQ(Entries(name + "/" + std::to_string(i)), 0u) << i;
   EXPECT_EQ(Entries(name + "/held"), 1u);

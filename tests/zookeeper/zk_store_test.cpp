@@ -4,13 +4,13 @@
 #include <gtest/gtest.h>
 
 #include <condition_variable>
-#include <filesystem>
 #include <future>
 #include <regex>
 
 #include "stores/zookeeper/zk_names.hpp"
 #include "support/state_log.hpp"
 #include "support/status_matchers.hpp"
+#include "support/threads.hpp"
 #include "zookeeper/zk_test_support.hpp"
 
 namespace dlock {
@@ -357,12 +357,7 @@ TEST_F(ZkStoreTest, WaitWakesWhenTheOwnerSessionExpires) {
   // machine may take its time (bounded work, not bounded time).
 }
 
-// The threads of this process now.
-std::size_t ThreadCount() {
-  std::size_t n = 0;
-  for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator("/proc/self/task")) ++n;
-  return n;
-}
+using dlock::testing::ThreadCount;
 
 // Waits cost no thread: the C client's two and the session thread serve any
 // number (the default async_wait_any_gone took a thread each).
@@ -377,7 +372,7 @@ TEST_F(ZkStoreTest, FiveHundredAsyncWaitsOnOneSessionAddNoThreads) {
     ASSERT_TRUE(a.ok()) << a.status().message();
     entries.push_back(a->entry);
   }
-  const std::size_t before = ThreadCount();
+  const int before = ThreadCount();
   std::mutex mu;
   std::vector<int> outcomes(kEntries * kWaitsPerEntry, 0);
   std::atomic<int> ok{0};
