@@ -55,8 +55,8 @@ class DLOCK_EXPORT MemStore final : public Store, public std::enable_shared_from
   void expire(std::string_view session_id);
 
   // The next `count` calls of operation `op` ("append", "list", "wait",
-  // "remove", "find_own", "open_session", or "*" for any) fail with `status`
-  // without taking effect.
+  // "remove", "find_own", "update", "watch_head", "open_session", or "*" for
+  // any) fail with `status` without taking effect.
   void fail_next(std::string_view op, Status status, int count = 1);
   // The next `count` calls of `op` take effect but report kUnavailable, as
   // when a reply is lost on the way back.

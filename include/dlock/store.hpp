@@ -14,7 +14,8 @@
 //
 //  - A *queue* (named like a lock: "orders/42") holds *entries* in order. A
 //    session appends an ephemeral entry tagged with a kind ("lock", "read",
-//    "write", "lease") and an owner record. Every entry gets a fencing token,
+//    "write", "lease", "candidate"), an owner record and, for an election
+//    candidate, a value that it may change in place. Every entry gets a fencing token,
 //    a number that only grows for its queue (ZooKeeper's czxid and the file
 //    store's counter grow across the whole store; Redis keeps one counter per
 //    queue), so a resource can refuse a holder whose token is older than one
@@ -66,6 +67,7 @@ inline constexpr std::string_view kLock = "lock";    // exclusive (Mutex)
 inline constexpr std::string_view kRead = "read";    // shared side of ReadWriteLock
 inline constexpr std::string_view kWrite = "write";  // exclusive side of ReadWriteLock
 inline constexpr std::string_view kLease = "lease";  // one semaphore permit
+inline constexpr std::string_view kCandidate = "candidate";  // an election participant (docs/election.md)
 }  // namespace entry_kind
 
 // Who made an entry. For people (`dlock status`), never for decisions.
@@ -75,6 +77,7 @@ struct OwnerRecord {
   std::string thread;                 // the acquiring thread, or a label for thread-agnostic holds
   std::string label;                  // free text, e.g. the command `dlock run` started
   std::int64_t acquired_unix_ms = 0;  // wall clock at append time
+  std::int64_t elected_unix_ms = 0;   // wall clock when a candidate was told it leads; 0: not recorded
 };
 
 // A compact JSON object. Decode accepts unknown fields and rejects anything
@@ -94,6 +97,10 @@ struct EntrySpec {
   // it sorts exactly where another entry of the same session is (lock
   // downgrade: the read entry takes the place of the write entry).
   std::optional<std::int64_t> sequence;
+  // The entry's published value (an election candidate's proposal), kept
+  // where the other clients of the store's layout read it. nullopt: none.
+  // At most 64 KiB.
+  std::optional<std::string> value;
 };
 
 // An entry as read back from a store.
@@ -104,6 +111,10 @@ struct Entry {
   std::optional<std::uint64_t> token;  // fencing token, where the listing has it
   std::string attempt_id;              // empty for entries of other clients
   std::optional<OwnerRecord> owner;    // present if listed with owners
+  std::optional<std::string> value;    // present if listed (or read) with values and the entry has one
+  // Changes whenever the value does (never goes back for one entry); its
+  // starting number is the store's. Set where `value` may be.
+  std::uint64_t value_version = 0;
 };
 
 // Queue order: by sequence, then by id.
@@ -118,6 +129,22 @@ struct Appended {
 
 struct ListOptions {
   bool with_owners = false;  // may cost a request per entry on some stores
+  bool with_values = false;  // the same
+};
+
+// What to change in an entry of one's own (Session::update_entry). Its id,
+// token, sequence and kind never change.
+struct EntryUpdate {
+  std::optional<std::string> value;  // the new value (at most 64 KiB)
+  std::optional<OwnerRecord> owner;  // the new owner record
+};
+
+// The first entry of a queue, as one reading found it.
+struct Head {
+  std::optional<Entry> entry;  // with its value (and owner, if asked); nullopt: the queue was empty
+  // Where in the store's history the reading was made, for
+  // Session::async_watch_head; opaque to callers (0 where a store needs none).
+  std::int64_t position = 0;
 };
 
 // dlock::Session
@@ -224,6 +251,41 @@ class DLOCK_EXPORT Session {
   virtual std::shared_ptr<void> async_wait_turn(std::string_view queue, std::span<const std::string> ids,
                                                 std::span<const std::string> ahead, std::string_view own,
                                                 std::function<void(Status, bool)> done);
+
+  // --- Published values (elections) -------------------------------------
+  //
+  // What an election needs beyond a lock (docs/election.md): a value per
+  // entry, changed in place, and a wake-up when a queue's head may have
+  // changed. A store that has not implemented them answers kUnimplemented.
+
+  // Changes this session's own live entry `id` of `queue` as `update` says,
+  // keeping its id, token, sequence and kind; returns the entry as it is now
+  // (with its value and a new value_version). Errors: kFailedPrecondition
+  // (no such entry, or it is not this session's), kSessionLost, kUnavailable
+  // (outcome unknown: the same update may be sent again), kInvalidArgument,
+  // kUnimplemented (the default).
+  virtual Result<Entry> update_entry(std::string_view queue, std::string_view id, const EntryUpdate& update,
+                                     Clock::time_point deadline);
+  virtual void async_update_entry(std::string_view queue, std::string_view id, const EntryUpdate& update,
+                                  Clock::time_point deadline, std::function<void(Result<Entry>)> done);
+
+  // One consistent reading of the queue's first entry, with its value.
+  // Errors as async_list. Default: async_list with values, its front.
+  virtual void async_read_head(std::string_view queue, const ListOptions& options, Clock::time_point deadline,
+                               std::function<void(Result<Head>)> done);
+
+  // `done` gets OK as soon as the head of `queue` may differ from `seen` (a
+  // reading of async_read_head): another entry first, the queue emptied or
+  // no longer empty, or the head's value_version changed; at once if it
+  // already differs. It may also get OK when nothing changed (the caller
+  // reads again), but never misses a change made after the reading `seen`
+  // came from. Keeps waiting through a suspension. Errors: kSessionLost
+  // (this session ended), kUnavailable (could not be armed),
+  // kInvalidArgument, kUnimplemented (the default); destroying the handle
+  // cancels, with the rules of async_wait_any_gone. Woken by the store,
+  // never by polling.
+  virtual std::shared_ptr<void> async_watch_head(std::string_view queue, const Head& seen,
+                                                 std::function<void(Status)> done);
 
   // Ends the session and its entries. Every subscriber hears kClosed, and has
   // returned, before any entry of the session can be seen as gone by another

@@ -86,6 +86,37 @@ std::shared_ptr<void> Session::async_wait_turn(std::string_view queue, std::span
   return async_wait_any_gone(queue, ids, [done = std::move(done)](Status s) { done(std::move(s), false); });
 }
 
+Result<Entry> Session::update_entry(std::string_view /*queue*/, std::string_view /*id*/,
+                                    const EntryUpdate& /*update*/, Clock::time_point /*deadline*/) {
+  return UnimplementedError("this store cannot change an entry in place");
+}
+
+void Session::async_update_entry(std::string_view queue, std::string_view id, const EntryUpdate& update,
+                                 Clock::time_point deadline, std::function<void(Result<Entry>)> done) {
+  done(update_entry(queue, id, update, deadline));
+}
+
+void Session::async_read_head(std::string_view queue, const ListOptions& options, Clock::time_point deadline,
+                              std::function<void(Result<Head>)> done) {
+  ListOptions with_values = options;
+  with_values.with_values = true;
+  async_list(queue, with_values, deadline, [done = std::move(done)](Result<std::vector<Entry>> listed) {
+    if (!listed.ok()) {
+      done(listed.status());
+      return;
+    }
+    Head head;
+    if (!listed->empty()) head.entry = std::move(listed->front());
+    done(std::move(head));
+  });
+}
+
+std::shared_ptr<void> Session::async_watch_head(std::string_view /*queue*/, const Head& /*seen*/,
+                                                std::function<void(Status)> done) {
+  done(UnimplementedError("this store cannot watch a queue's head"));
+  return nullptr;
+}
+
 bool QueueOrder(const Entry& a, const Entry& b) noexcept {
   if (a.sequence != b.sequence) return a.sequence < b.sequence;
   return a.id < b.id;
@@ -95,6 +126,7 @@ std::string EncodeOwnerRecord(const OwnerRecord& owner) {
   nlohmann::json j = {
       {"host", owner.host}, {"pid", owner.pid}, {"thread", owner.thread}, {"at", owner.acquired_unix_ms}};
   if (!owner.label.empty()) j["label"] = owner.label;
+  if (owner.elected_unix_ms != 0) j["elected"] = owner.elected_unix_ms;
   return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
@@ -118,7 +150,7 @@ Result<OwnerRecord> DecodeOwnerRecord(std::string_view data) {
     return true;
   };
   if (!text("host", out.host) || !text("thread", out.thread) || !text("label", out.label) || !number("pid", out.pid) ||
-      !number("at", out.acquired_unix_ms)) {
+      !number("at", out.acquired_unix_ms) || !number("elected", out.elected_unix_ms)) {
     return InvalidArgumentError("owner record has a field of the wrong type");
   }
   return out;

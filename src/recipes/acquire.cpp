@@ -166,7 +166,7 @@ class Acquisition : public Operation<Acquisition> {
   // Appends our entry (entry_), adopting it if the reply was lost.
   void place_entry() {
     attempt_ = client_->new_attempt_id();
-    EntrySpec spec{req_.kind, attempt_, client_->owner(req_.thread), req_.sequence};
+    EntrySpec spec{req_.kind, attempt_, client_->owner(req_.thread), req_.sequence, std::nullopt};
     unsettled_ = session_;  // until the store says what became of the append
     unsettled_attempt_ = attempt_;
     session_->async_append(

@@ -890,6 +890,226 @@ TEST_P(ConformanceTest, AHandleMayBeDestroyedInsideItsOwnCompletion) {
   EXPECT_THAT(f.get(), IsOk());
 }
 
+// ------------------------------------------- published values (elections)
+//
+// update_entry, async_read_head and async_watch_head (store.hpp). A store
+// that has not implemented them yet answers kUnimplemented, and these cases
+// are skipped on it (docs/election.md, build plan: one store at a time).
+
+// Skips the test where `s` cannot change an entry in place.
+#define SKIP_WITHOUT_VALUES(s, q)                                                                      \
+  do {                                                                                                 \
+    auto probe = (s).update_entry((q), "no-such-entry", EntryUpdate{}, In(kPrompt));                   \
+    if (probe.status().code() == ErrorCode::kUnimplemented) GTEST_SKIP() << "no values on this store"; \
+  } while (0)
+
+EntrySpec Candidate(std::string value) {
+  EntrySpec spec = Spec(std::string(entry_kind::kCandidate));
+  spec.value = std::move(value);
+  return spec;
+}
+
+Result<Head> ReadHead(Session& s, const std::string& q) {
+  Outcomes<Result<Head>> read;
+  s.async_read_head(q, {}, In(kPrompt), read.Callback());
+  return read.First();
+}
+
+TEST_P(ConformanceTest, ValuesAreListedAndChangedInPlaceKeepingTokenAndPlace) {
+  auto s = NewSession();
+  ASSERT_TRUE(s);
+  const std::string q = Queue("values");
+  SKIP_WITHOUT_VALUES(*s, q);
+  Entry first = Append(*s, q, Candidate("10.0.0.7:8080"));
+  Entry second = Append(*s, q, Spec(std::string(entry_kind::kCandidate)));  // no value
+  auto listed = s->list(q, {.with_owners = true, .with_values = true}, In(kPrompt));
+  ASSERT_THAT(listed.status(), IsOk());
+  ASSERT_EQ(listed->size(), 2u);
+  EXPECT_EQ((*listed)[0].value, std::optional<std::string>("10.0.0.7:8080"));
+  EXPECT_EQ((*listed)[0].kind, entry_kind::kCandidate);
+  EXPECT_FALSE((*listed)[1].value.has_value()) << "an entry appended without a value lists none";
+  const std::uint64_t version = (*listed)[0].value_version;
+
+  auto updated = s->update_entry(q, first.id, {.value = "10.0.0.8:8080", .owner = std::nullopt}, In(kPrompt));
+  ASSERT_THAT(updated.status(), IsOk());
+  EXPECT_EQ(updated->id, first.id);
+  EXPECT_EQ(updated->value, std::optional<std::string>("10.0.0.8:8080"));
+  EXPECT_NE(updated->value_version, version);
+  OwnerRecord elected = Spec().owner;
+  elected.elected_unix_ms = 1'700'000'000'123;
+  ASSERT_THAT(s->update_entry(q, first.id, {.value = std::nullopt, .owner = elected}, In(kPrompt)).status(), IsOk());
+
+  auto after = s->list(q, {.with_owners = true, .with_values = true}, In(kPrompt));
+  ASSERT_THAT(after.status(), IsOk());
+  ASSERT_EQ(after->size(), 2u);
+  EXPECT_THAT(Ids(*after), ElementsAreArray(std::vector<std::string>{first.id, second.id})) << "the same place";
+  EXPECT_EQ((*after)[0].token, first.token) << "an update never changes the token";
+  EXPECT_EQ((*after)[0].sequence, (*listed)[0].sequence);
+  EXPECT_EQ((*after)[0].kind, entry_kind::kCandidate);
+  EXPECT_EQ((*after)[0].value, std::optional<std::string>("10.0.0.8:8080")) << "an owner update keeps the value";
+  ASSERT_TRUE((*after)[0].owner.has_value());
+  EXPECT_EQ((*after)[0].owner->elected_unix_ms, 1'700'000'000'123);
+  EXPECT_EQ((*after)[0].owner->host, "conformance-host");
+  EXPECT_EQ(Append(*s, q).token > *first.token, true) << "tokens still grow";
+}
+
+TEST_P(ConformanceTest, AnUpdateTakesOnlyThisSessionsLiveEntry) {
+  auto a = NewSession();
+  auto b = NewSession();
+  ASSERT_TRUE(a && b);
+  const std::string q = Queue("update-refused");
+  SKIP_WITHOUT_VALUES(*a, q);
+  Entry mine = Append(*a, q, Candidate("a"));
+  EXPECT_THAT(b->update_entry(q, mine.id, {.value = "b", .owner = std::nullopt}, In(kPrompt)).status(),
+              StatusIs(ErrorCode::kFailedPrecondition))
+      << "another session's entry";
+  EXPECT_THAT(a->update_entry(Queue("update-elsewhere"), mine.id, {.value = "a2", .owner = std::nullopt}, In(kPrompt))
+                  .status(),
+              StatusIs(ErrorCode::kFailedPrecondition))
+      << "the id in another queue";
+  EXPECT_THAT(a->update_entry(q, mine.id, {.value = std::string(64 * 1024 + 1, 'x'), .owner = std::nullopt},
+                              In(kPrompt))
+                  .status(),
+              StatusIs(ErrorCode::kInvalidArgument))
+      << "a value over 64 KiB";
+  auto head = ReadHead(*b, q);
+  ASSERT_THAT(head.status(), IsOk());
+  ASSERT_TRUE(head->entry.has_value());
+  EXPECT_EQ(head->entry->value, std::optional<std::string>("a")) << "no refused update took effect";
+  ASSERT_THAT(a->remove(q, mine.id, In(kPrompt)), IsOk());
+  EXPECT_THAT(a->update_entry(q, mine.id, {.value = "a3", .owner = std::nullopt}, In(kPrompt)).status(),
+              StatusIs(ErrorCode::kFailedPrecondition))
+      << "a removed entry";
+  a->close();
+  EXPECT_THAT(a->update_entry(q, mine.id, {.value = "a4", .owner = std::nullopt}, In(kPrompt)).status(),
+              StatusIs(ErrorCode::kSessionLost));
+  EXPECT_THAT(b->append(q, Candidate(std::string(64 * 1024 + 1, 'x')), In(kPrompt)).status(),
+              StatusIs(ErrorCode::kInvalidArgument));
+  EXPECT_TRUE(List(*b, q).empty());
+}
+
+TEST_P(ConformanceTest, ReadHeadGivesTheFirstEntryWithItsValue) {
+  auto s = NewSession();
+  ASSERT_TRUE(s);
+  const std::string q = Queue("head");
+  SKIP_WITHOUT_VALUES(*s, q);
+  auto empty = ReadHead(*s, q);
+  ASSERT_THAT(empty.status(), IsOk());
+  EXPECT_FALSE(empty->entry.has_value());
+  Entry first = Append(*s, q, Candidate("first"));
+  Entry second = Append(*s, q, Candidate("second"));
+  auto head = ReadHead(*s, q);
+  ASSERT_THAT(head.status(), IsOk());
+  ASSERT_TRUE(head->entry.has_value());
+  EXPECT_EQ(head->entry->id, first.id);
+  EXPECT_EQ(head->entry->token, first.token);
+  EXPECT_EQ(head->entry->value, std::optional<std::string>("first"));
+  ASSERT_THAT(s->remove(q, first.id, In(kPrompt)), IsOk());
+  head = ReadHead(*s, q);
+  ASSERT_THAT(head.status(), IsOk());
+  ASSERT_TRUE(head->entry.has_value());
+  EXPECT_EQ(head->entry->id, second.id);
+  EXPECT_EQ(head->entry->value, std::optional<std::string>("second"));
+}
+
+// Watches the head of `q` from a fresh reading by `watcher`, makes `change`,
+// and says whether the watch fired (within kPrompt) and only once.
+::testing::AssertionResult FiresOn(Session& watcher, const std::string& q, const std::function<void()>& change) {
+  auto seen = ReadHead(watcher, q);
+  if (!seen.ok()) return ::testing::AssertionFailure() << "read_head: " << seen.status().to_string();
+  Outcomes<Status> fired;
+  auto handle = watcher.async_watch_head(q, *seen, fired.Callback());
+  if (!fired.NoneWithin(kStillBlocked)) {
+    return ::testing::AssertionFailure() << "fired before the change: " << fired.First().to_string();
+  }
+  change();
+  Status s = fired.First();
+  handle.reset();
+  if (!s.ok()) return ::testing::AssertionFailure() << "ended with " << s.to_string();
+  if (fired.Count() != 1) return ::testing::AssertionFailure() << fired.Count() << " outcomes";
+  return ::testing::AssertionSuccess();
+}
+
+TEST_P(ConformanceTest, AHeadWatchFiresOnEveryChangeOfTheHead) {
+  auto leader = NewSession();
+  auto next = NewSession();
+  auto watcher = NewSession();
+  ASSERT_TRUE(leader && next && watcher);
+  const std::string q = Queue("head-watch");
+  SKIP_WITHOUT_VALUES(*watcher, q);
+  Entry led;
+  EXPECT_TRUE(FiresOn(*watcher, q, [&] { led = Append(*leader, q, Candidate("one")); })) << "append to an empty queue";
+  Entry behind = Append(*next, q, Candidate("two"));
+  EXPECT_TRUE(FiresOn(*watcher, q, [&] {
+    EXPECT_THAT(leader->update_entry(q, led.id, {.value = "one'", .owner = std::nullopt}, In(kPrompt)).status(),
+                IsOk());
+  })) << "the head's value changed";
+  EXPECT_TRUE(FiresOn(*watcher, q, [&] { EXPECT_THAT(leader->remove(q, led.id, In(kPrompt)), IsOk()); }))
+      << "the head removed";
+  auto head = ReadHead(*watcher, q);
+  ASSERT_THAT(head.status(), IsOk());
+  ASSERT_TRUE(head->entry.has_value());
+  EXPECT_EQ(head->entry->id, behind.id);
+  EXPECT_TRUE(FiresOn(*watcher, q, [&] { next->close(); })) << "the head's session closed";
+  head = ReadHead(*watcher, q);
+  ASSERT_THAT(head.status(), IsOk());
+  EXPECT_FALSE(head->entry.has_value());
+}
+
+TEST_P(ConformanceTest, AHeadWatchFiresAtOnceForAStaleReading) {
+  auto s = NewSession();
+  auto watcher = NewSession();
+  ASSERT_TRUE(s && watcher);
+  const std::string q = Queue("head-stale");
+  SKIP_WITHOUT_VALUES(*s, q);
+  auto empty = ReadHead(*watcher, q);
+  ASSERT_THAT(empty.status(), IsOk());
+  Entry e = Append(*s, q, Candidate("v"));
+  Outcomes<Status> appended;
+  auto h1 = watcher->async_watch_head(q, *empty, appended.Callback());
+  EXPECT_THAT(appended.First(), IsOk()) << "the queue is no longer empty";
+  auto seen = ReadHead(*watcher, q);
+  ASSERT_THAT(seen.status(), IsOk());
+  ASSERT_THAT(s->update_entry(q, e.id, {.value = "w", .owner = std::nullopt}, In(kPrompt)).status(), IsOk());
+  Outcomes<Status> updated;
+  auto h2 = watcher->async_watch_head(q, *seen, updated.Callback());
+  EXPECT_THAT(updated.First(), IsOk()) << "the head's value changed since the reading";
+  h1.reset();
+  h2.reset();
+  EXPECT_EQ(appended.Count() + updated.Count(), 2u);
+}
+
+TEST_P(ConformanceTest, AHeadWatchIsCancelledByItsHandleAndEndsWithItsSession) {
+  auto s = NewSession();
+  auto watcher = NewSession();
+  ASSERT_TRUE(s && watcher);
+  const std::string q = Queue("head-cancel");
+  SKIP_WITHOUT_VALUES(*s, q);
+  Entry e = Append(*s, q, Candidate("v"));
+  auto seen = ReadHead(*watcher, q);
+  ASSERT_THAT(seen.status(), IsOk());
+  Outcomes<Status> cancelled;
+  auto handle = watcher->async_watch_head(q, *seen, cancelled.Callback());
+  EXPECT_TRUE(cancelled.NoneWithin(kStillBlocked));
+  handle.reset();
+  EXPECT_EQ(cancelled.Count(), 1u) << "the outcome comes before the handle's destructor returns";
+  EXPECT_THAT(cancelled.First(), StatusIs(ErrorCode::kCancelled));
+  ASSERT_THAT(s->remove(q, e.id, In(kPrompt)), IsOk());
+  std::this_thread::sleep_for(kStillBlocked);  // a late second outcome would show here
+  EXPECT_EQ(cancelled.Count(), 1u);
+
+  Append(*s, q, Candidate("again"));
+  seen = ReadHead(*watcher, q);
+  ASSERT_THAT(seen.status(), IsOk());
+  Outcomes<Status> ended;
+  auto h2 = watcher->async_watch_head(q, *seen, ended.Callback());
+  EXPECT_TRUE(ended.NoneWithin(kStillBlocked));
+  watcher->close();
+  EXPECT_THAT(ended.First(), StatusIs(ErrorCode::kSessionLost));
+  h2.reset();
+  EXPECT_EQ(ended.Count(), 1u);
+}
+
 INSTANTIATE_TEST_SUITE_P(Stores, ConformanceTest, ::testing::ValuesIn(testing::ConformanceSpecs()),
                          [](const auto& p) { return testing::SpecName(p.param, p.index); });
 

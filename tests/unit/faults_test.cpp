@@ -6,7 +6,6 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
-#include <filesystem>
 #include <future>
 #include <mutex>
 #include <thread>
@@ -15,6 +14,7 @@
 #include "dlock/dlock.hpp"
 #include "support/manual_world.hpp"
 #include "support/stores.hpp"
+#include "support/threads.hpp"
 
 namespace dlock {
 namespace {
@@ -71,11 +71,6 @@ TEST(Faults, AHandoffToTheNextInLineTakesNoSecondLook) {
 // mem:// waits are records in the store, not threads; an injected fault or
 // delay for "wait" applies to the asynchronous form too, on the calling thread.
 TEST(Faults, MemAsyncWaitsTakeNoThreadAndHonourInjectedFaults) {
-  auto thread_count = [] {
-    std::size_t n = 0;
-    for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator("/proc/self/task")) ++n;
-    return n;
-  };
   ManualWorld w;
   auto& [clock, store, a, b] = w;
   std::shared_ptr<Session> holder = a.session().value();
@@ -93,11 +88,11 @@ TEST(Faults, MemAsyncWaitsTakeNoThreadAndHonourInjectedFaults) {
     if (s.ok()) ++ok;
     if (s.code() == ErrorCode::kUnavailable) ++unavailable;
   };
-  const std::size_t threads_before = thread_count();
+  const int threads_before = testing::ThreadCount();
   const std::uint64_t wakes_before = store->op_count("wake");
   std::vector<std::shared_ptr<void>> handles;
   for (int i = 0; i < kWaits; ++i) handles.push_back(waiter->async_wait_any_gone("mem-async", ids, count));
-  EXPECT_EQ(thread_count(), threads_before);
+  EXPECT_EQ(testing::ThreadCount(), threads_before);
   store->fail_next("wait", UnavailableError("injected"));
   auto failed = waiter->async_wait_any_gone("mem-async", ids, count);
   EXPECT_EQ(unavailable.load(), 1) << "the injected failure did not reach the asynchronous wait";
@@ -112,6 +107,63 @@ TEST(Faults, MemAsyncWaitsTakeNoThreadAndHonourInjectedFaults) {
   ASSERT_TRUE(holder->remove("mem-async", ids[0], kNoDeadline).ok());
   EXPECT_EQ(ok.load(), kWaits + 1) << "every wait is completed by the remove, on its thread";
   EXPECT_EQ(store->op_count("wake") - wakes_before, static_cast<std::uint64_t>(kWaits + 1));
+}
+
+// The election primitives on mem (store.hpp, "Published values") under the
+// store's fault hooks: a lost reply leaves a retry safe, a failure changes
+// nothing, and an expired leader is told before a head watcher sees it go.
+TEST(Faults, MemUpdatesAndHeadWatchesHonourInjectedFaults) {
+  auto store = MemStore::create();
+  std::shared_ptr<Session> leader = store->open_session(kNoDeadline).value();
+  std::shared_ptr<Session> watcher = store->open_session(kNoDeadline).value();
+  EntrySpec spec;
+  spec.kind = std::string(entry_kind::kCandidate);
+  spec.attempt_id = "c1";
+  spec.value = "one";
+  Entry e = leader->append("election", spec, kNoDeadline).value().entry;
+  auto value_now = [&] {
+    auto listed = watcher->list("election", {.with_owners = false, .with_values = true}, kNoDeadline);
+    return listed.ok() && !listed->empty() ? listed->front().value.value_or("-") : std::string("?");
+  };
+
+  store->fail_next("update", UnavailableError("injected"));
+  EXPECT_EQ(leader->update_entry("election", e.id, {.value = "two", .owner = std::nullopt}, kNoDeadline)
+                .status()
+                .code(),
+            ErrorCode::kUnavailable);
+  EXPECT_EQ(value_now(), "one") << "a failed update changes nothing";
+  store->lose_next_reply("update");
+  EXPECT_EQ(leader->update_entry("election", e.id, {.value = "two", .owner = std::nullopt}, kNoDeadline)
+                .status()
+                .code(),
+            ErrorCode::kUnavailable);
+  EXPECT_EQ(value_now(), "two") << "a lost reply: the update took effect";
+  auto retried = leader->update_entry("election", e.id, {.value = "two", .owner = std::nullopt}, kNoDeadline);
+  ASSERT_TRUE(retried.ok()) << retried.status().to_string();
+  EXPECT_EQ(retried->value, std::optional<std::string>("two"));
+
+  store->fail_next("watch_head", UnavailableError("injected"));
+  std::vector<Status> refused;
+  Head seen;
+  auto h0 = watcher->async_watch_head("election", seen, [&](Status s) { refused.push_back(std::move(s)); });
+  ASSERT_EQ(refused.size(), 1u) << "the injected failure came at once";
+  EXPECT_EQ(refused[0].code(), ErrorCode::kUnavailable);
+
+  // Expiry: the leader hears kLost before the head watcher sees its entry go.
+  std::mutex mu;
+  std::vector<std::string> order;
+  auto subscription = leader->subscribe([&](SessionState s) {
+    std::lock_guard<std::mutex> g(mu);
+    order.push_back(std::string("leader ") + std::string(SessionStateName(s)));
+  });
+  seen.entry = watcher->list("election", {.with_owners = false, .with_values = true}, kNoDeadline).value().front();
+  auto h1 = watcher->async_watch_head("election", seen, [&](Status s) {
+    std::lock_guard<std::mutex> g(mu);
+    order.push_back("head changed: " + s.to_string());
+  });
+  store->expire(leader->id());
+  std::lock_guard<std::mutex> g(mu);
+  EXPECT_EQ(order, (std::vector<std::string>{"leader lost", "head changed: OK"}));
 }
 
 TEST(Faults, ManualClockDrivesTimeouts) {

@@ -16,6 +16,7 @@
 #include "core/listeners.hpp"
 #include "core/serial_delivery.hpp"
 #include "core/thread_annotations.hpp"
+#include "stores/entry_value.hpp"
 #include "stores/one_outcome.hpp"
 
 #include <algorithm>
@@ -34,7 +35,7 @@ struct MemStore::State {
   std::condition_variable_any changed;
 
   struct StoredEntry {
-    Entry entry;  // with token and attempt id
+    Entry entry;  // with token, attempt id, value and value_version
     std::string session;
     std::string owner_json;
   };
@@ -69,6 +70,19 @@ struct MemStore::State {
   std::uint64_t next_waiter DLOCK_GUARDED_BY(mu) = 1;
   // By queue, so that a removal looks only at the waiters of its queue.
   std::map<std::string, std::map<std::uint64_t, Waiter>, std::less<>> waiters DLOCK_GUARDED_BY(mu);
+  // A pending async_watch_head: done when the queue's head differs from
+  // the one seen (HeadMark).
+  struct HeadMark {
+    std::optional<std::string> id;  // nullopt: the queue was empty
+    std::uint64_t value_version = 0;
+    bool operator==(const HeadMark&) const = default;
+  };
+  struct HeadWatcher {
+    std::string session;
+    HeadMark seen;
+    std::shared_ptr<internal::OneOutcome> outcome;
+  };
+  std::map<std::string, std::map<std::uint64_t, HeadWatcher>, std::less<>> head_watchers DLOCK_GUARDED_BY(mu);
   // Outcomes taken out under mu, to be delivered after it is let go.
   using Settled = std::vector<std::pair<std::shared_ptr<internal::OneOutcome>, Status>>;
 
@@ -150,12 +164,17 @@ struct MemStore::State {
     }
     return InternalError("bad session state");
   }
-  std::vector<Entry> snapshot(std::string_view queue, bool with_owners) const DLOCK_REQUIRES(mu) {
+  std::vector<Entry> snapshot(std::string_view queue, bool with_owners, bool with_values = false) const
+      DLOCK_REQUIRES(mu) {
     std::vector<Entry> out;
     auto it = queues.find(queue);
     if (it == queues.end()) return out;
     for (const auto& stored : it->second) {
       out.push_back(stored.entry);
+      if (!with_values) {
+        out.back().value.reset();
+        out.back().value_version = 0;
+      }
       if (with_owners) {
         auto owner = DecodeOwnerRecord(stored.owner_json);
         if (owner.ok()) out.back().owner = *owner;
@@ -163,6 +182,16 @@ struct MemStore::State {
     }
     std::sort(out.begin(), out.end(), QueueOrder);
     return out;
+  }
+  // The head of `queue` now, as async_watch_head compares it.
+  HeadMark head_mark(std::string_view queue) const DLOCK_REQUIRES(mu) {
+    auto it = queues.find(queue);
+    if (it == queues.end() || it->second.empty()) return {};
+    const StoredEntry& first = *std::min_element(it->second.begin(), it->second.end(),
+                                                 [](const StoredEntry& a, const StoredEntry& b) {
+                                                   return QueueOrder(a.entry, b.entry);
+                                                 });
+    return {first.entry.id, first.entry.value_version};
   }
   bool present(std::string_view queue, std::string_view id) const DLOCK_REQUIRES(mu) {
     auto it = queues.find(queue);
@@ -188,8 +217,30 @@ struct MemStore::State {
       settle_queue(q->second, out);
       q = q->second.empty() ? waiters.erase(q) : std::next(q);
     }
+    auto first_head = queue ? head_watchers.find(*queue) : head_watchers.begin();
+    auto last_head = queue && first_head != head_watchers.end() ? std::next(first_head) : head_watchers.end();
+    for (auto q = first_head; q != last_head;) {
+      settle_heads(q->first, q->second, out);
+      q = q->second.empty() ? head_watchers.erase(q) : std::next(q);
+    }
     changed.notify_all();
     return out;
+  }
+  void settle_heads(std::string_view queue, std::map<std::uint64_t, HeadWatcher>& in_queue, Settled& out)
+      DLOCK_REQUIRES(mu) {
+    const HeadMark now = head_mark(queue);
+    for (auto it = in_queue.begin(); it != in_queue.end();) {
+      const HeadWatcher& w = it->second;
+      if (ended(w.session)) {
+        out.emplace_back(w.outcome, SessionLostError("session " + w.session + " ended while watching"));
+      } else if (!(now == w.seen)) {
+        out.emplace_back(w.outcome, OkStatus());
+      } else {
+        ++it;
+        continue;
+      }
+      it = in_queue.erase(it);
+    }
   }
   void settle_queue(std::map<std::uint64_t, Waiter>& in_queue, Settled& out) DLOCK_REQUIRES(mu) {
     for (auto it = in_queue.begin(); it != in_queue.end();) {
@@ -296,6 +347,7 @@ class MemStore::MemSession final : public Session {
     if (spec.kind.empty() || spec.attempt_id.empty()) {
       return InvalidArgumentError("entry needs a kind and an attempt id");
     }
+    if (Status s = internal::CheckEntryValue(spec.value); !s.ok()) return s;
     std::uint64_t token = state_->next_token++;
     State::StoredEntry stored;
     char id[48];
@@ -305,13 +357,19 @@ class MemStore::MemSession final : public Session {
     stored.entry.sequence = spec.sequence.value_or(static_cast<std::int64_t>(token));
     stored.entry.token = token;
     stored.entry.attempt_id = spec.attempt_id;
+    stored.entry.value = spec.value;
+    stored.entry.value_version = 1;
     stored.session = id_;
     stored.owner_json = EncodeOwnerRecord(spec.owner);
     Appended out;
     out.entry = stored.entry;
     state_->queues[std::string(queue)].push_back(std::move(stored));
     out.queue = state_->snapshot(queue, false);
-    if (state_->lose_reply("append")) return UnavailableError("reply to append lost (injected)");
+    State::Settled woken = state_->settle(queue);  // head watchers of a queue that was empty
+    const bool lost = state_->lose_reply("append");
+    lock.unlock();
+    State::deliver(std::move(woken));
+    if (lost) return UnavailableError("reply to append lost (injected)");
     return out;
   }
 
@@ -321,9 +379,58 @@ class MemStore::MemSession final : public Session {
     state_->delay(lock.native(), "list");
     if (Status s = state_->inject("list"); !s.ok()) return s;
     if (Status s = state_->usable(id_); !s.ok()) return s;
-    auto out = state_->snapshot(queue, options.with_owners);
+    auto out = state_->snapshot(queue, options.with_owners, options.with_values);
     if (state_->lose_reply("list")) return UnavailableError("reply to list lost (injected)");
     return out;
+  }
+
+  Result<Entry> update_entry(std::string_view queue, std::string_view id, const EntryUpdate& update,
+                             Clock::time_point) override {
+    if (Status s = CheckQueue(queue); !s.ok()) return s;
+    if (Status s = internal::CheckEntryValue(update.value); !s.ok()) return s;
+    internal::MutexLock lock(state_->mu);
+    state_->delay(lock.native(), "update");
+    if (Status s = state_->inject("update"); !s.ok()) return s;
+    if (Status s = state_->usable(id_); !s.ok()) return s;
+    State::StoredEntry* mine = own_entry(queue, id);
+    if (mine == nullptr) {
+      return FailedPreconditionError("no entry " + std::string(id) + " of session " + id_ + " in " + std::string(queue));
+    }
+    if (update.value) {
+      mine->entry.value = update.value;
+      ++mine->entry.value_version;
+    }
+    if (update.owner) mine->owner_json = EncodeOwnerRecord(*update.owner);
+    Entry out = mine->entry;
+    State::Settled woken = state_->settle(queue);  // head watchers, if it is the head
+    const bool lost = state_->lose_reply("update");
+    lock.unlock();
+    State::deliver(std::move(woken));
+    if (lost) return UnavailableError("reply to update lost (injected)");
+    return out;
+  }
+
+  // A watcher in the state, completed by whatever changes the queue's head
+  // (State::settle_heads). Faults and delays injected for "watch_head" apply
+  // here, on the calling thread.
+  std::shared_ptr<void> async_watch_head(std::string_view queue, const Head& seen,
+                                         std::function<void(Status)> done) override {
+    auto outcome = std::make_shared<internal::OneOutcome>(std::move(done));
+    std::uint64_t key = 0;
+    std::optional<Status> now = register_head_watch(queue, seen, outcome, key);
+    if (now) outcome->complete(std::move(*now));
+    std::weak_ptr<State> weak = state_;
+    return std::shared_ptr<void>(nullptr, [weak, queue = std::string(queue), key, outcome](void*) {
+      if (auto state = weak.lock(); state && key != 0) {
+        internal::MutexLock g(state->mu);
+        auto it = state->head_watchers.find(queue);
+        if (it != state->head_watchers.end()) {
+          it->second.erase(key);
+          if (it->second.empty()) state->head_watchers.erase(it);
+        }
+      }
+      outcome->cancel();
+    });
   }
 
   // The asynchronous wait, blocked on: it ends on the outcome, the deadline
@@ -465,6 +572,34 @@ class MemStore::MemSession final : public Session {
     state_->waiters[std::string(queue)].emplace(
         key, State::Waiter{id_, std::string(queue), std::move(wanted), outcome, std::move(own), std::move(ahead),
                            std::move(own_intact)});
+    return std::nullopt;
+  }
+
+  // This session's entry `id` of `queue`, or nullptr.
+  State::StoredEntry* own_entry(std::string_view queue, std::string_view id) DLOCK_REQUIRES(state_->mu) {
+    auto it = state_->queues.find(queue);
+    if (it == state_->queues.end()) return nullptr;
+    for (auto& e : it->second) {
+      if (e.entry.id == id && e.session == id_) return &e;
+    }
+    return nullptr;
+  }
+
+  // Registers a head watch under `key`, or returns its outcome if it has one
+  // at once (then `key` stays 0).
+  std::optional<Status> register_head_watch(std::string_view queue, const Head& seen,
+                                            const std::shared_ptr<internal::OneOutcome>& outcome,
+                                            std::uint64_t& key) {
+    if (Status s = CheckQueue(queue); !s.ok()) return s;
+    State::HeadMark mark;
+    if (seen.entry) mark = {seen.entry->id, seen.entry->value_version};
+    internal::MutexLock lock(state_->mu);
+    state_->delay(lock.native(), "watch_head");
+    if (Status s = state_->inject("watch_head"); !s.ok()) return s;
+    if (state_->ended(id_)) return state_->usable(id_);
+    if (!(state_->head_mark(queue) == mark)) return OkStatus();
+    key = state_->next_waiter++;
+    state_->head_watchers[std::string(queue)].emplace(key, State::HeadWatcher{id_, std::move(mark), outcome});
     return std::nullopt;
   }
 
