@@ -63,10 +63,10 @@ DLOCK_EXPORT std::string_view SessionStateName(SessionState state) noexcept;
 // Kind tags the recipes write. Entries of other clients (Curator, kazoo) are
 // mapped onto these where their meaning is the same.
 namespace entry_kind {
-inline constexpr std::string_view kLock = "lock";    // exclusive (Mutex)
-inline constexpr std::string_view kRead = "read";    // shared side of ReadWriteLock
-inline constexpr std::string_view kWrite = "write";  // exclusive side of ReadWriteLock
-inline constexpr std::string_view kLease = "lease";  // one semaphore permit
+inline constexpr std::string_view kLock = "lock";            // exclusive (Mutex)
+inline constexpr std::string_view kRead = "read";            // shared side of ReadWriteLock
+inline constexpr std::string_view kWrite = "write";          // exclusive side of ReadWriteLock
+inline constexpr std::string_view kLease = "lease";          // one semaphore permit
 inline constexpr std::string_view kCandidate = "candidate";  // an election participant (docs/election.md)
 }  // namespace entry_kind
 

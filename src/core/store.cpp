@@ -86,8 +86,8 @@ std::shared_ptr<void> Session::async_wait_turn(std::string_view queue, std::span
   return async_wait_any_gone(queue, ids, [done = std::move(done)](Status s) { done(std::move(s), false); });
 }
 
-Result<Entry> Session::update_entry(std::string_view /*queue*/, std::string_view /*id*/,
-                                    const EntryUpdate& /*update*/, Clock::time_point /*deadline*/) {
+Result<Entry> Session::update_entry(std::string_view /*queue*/, std::string_view /*id*/, const EntryUpdate& /*update*/,
+                                    Clock::time_point /*deadline*/) {
   return UnimplementedError("this store cannot change an entry in place");
 }
 

@@ -963,14 +963,14 @@ TEST_P(ConformanceTest, AnUpdateTakesOnlyThisSessionsLiveEntry) {
   EXPECT_THAT(b->update_entry(q, mine.id, {.value = "b", .owner = std::nullopt}, In(kPrompt)).status(),
               StatusIs(ErrorCode::kFailedPrecondition))
       << "another session's entry";
-  EXPECT_THAT(a->update_entry(Queue("update-elsewhere"), mine.id, {.value = "a2", .owner = std::nullopt}, In(kPrompt))
-                  .status(),
-              StatusIs(ErrorCode::kFailedPrecondition))
+  EXPECT_THAT(
+      a->update_entry(Queue("update-elsewhere"), mine.id, {.value = "a2", .owner = std::nullopt}, In(kPrompt)).status(),
+      StatusIs(ErrorCode::kFailedPrecondition))
       << "the id in another queue";
-  EXPECT_THAT(a->update_entry(q, mine.id, {.value = std::string(64 * 1024 + 1, 'x'), .owner = std::nullopt},
-                              In(kPrompt))
-                  .status(),
-              StatusIs(ErrorCode::kInvalidArgument))
+  EXPECT_THAT(
+      a->update_entry(q, mine.id, {.value = std::string(64 * 1024 + 1, 'x'), .owner = std::nullopt}, In(kPrompt))
+          .status(),
+      StatusIs(ErrorCode::kInvalidArgument))
       << "a value over 64 KiB";
   auto head = ReadHead(*b, q);
   ASSERT_THAT(head.status(), IsOk());

@@ -35,9 +35,9 @@ std::string UniqueName(const std::string& base) {
   return "async/" + base + "-" + std::to_string(::getpid()) + "-" + std::to_string(counter++);
 }
 
+using testing::Detached;
 using testing::ThreadCount;
 using testing::ThreadNames;
-using testing::Detached;
 
 // Collects the outcomes of asynchronous acquires; each must come once.
 class Outcomes {
@@ -573,8 +573,8 @@ TEST_P(AsyncTest, TheLastHandleOfAClientMayGoOnAnyThread) {
     m.reset();
     c.reset();
     EXPECT_TRUE(Eventually([&] { return ThreadCount() <= baseline; }, kPrompt))
-        << "round " << round << ": " << ThreadCount() << " threads (" << ThreadNames() << "), "
-        << baseline << " before (" << before << ")";
+        << "round " << round << ": " << ThreadCount() << " threads (" << ThreadNames() << "), " << baseline
+        << " before (" << before << ")";
   }
   for (int i = 0; i < 3; ++i) EXPECT_EQ(Entries(name + "/" + std::to_string(i)), 0u) << i;
   EXPECT_EQ(Entries(name + "/held"), 1u);

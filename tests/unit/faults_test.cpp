@@ -127,16 +127,14 @@ TEST(Faults, MemUpdatesAndHeadWatchesHonourInjectedFaults) {
   };
 
   store->fail_next("update", UnavailableError("injected"));
-  EXPECT_EQ(leader->update_entry("election", e.id, {.value = "two", .owner = std::nullopt}, kNoDeadline)
-                .status()
-                .code(),
-            ErrorCode::kUnavailable);
+  EXPECT_EQ(
+      leader->update_entry("election", e.id, {.value = "two", .owner = std::nullopt}, kNoDeadline).status().code(),
+      ErrorCode::kUnavailable);
   EXPECT_EQ(value_now(), "one") << "a failed update changes nothing";
   store->lose_next_reply("update");
-  EXPECT_EQ(leader->update_entry("election", e.id, {.value = "two", .owner = std::nullopt}, kNoDeadline)
-                .status()
-                .code(),
-            ErrorCode::kUnavailable);
+  EXPECT_EQ(
+      leader->update_entry("election", e.id, {.value = "two", .owner = std::nullopt}, kNoDeadline).status().code(),
+      ErrorCode::kUnavailable);
   EXPECT_EQ(value_now(), "two") << "a lost reply: the update took effect";
   auto retried = leader->update_entry("election", e.id, {.value = "two", .owner = std::nullopt}, kNoDeadline);
   ASSERT_TRUE(retried.ok()) << retried.status().to_string();

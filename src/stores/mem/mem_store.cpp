@@ -187,10 +187,9 @@ struct MemStore::State {
   HeadMark head_mark(std::string_view queue) const DLOCK_REQUIRES(mu) {
     auto it = queues.find(queue);
     if (it == queues.end() || it->second.empty()) return {};
-    const StoredEntry& first = *std::min_element(it->second.begin(), it->second.end(),
-                                                 [](const StoredEntry& a, const StoredEntry& b) {
-                                                   return QueueOrder(a.entry, b.entry);
-                                                 });
+    const StoredEntry& first =
+        *std::min_element(it->second.begin(), it->second.end(),
+                          [](const StoredEntry& a, const StoredEntry& b) { return QueueOrder(a.entry, b.entry); });
     return {first.entry.id, first.entry.value_version};
   }
   bool present(std::string_view queue, std::string_view id) const DLOCK_REQUIRES(mu) {
@@ -394,7 +393,8 @@ class MemStore::MemSession final : public Session {
     if (Status s = state_->usable(id_); !s.ok()) return s;
     State::StoredEntry* mine = own_entry(queue, id);
     if (mine == nullptr) {
-      return FailedPreconditionError("no entry " + std::string(id) + " of session " + id_ + " in " + std::string(queue));
+      return FailedPreconditionError("no entry " + std::string(id) + " of session " + id_ + " in " +
+                                     std::string(queue));
     }
     if (update.value) {
       mine->entry.value = update.value;
@@ -419,18 +419,11 @@ class MemStore::MemSession final : public Session {
     std::uint64_t key = 0;
     std::optional<Status> now = register_head_watch(queue, seen, outcome, key);
     if (now) outcome->complete(std::move(*now));
-    std::weak_ptr<State> weak = state_;
-    return std::shared_ptr<void>(nullptr, [weak, queue = std::string(queue), key, outcome](void*) {
-      if (auto state = weak.lock(); state && key != 0) {
-        internal::MutexLock g(state->mu);
-        auto it = state->head_watchers.find(queue);
-        if (it != state->head_watchers.end()) {
-          it->second.erase(key);
-          if (it->second.empty()) state->head_watchers.erase(it);
-        }
-      }
-      outcome->cancel();
-    });
+    return CancelHandle(
+        queue, key, std::move(outcome), [](State & s) -> auto& {
+          s.mu.assert_held();  // called by CancelHandle's handle under mu
+          return s.head_watchers;
+        });
   }
 
   // The asynchronous wait, blocked on: it ends on the outcome, the deadline
@@ -486,22 +479,15 @@ class MemStore::MemSession final : public Session {
                                    std::function<void(Status)> done, std::string own, std::vector<std::string> ahead,
                                    std::shared_ptr<std::atomic<bool>> own_intact) {
     auto outcome = std::make_shared<internal::OneOutcome>(std::move(done));
-    std::weak_ptr<State> weak = state_;
     std::uint64_t key = 0;
     std::optional<Status> now =
         register_wait(queue, ids, outcome, key, std::move(own), std::move(ahead), std::move(own_intact));
     if (now) outcome->complete(std::move(*now));
-    return std::shared_ptr<void>(nullptr, [weak, queue = std::string(queue), key, outcome](void*) {
-      if (auto state = weak.lock(); state && key != 0) {
-        internal::MutexLock g(state->mu);
-        auto it = state->waiters.find(queue);
-        if (it != state->waiters.end()) {
-          it->second.erase(key);
-          if (it->second.empty()) state->waiters.erase(it);
-        }
-      }
-      outcome->cancel();
-    });
+    return CancelHandle(
+        queue, key, std::move(outcome), [](State & s) -> auto& {
+          s.mu.assert_held();  // called by CancelHandle's handle under mu
+          return s.waiters;
+        });
   }
 
   Status remove(std::string_view queue, std::string_view id, Clock::time_point) override {
@@ -575,6 +561,27 @@ class MemStore::MemSession final : public Session {
     return std::nullopt;
   }
 
+  // The handle of a wait or watch registered under `key` (0: none) in
+  // `registry(state)`, a map by queue: destroying it takes the registration
+  // out, if the store is still there, then cancels the outcome.
+  template <class Registry>
+  std::shared_ptr<void> CancelHandle(std::string_view queue, std::uint64_t key,
+                                     std::shared_ptr<internal::OneOutcome> outcome, Registry registry) {
+    std::weak_ptr<State> weak = state_;
+    return std::shared_ptr<void>(nullptr, [weak, queue = std::string(queue), key, outcome, registry](void*) {
+      if (auto state = weak.lock(); state && key != 0) {
+        internal::MutexLock g(state->mu);
+        auto& by_queue = registry(*state);
+        auto it = by_queue.find(queue);
+        if (it != by_queue.end()) {
+          it->second.erase(key);
+          if (it->second.empty()) by_queue.erase(it);
+        }
+      }
+      outcome->cancel();
+    });
+  }
+
   // This session's entry `id` of `queue`, or nullptr.
   State::StoredEntry* own_entry(std::string_view queue, std::string_view id) DLOCK_REQUIRES(state_->mu) {
     auto it = state_->queues.find(queue);
@@ -588,8 +595,7 @@ class MemStore::MemSession final : public Session {
   // Registers a head watch under `key`, or returns its outcome if it has one
   // at once (then `key` stays 0).
   std::optional<Status> register_head_watch(std::string_view queue, const Head& seen,
-                                            const std::shared_ptr<internal::OneOutcome>& outcome,
-                                            std::uint64_t& key) {
+                                            const std::shared_ptr<internal::OneOutcome>& outcome, std::uint64_t& key) {
     if (Status s = CheckQueue(queue); !s.ok()) return s;
     State::HeadMark mark;
     if (seen.entry) mark = {seen.entry->id, seen.entry->value_version};
