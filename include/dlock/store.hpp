@@ -256,11 +256,18 @@ class DLOCK_EXPORT Session {
   //
   // What an election needs beyond a lock (docs/election.md): a value per
   // entry, changed in place, and a wake-up when a queue's head may have
-  // changed. A store that has not implemented them answers kUnimplemented.
+  // changed.
+
+  // Whether this store keeps EntrySpec::value and implements the calls
+  // below. If false (the default), it ignores EntrySpec::value and
+  // ListOptions::with_values, and the calls below answer kUnimplemented:
+  // a caller that needs values checks this first.
+  virtual bool keeps_values() const noexcept;
 
   // Changes this session's own live entry `id` of `queue` as `update` says,
   // keeping its id, token, sequence and kind; returns the entry as it is now
-  // (with its value and a new value_version). Errors: kFailedPrecondition
+  // (with its value; value_version is new if `update.value` was set, and an
+  // owner-only update need not wake a head watch). Errors: kFailedPrecondition
   // (no such entry, or it is not this session's), kSessionLost, kUnavailable
   // (outcome unknown: the same update may be sent again), kInvalidArgument,
   // kUnimplemented (the default).
@@ -270,16 +277,20 @@ class DLOCK_EXPORT Session {
                                   Clock::time_point deadline, std::function<void(Result<Entry>)> done);
 
   // One consistent reading of the queue's first entry, with its value.
-  // Errors as async_list. Default: async_list with values, its front.
+  // Errors as async_list. Default: kUnimplemented where keeps_values() is
+  // false, else async_list with values, its front (position 0).
   virtual void async_read_head(std::string_view queue, const ListOptions& options, Clock::time_point deadline,
                                std::function<void(Result<Head>)> done);
 
   // `done` gets OK as soon as the head of `queue` may differ from `seen` (a
-  // reading of async_read_head): another entry first, the queue emptied or
-  // no longer empty, or the head's value_version changed; at once if it
-  // already differs. It may also get OK when nothing changed (the caller
-  // reads again), but never misses a change made after the reading `seen`
-  // came from. Keeps waiting through a suspension. Errors: kSessionLost
+  // reading of async_read_head; a Head made otherwise may fire at once):
+  // another entry first, the queue emptied or no longer empty, or the
+  // head's value_version changed; at once if it changed since the reading,
+  // even if it changed back. It may also get OK when nothing changed (the
+  // caller reads again), but never misses a change made after the reading
+  // `seen` came from. On a store with no threads of its own (mem://), `done`
+  // runs on the thread of the call that changed the head, whichever
+  // session's. Keeps waiting through a suspension. Errors: kSessionLost
   // (this session ended), kUnavailable (could not be armed),
   // kInvalidArgument, kUnimplemented (the default); destroying the handle
   // cancels, with the rules of async_wait_any_gone. Woken by the store,
@@ -329,11 +340,12 @@ class DLOCK_EXPORT Store {
 //     - queue names are ValidateLockName's, and nested names are unrelated;
 //     - every wait follows StoreOptions::clock and its on_advance(), unless
 //       the store cannot run on a hand-moved clock (say so, as Redis does);
-//     - the asynchronous primitives are the ones the recipes use: override
-//       them with the store's own asynchronous machinery, so that pending
-//       acquires cost no thread each (at most 4 threads per store client,
-//       the acquisition engine's included), and run every completion exactly
-//       once, cancellations included.
+//     - the asynchronous primitives are the ones the recipes use (and, for
+//       a store that keeps values, async_update_entry, async_read_head and
+//       async_watch_head): override them with the store's own asynchronous
+//       machinery, so that pending acquires cost no thread each (at most 4
+//       threads per store client, the acquisition engine's included), and
+//       run every completion exactly once, cancellations included.
 //  3. Run tests/store/conformance_test.cpp on it: a server script
 //     tests/servers/<name>.sh, dlock_add_server_fixture() and one
 //     dlock_add_server_suite() per shared suite (tests/CMakeLists.txt;

@@ -86,6 +86,8 @@ std::shared_ptr<void> Session::async_wait_turn(std::string_view queue, std::span
   return async_wait_any_gone(queue, ids, [done = std::move(done)](Status s) { done(std::move(s), false); });
 }
 
+bool Session::keeps_values() const noexcept { return false; }
+
 Result<Entry> Session::update_entry(std::string_view /*queue*/, std::string_view /*id*/, const EntryUpdate& /*update*/,
                                     Clock::time_point /*deadline*/) {
   return UnimplementedError("this store cannot change an entry in place");
@@ -98,6 +100,10 @@ void Session::async_update_entry(std::string_view queue, std::string_view id, co
 
 void Session::async_read_head(std::string_view queue, const ListOptions& options, Clock::time_point deadline,
                               std::function<void(Result<Head>)> done) {
+  if (!keeps_values()) {
+    done(UnimplementedError("this store keeps no values"));
+    return;
+  }
   ListOptions with_values = options;
   with_values.with_values = true;
   async_list(queue, with_values, deadline, [done = std::move(done)](Result<std::vector<Entry>> listed) {
@@ -150,9 +156,12 @@ Result<OwnerRecord> DecodeOwnerRecord(std::string_view data) {
     return true;
   };
   if (!text("host", out.host) || !text("thread", out.thread) || !text("label", out.label) || !number("pid", out.pid) ||
-      !number("at", out.acquired_unix_ms) || !number("elected", out.elected_unix_ms)) {
+      !number("at", out.acquired_unix_ms)) {
     return InvalidArgumentError("owner record has a field of the wrong type");
   }
+  // Newer than the other fields: a record of another writer that has an
+  // "elected" of another type still decodes, without it.
+  if (!number("elected", out.elected_unix_ms)) out.elected_unix_ms = 0;
   return out;
 }
 

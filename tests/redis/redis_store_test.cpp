@@ -1,7 +1,6 @@
 // The redis:// store against a real redis-server (tests/redis/redis_server.hpp
 // starts private ones). No mocks: every test runs the scripts, the pub/sub
 // connection and the keep-alive for real.
-#include <dirent.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
@@ -28,6 +27,7 @@
 #include "redis/redis_server.hpp"
 #include "redis/redis_test_util.hpp"
 #include "support/status_matchers.hpp"
+#include "support/threads.hpp"
 
 #ifndef DLOCK_REDIS_HOLDER
 #error "DLOCK_REDIS_HOLDER (path of dlock_redis_holder) must be defined"
@@ -315,17 +315,7 @@ TEST_F(RedisSessionTest, WaitingDoesNotPoll) {
               settled["subscribe"] - before["subscribe"], settled["evalsha"] - before["evalsha"], during);
 }
 
-// The threads of this process.
-int ThreadCount() {
-  int n = 0;
-  if (DIR* d = ::opendir("/proc/self/task")) {
-    while (dirent* e = ::readdir(d)) {
-      if (e->d_name[0] != '.') ++n;
-    }
-    ::closedir(d);
-  }
-  return n;
-}
+using testing::ThreadCount;
 
 TEST_F(RedisSessionTest, FiveHundredAsyncWaitsOnOneSessionAddNoThreads) {
   // Waits are objects on the subscriber thread, not threads: 500 of them

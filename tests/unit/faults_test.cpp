@@ -154,7 +154,8 @@ TEST(Faults, MemUpdatesAndHeadWatchesHonourInjectedFaults) {
     std::lock_guard<std::mutex> g(mu);
     order.push_back(std::string("leader ") + std::string(SessionStateName(s)));
   });
-  seen.entry = watcher->list("election", {.with_owners = false, .with_values = true}, kNoDeadline).value().front();
+  watcher->async_read_head("election", {}, kNoDeadline, [&](Result<Head> h) { seen = h.value(); });
+  ASSERT_TRUE(seen.entry.has_value());
   auto h1 = watcher->async_watch_head("election", seen, [&](Status s) {
     std::lock_guard<std::mutex> g(mu);
     order.push_back("head changed: " + s.to_string());

@@ -83,6 +83,15 @@ struct MemStore::State {
     std::shared_ptr<internal::OneOutcome> outcome;
   };
   std::map<std::string, std::map<std::uint64_t, HeadWatcher>, std::less<>> head_watchers DLOCK_GUARDED_BY(mu);
+  // When heads changed, on a counter of head changes of every queue: a
+  // reading's Head::position is the counter then, so that a watch armed
+  // later sees a head that changed and changed back in between (review
+  // finding: an entry that came and went). Per non-empty queue; for the
+  // queues that emptied (and are forgotten), only the last such moment:
+  // a watch on an empty queue read before it fires, at worst needlessly.
+  std::uint64_t head_clock DLOCK_GUARDED_BY(mu) = 0;
+  std::map<std::string, std::uint64_t, std::less<>> head_changed_at DLOCK_GUARDED_BY(mu);
+  std::uint64_t last_emptied_at DLOCK_GUARDED_BY(mu) = 0;
   // Outcomes taken out under mu, to be delivered after it is let go.
   using Settled = std::vector<std::pair<std::shared_ptr<internal::OneOutcome>, Status>>;
 
@@ -192,6 +201,24 @@ struct MemStore::State {
                           [](const StoredEntry& a, const StoredEntry& b) { return QueueOrder(a.entry, b.entry); });
     return {first.entry.id, first.entry.value_version};
   }
+  // Records a change of `queue`'s head, if its head is no longer `before`.
+  void note_head(std::string_view queue, const HeadMark& before) DLOCK_REQUIRES(mu) {
+    const HeadMark after = head_mark(queue);
+    if (after == before) return;
+    ++head_clock;
+    if (after.id) {
+      head_changed_at.insert_or_assign(std::string(queue), head_clock);
+    } else {
+      if (auto it = head_changed_at.find(queue); it != head_changed_at.end()) head_changed_at.erase(it);
+      last_emptied_at = head_clock;
+    }
+  }
+  // Whether `queue`'s head may have changed since a reading at `position`.
+  bool head_changed_since(std::string_view queue, std::int64_t position) const DLOCK_REQUIRES(mu) {
+    auto it = head_changed_at.find(queue);
+    const std::uint64_t at = it != head_changed_at.end() ? it->second : last_emptied_at;
+    return at > static_cast<std::uint64_t>(std::max<std::int64_t>(position, 0));
+  }
   bool present(std::string_view queue, std::string_view id) const DLOCK_REQUIRES(mu) {
     auto it = queues.find(queue);
     if (it == queues.end()) return false;
@@ -264,8 +291,11 @@ struct MemStore::State {
   // Removes every entry of `session`.
   void drop_entries_of(const std::string& session) DLOCK_REQUIRES(mu) {
     for (auto it = queues.begin(); it != queues.end();) {
+      const std::string queue = it->first;
+      const HeadMark before = head_mark(queue);
       std::erase_if(it->second, [&](const StoredEntry& e) { return e.session == session; });
       it = it->second.empty() ? queues.erase(it) : std::next(it);
+      note_head(queue, before);
     }
   }
 };
@@ -339,6 +369,7 @@ class MemStore::MemSession final : public Session {
 
   Result<Appended> append(std::string_view queue, const EntrySpec& spec, Clock::time_point) override {
     if (Status s = CheckQueue(queue); !s.ok()) return s;
+    if (Status s = internal::CheckEntryValue(spec.value); !s.ok()) return s;
     internal::MutexLock lock(state_->mu);
     state_->delay(lock.native(), "append");
     if (Status s = state_->inject("append"); !s.ok()) return s;
@@ -346,7 +377,6 @@ class MemStore::MemSession final : public Session {
     if (spec.kind.empty() || spec.attempt_id.empty()) {
       return InvalidArgumentError("entry needs a kind and an attempt id");
     }
-    if (Status s = internal::CheckEntryValue(spec.value); !s.ok()) return s;
     std::uint64_t token = state_->next_token++;
     State::StoredEntry stored;
     char id[48];
@@ -362,7 +392,9 @@ class MemStore::MemSession final : public Session {
     stored.owner_json = EncodeOwnerRecord(spec.owner);
     Appended out;
     out.entry = stored.entry;
+    const State::HeadMark before = state_->head_mark(queue);
     state_->queues[std::string(queue)].push_back(std::move(stored));
+    state_->note_head(queue, before);
     out.queue = state_->snapshot(queue, false);
     State::Settled woken = state_->settle(queue);  // head watchers of a queue that was empty
     const bool lost = state_->lose_reply("append");
@@ -396,18 +428,41 @@ class MemStore::MemSession final : public Session {
       return FailedPreconditionError("no entry " + std::string(id) + " of session " + id_ + " in " +
                                      std::string(queue));
     }
+    const State::HeadMark before = state_->head_mark(queue);
     if (update.value) {
       mine->entry.value = update.value;
       ++mine->entry.value_version;
     }
     if (update.owner) mine->owner_json = EncodeOwnerRecord(*update.owner);
     Entry out = mine->entry;
+    state_->note_head(queue, before);
     State::Settled woken = state_->settle(queue);  // head watchers, if it is the head
     const bool lost = state_->lose_reply("update");
     lock.unlock();
     State::deliver(std::move(woken));
     if (lost) return UnavailableError("reply to update lost (injected)");
     return out;
+  }
+
+  bool keeps_values() const noexcept override { return true; }
+
+  // One reading under the store's lock; its position is the head clock then.
+  void async_read_head(std::string_view queue, const ListOptions& options, Clock::time_point deadline,
+                       std::function<void(Result<Head>)> done) override {
+    done(read_head(queue, options, deadline));
+  }
+  Result<Head> read_head(std::string_view queue, const ListOptions& options, Clock::time_point) {
+    if (Status s = CheckQueue(queue); !s.ok()) return s;
+    internal::MutexLock lock(state_->mu);
+    state_->delay(lock.native(), "list");
+    if (Status s = state_->inject("list"); !s.ok()) return s;
+    if (Status s = state_->usable(id_); !s.ok()) return s;
+    Head head;
+    auto entries = state_->snapshot(queue, options.with_owners, /*with_values=*/true);
+    if (!entries.empty()) head.entry = std::move(entries.front());
+    head.position = static_cast<std::int64_t>(state_->head_clock);
+    if (state_->lose_reply("list")) return UnavailableError("reply to list lost (injected)");
+    return head;
   }
 
   // A watcher in the state, completed by whatever changes the queue's head
@@ -419,9 +474,9 @@ class MemStore::MemSession final : public Session {
     std::uint64_t key = 0;
     std::optional<Status> now = register_head_watch(queue, seen, outcome, key);
     if (now) outcome->complete(std::move(*now));
-    return CancelHandle(
+    return cancel_handle(
         queue, key, std::move(outcome), [](State & s) -> auto& {
-          s.mu.assert_held();  // called by CancelHandle's handle under mu
+          s.mu.assert_held();  // called by cancel_handle's handle under mu
           return s.head_watchers;
         });
   }
@@ -483,9 +538,9 @@ class MemStore::MemSession final : public Session {
     std::optional<Status> now =
         register_wait(queue, ids, outcome, key, std::move(own), std::move(ahead), std::move(own_intact));
     if (now) outcome->complete(std::move(*now));
-    return CancelHandle(
+    return cancel_handle(
         queue, key, std::move(outcome), [](State & s) -> auto& {
-          s.mu.assert_held();  // called by CancelHandle's handle under mu
+          s.mu.assert_held();  // called by cancel_handle's handle under mu
           return s.waiters;
         });
   }
@@ -499,8 +554,10 @@ class MemStore::MemSession final : public Session {
     auto it = state_->queues.find(queue);
     State::Settled woken;
     if (it != state_->queues.end()) {
+      const State::HeadMark before = state_->head_mark(queue);
       std::erase_if(it->second, [&](const State::StoredEntry& e) { return e.entry.id == id; });
       if (it->second.empty()) state_->queues.erase(it);
+      state_->note_head(queue, before);
       woken = state_->settle(queue);
     }
     Status out = state_->lose_reply("remove") ? UnavailableError("reply to remove lost (injected)") : OkStatus();
@@ -565,8 +622,8 @@ class MemStore::MemSession final : public Session {
   // `registry(state)`, a map by queue: destroying it takes the registration
   // out, if the store is still there, then cancels the outcome.
   template <class Registry>
-  std::shared_ptr<void> CancelHandle(std::string_view queue, std::uint64_t key,
-                                     std::shared_ptr<internal::OneOutcome> outcome, Registry registry) {
+  std::shared_ptr<void> cancel_handle(std::string_view queue, std::uint64_t key,
+                                      std::shared_ptr<internal::OneOutcome> outcome, Registry registry) {
     std::weak_ptr<State> weak = state_;
     return std::shared_ptr<void>(nullptr, [weak, queue = std::string(queue), key, outcome, registry](void*) {
       if (auto state = weak.lock(); state && key != 0) {
@@ -603,7 +660,7 @@ class MemStore::MemSession final : public Session {
     state_->delay(lock.native(), "watch_head");
     if (Status s = state_->inject("watch_head"); !s.ok()) return s;
     if (state_->ended(id_)) return state_->usable(id_);
-    if (!(state_->head_mark(queue) == mark)) return OkStatus();
+    if (!(state_->head_mark(queue) == mark) || state_->head_changed_since(queue, seen.position)) return OkStatus();
     key = state_->next_waiter++;
     state_->head_watchers[std::string(queue)].emplace(key, State::HeadWatcher{id_, std::move(mark), outcome});
     return std::nullopt;
