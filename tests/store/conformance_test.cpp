@@ -921,7 +921,9 @@ TEST_P(ConformanceTest, AStoreKeepsValuesOrSaysItDoesNot) {
   auto s = NewSession();
   ASSERT_TRUE(s);
   const std::string q = Queue("values-or-not");
-  Entry e = Append(*s, q, Candidate("10.0.0.7:8080"));
+  EntrySpec spec = Spec();  // a lock: every store takes it (not every one takes candidates yet)
+  spec.value = "10.0.0.7:8080";
+  Entry e = Append(*s, q, spec);
   auto head = ReadHead(*s, q);
   if (!s->keeps_values()) {
     EXPECT_THAT(head.status(), StatusIs(ErrorCode::kUnimplemented));
