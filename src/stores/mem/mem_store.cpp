@@ -474,11 +474,20 @@ class MemStore::MemSession final : public Session {
     std::uint64_t key = 0;
     std::optional<Status> now = register_head_watch(queue, seen, outcome, key);
     if (now) outcome->complete(std::move(*now));
-    return cancel_handle(
-        queue, key, std::move(outcome), [](State & s) -> auto& {
-          s.mu.assert_held();  // called by cancel_handle's handle under mu
-          return s.head_watchers;
-        });
+    // Written out for each registry: a template shared by both would put
+    // dlock::internal in the name of a type MemStore exports (package.exports).
+    std::weak_ptr<State> weak = state_;
+    return std::shared_ptr<void>(nullptr, [weak, queue = std::string(queue), key, outcome](void*) {
+      if (auto state = weak.lock(); state && key != 0) {
+        internal::MutexLock g(state->mu);
+        auto it = state->head_watchers.find(queue);
+        if (it != state->head_watchers.end()) {
+          it->second.erase(key);
+          if (it->second.empty()) state->head_watchers.erase(it);
+        }
+      }
+      outcome->cancel();
+    });
   }
 
   // The asynchronous wait, blocked on: it ends on the outcome, the deadline
@@ -538,11 +547,20 @@ class MemStore::MemSession final : public Session {
     std::optional<Status> now =
         register_wait(queue, ids, outcome, key, std::move(own), std::move(ahead), std::move(own_intact));
     if (now) outcome->complete(std::move(*now));
-    return cancel_handle(
-        queue, key, std::move(outcome), [](State & s) -> auto& {
-          s.mu.assert_held();  // called by cancel_handle's handle under mu
-          return s.waiters;
-        });
+    // Written out for each registry: a template shared by both would put
+    // dlock::internal in the name of a type MemStore exports (package.exports).
+    std::weak_ptr<State> weak = state_;
+    return std::shared_ptr<void>(nullptr, [weak, queue = std::string(queue), key, outcome](void*) {
+      if (auto state = weak.lock(); state && key != 0) {
+        internal::MutexLock g(state->mu);
+        auto it = state->waiters.find(queue);
+        if (it != state->waiters.end()) {
+          it->second.erase(key);
+          if (it->second.empty()) state->waiters.erase(it);
+        }
+      }
+      outcome->cancel();
+    });
   }
 
   Status remove(std::string_view queue, std::string_view id, Clock::time_point) override {
@@ -616,27 +634,6 @@ class MemStore::MemSession final : public Session {
         key, State::Waiter{id_, std::string(queue), std::move(wanted), outcome, std::move(own), std::move(ahead),
                            std::move(own_intact)});
     return std::nullopt;
-  }
-
-  // The handle of a wait or watch registered under `key` (0: none) in
-  // `registry(state)`, a map by queue: destroying it takes the registration
-  // out, if the store is still there, then cancels the outcome.
-  template <class Registry>
-  std::shared_ptr<void> cancel_handle(std::string_view queue, std::uint64_t key,
-                                      std::shared_ptr<internal::OneOutcome> outcome, Registry registry) {
-    std::weak_ptr<State> weak = state_;
-    return std::shared_ptr<void>(nullptr, [weak, queue = std::string(queue), key, outcome, registry](void*) {
-      if (auto state = weak.lock(); state && key != 0) {
-        internal::MutexLock g(state->mu);
-        auto& by_queue = registry(*state);
-        auto it = by_queue.find(queue);
-        if (it != by_queue.end()) {
-          it->second.erase(key);
-          if (it->second.empty()) by_queue.erase(it);
-        }
-      }
-      outcome->cancel();
-    });
   }
 
   // This session's entry `id` of `queue`, or nullptr.
