@@ -28,6 +28,7 @@
 #include "dlock/dlock.hpp"
 #include "dlock/store.hpp"
 #include "etcd/private_etcd.hpp"
+#include "support/poll.hpp"
 #include "support/threads.hpp"
 
 #if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
@@ -63,6 +64,7 @@ namespace {
 
 using namespace std::chrono_literals;
 using SteadyClock = std::chrono::steady_clock;
+using testing::Eventually;
 using testing::PrivateEtcd;
 
 // The URL of a test's store: prefix /rev, then `query`.
@@ -122,15 +124,15 @@ TEST(EtcdRegressions, LossMarginIsATenthOfTheTtl) {
   server.freeze();
   const auto frozen = SteadyClock::now();
   if (frozen - before_open >= 400ms) GTEST_SKIP() << "the machine was too slow to freeze the server in time";
-  while ((*session)->state() != SessionState::kLost && SteadyClock::now() - frozen < 10s) {
-    std::this_thread::sleep_for(1ms);
-  }
-  const auto lost = SteadyClock::now();
+  // Every renewal answered was sent before `frozen`: state() must read
+  // kLost by frozen + 2.7 s (it folds in the session's clock, so one
+  // reading then is the check, however late this thread wakes).
+  std::this_thread::sleep_until(frozen + 2700ms);
+  const SessionState at_deadline = (*session)->state();
+  const auto read_after = std::chrono::duration_cast<std::chrono::milliseconds>(SteadyClock::now() - frozen);
   server.thaw();
-  const auto after = std::chrono::duration_cast<std::chrono::milliseconds>(lost - frozen);
-  // Every renewal answered was sent before `frozen`: lost must be by frozen + 2.7 s.
-  EXPECT_LE(after.count(), 2700 + 20) << "kLost came " << after.count()
-                                      << " ms after the server froze: no margin before the server's expiry (S + TTL)";
+  EXPECT_EQ(at_deadline, SessionState::kLost)
+      << "not lost " << read_after.count() << " ms after the server froze: no margin before the server's expiry";
 }
 
 // Finding 2: Track::every is ttl / 3 on std::chrono::seconds: 0 s for a TTL
@@ -188,8 +190,8 @@ TEST(EtcdRegressions, CompletionOwningTheLastSessionRefDoesNotWedgeTheLoop) {
   std::this_thread::sleep_for(300ms);
   server.thaw();
   ASSERT_EQ(listed1->get_future().wait_for(5s), std::future_status::ready);
-  std::this_thread::sleep_for(300ms);  // the completion's captures go
-  EXPECT_TRUE(weak_first.expired()) << "something else holds the session";
+  // The completion's captures go just after it ran, on the loop thread.
+  EXPECT_TRUE(Eventually([&] { return weak_first.expired(); }, 10s)) << "something else holds the session";
 
   // Any later call on the same store, from a thread of its own (it may block for good).
   auto listed2 = std::make_shared<std::promise<void>>();
@@ -444,7 +446,9 @@ TEST(EtcdRegressions, AnUncontendedCycleIsTwoTxns) {
     hold->release();
   }
   const std::int64_t txns = TxnCalls(server) - before;
-  EXPECT_LE(txns, 2 * kCycles) << txns << " Txns for " << kCycles << " cycles";
+  // A few to spare: a loaded machine may make a request ambiguous and have
+  // it retried; the defect this guards against costs kCycles more.
+  EXPECT_LE(txns, 2 * kCycles + 4) << txns << " Txns for " << kCycles << " cycles";
 }
 
 // The watch on a session's own entry starts at its create revision: when

@@ -116,10 +116,14 @@ TEST(RedisHandoff, TwoMutexHoldersAfterARollback) {
   Client cc = Client::connect(server->url("?ttl=10s&connect_timeout=1s"));
   Mutex mc(cc, name);
   auto fut = std::async(std::launch::async, [&] { return mc.acquire(20s); });
-  std::this_thread::sleep_for(700ms);
-  auto before = b->list(name, {}, In(5s));
-  ASSERT_TRUE(before.ok());
-  ASSERT_EQ(before->size(), 3u);
+  Result<std::vector<Entry>> before = std::vector<Entry>{};
+  ASSERT_TRUE(Eventually(
+      [&] {
+        before = b->list(name, {}, In(5s));
+        return before.ok() && before->size() == 3u;
+      },
+      20s))
+      << "the third waiter's entry never came";
   const std::string x_id = (*before)[0].id, w_id = (*before)[2].id;
   ASSERT_EQ(server->CmdStr({"SAVE"}), "OK");        // X, P, W
   ASSERT_TRUE(b->remove(name, x_id, In(5s)).ok());  // `dlock break` of X

@@ -864,9 +864,11 @@ TEST_F(ZkStoreTest, TimingLostBeforeTheServerGivesTheLockAway) {
   std::vector<std::string> ids{held->entry.id};
   Status waited;
   SteadyClock::time_point granted;
+  SessionState holder_when_granted = SessionState::kConnected;
   std::thread successor([&] {
     waited = next->wait_any_gone("lock", ids, In(60s), {});
     granted = SteadyClock::now();
+    holder_when_granted = holder->state();
   });
   std::this_thread::sleep_for(500ms);
   auto cut = SteadyClock::now();
@@ -883,8 +885,10 @@ TEST_F(ZkStoreTest, TimingLostBeforeTheServerGivesTheLockAway) {
       "at %.3f s (session timeout %.1f s)\n",
       suspended ? (std::to_string(zktest::Seconds(*suspended - cut)) + " s").c_str() : "never",
       zktest::Seconds(*lost - cut), zktest::Seconds(granted - cut), zktest::Seconds(kTimeout));
-  EXPECT_LT(*lost, granted);
-  EXPECT_LE(*lost - cut, kTimeout);
+  // The promise is state(): it reads kLost before the server can give the
+  // lock away. The subscriber's call may come later on a loaded machine
+  // (the times above are printed, not asserted).
+  EXPECT_EQ(holder_when_granted, SessionState::kLost);
   EXPECT_EQ(holder->state(), SessionState::kLost);
   EXPECT_EQ(holder->append("lock", Spec("lock"), In(1s)).status().code(), ErrorCode::kSessionLost);
   proxy.heal();
@@ -915,6 +919,11 @@ TEST_F(ZkStoreTest, TimingLostByOwnTimerWhenTheServerFreezes) {
   std::this_thread::sleep_for(500ms);
   server.freeze();
   auto frozen = SteadyClock::now();
+  // The session's own clock says kLost within the session timeout of the
+  // last contact, which was before the freeze: state() folds it in, however
+  // late the subscriber's call comes on a loaded machine.
+  std::this_thread::sleep_until(frozen + kTimeout);
+  EXPECT_EQ((*s)->state(), SessionState::kLost);
   ASSERT_TRUE(Eventually([&] { return log.when(SessionState::kLost).has_value(); }, 10s));
   waiter.join();
   auto lost = *log.when(SessionState::kLost) - frozen;
@@ -922,7 +931,6 @@ TEST_F(ZkStoreTest, TimingLostByOwnTimerWhenTheServerFreezes) {
   std::printf("[   INFO   ] server frozen at 0: kSuspended at %s, kLost at %.3f s (session timeout %.1f s)\n",
               suspended ? (std::to_string(zktest::Seconds(*suspended - frozen)) + " s").c_str() : "never",
               zktest::Seconds(lost), zktest::Seconds(kTimeout));
-  EXPECT_LE(lost, kTimeout);
   EXPECT_THAT(waited, StatusIs(ErrorCode::kSessionLost));
   server.thaw();
   // The store opens a new session; the old one's entries go with its expiry.
