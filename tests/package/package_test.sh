@@ -98,9 +98,11 @@ case $check in
       'typeinfo for dlock::Error' 'typeinfo for dlock::Store' 'dlock::ParseDuration('; do
       grep -qF "$want" <<<"$symbols" || fail "libdlock.so does not export $want"
     done
-    # 210 in a RelWithDebInfo build, ~350 in a Debug one (more std templates
-    # instantiated out of line); 1055 before the internals were hidden.
-    [ "$total" -lt 600 ] || fail "$total exported symbols: more than the public API needs"
+    # 338 in a RelWithDebInfo build, ~590 in the Debug ASan one (2026-11-27;
+    # std templates instantiated out of line for exported types, which grows
+    # with the code: the precise checks are the two above); 1055 before the
+    # internals were hidden.
+    [ "$total" -lt 800 ] || fail "$total exported symbols: more than the public API needs"
     ;;
 
   private-api)

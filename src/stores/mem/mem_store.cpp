@@ -28,6 +28,30 @@
 #include <mutex>
 
 namespace dlock {
+namespace mem_detail {
+namespace {
+
+// Outside MemStore::State, which MemStore exports: the std::map code made
+// for these types would otherwise be exported from libdlock.so with it
+// (package.exports counts the symbols).
+
+// The head of a queue, as async_watch_head compares it.
+struct HeadMark {
+  std::optional<std::string> id;  // nullopt: the queue was empty
+  std::uint64_t value_version = 0;
+  bool operator==(const HeadMark&) const = default;
+};
+
+// A pending async_watch_head: done when the queue's head differs from the
+// one seen.
+struct HeadWatcher {
+  std::string session;
+  HeadMark seen;
+  std::shared_ptr<internal::OneOutcome> outcome;
+};
+
+}  // namespace
+}  // namespace mem_detail
 
 struct MemStore::State {
   std::shared_ptr<Clock> clock;  // set by create() before anyone else sees the state; then constant
@@ -70,18 +94,8 @@ struct MemStore::State {
   std::uint64_t next_waiter DLOCK_GUARDED_BY(mu) = 1;
   // By queue, so that a removal looks only at the waiters of its queue.
   std::map<std::string, std::map<std::uint64_t, Waiter>, std::less<>> waiters DLOCK_GUARDED_BY(mu);
-  // A pending async_watch_head: done when the queue's head differs from
-  // the one seen (HeadMark).
-  struct HeadMark {
-    std::optional<std::string> id;  // nullopt: the queue was empty
-    std::uint64_t value_version = 0;
-    bool operator==(const HeadMark&) const = default;
-  };
-  struct HeadWatcher {
-    std::string session;
-    HeadMark seen;
-    std::shared_ptr<internal::OneOutcome> outcome;
-  };
+  using HeadMark = mem_detail::HeadMark;
+  using HeadWatcher = mem_detail::HeadWatcher;
   std::map<std::string, std::map<std::uint64_t, HeadWatcher>, std::less<>> head_watchers DLOCK_GUARDED_BY(mu);
   // When heads changed, on a counter of head changes of every queue: a
   // reading's Head::position is the counter then, so that a watch armed
