@@ -659,18 +659,10 @@ TEST(RedisFaults, LostIsDeclaredBeforeTheServerLeaseEndsWhenTheServerFreezes) {
   ASSERT_THAT(e.status(), IsOk());
   // Let a renewal happen, then read how long the server will keep the lease.
   ASSERT_TRUE(Eventually([&] { return server->CommandCalls()["pexpire"] >= 1; }, 3s));
-  // A reading with no renewal around it (a renewal in between would make
-  // the lease end later than read).
-  SteadyTime t_q;
-  long long pttl_key = 0, pttl_mirror = 0, rtt = 0;
-  for (int tries = 0; tries < 10; ++tries) {
-    const long long renewals = server->CommandCalls()["pexpire"];
-    t_q = Now();
-    pttl_key = server->CmdInt({"PTTL", "dlock:session:" + s->id()});
-    pttl_mirror = server->CmdInt({"PTTL", "dlock:{frozen/q}:s:" + s->id()});
-    rtt = MsSince(t_q);
-    if (server->CommandCalls()["pexpire"] == renewals) break;
-  }
+  auto t_q = Now();
+  long long pttl_key = server->CmdInt({"PTTL", "dlock:session:" + s->id()});
+  long long pttl_mirror = server->CmdInt({"PTTL", "dlock:{frozen/q}:s:" + s->id()});
+  auto rtt = MsSince(t_q);
   ASSERT_GT(pttl_key, 0);
   ASSERT_GT(pttl_mirror, 0);
   // The earliest the server could let the lease go, by the test's clock.
@@ -678,24 +670,14 @@ TEST(RedisFaults, LostIsDeclaredBeforeTheServerLeaseEndsWhenTheServerFreezes) {
   server->Freeze();
   auto suspended = log.WaitFor(SessionState::kSuspended, 5s);
   ASSERT_TRUE(suspended.has_value()) << "no kSuspended while the server is frozen";
-  // While suspended, requests fail fast instead of hanging until their
-  // deadline (kSessionLost once the session's clock says lost, which a
-  // loaded machine may reach before this line).
+  // While suspended, requests fail fast instead of hanging.
   auto t_a = Now();
-  const Status refused = s->append("frozen/q", Spec(), In(5s)).status();
-  EXPECT_TRUE(refused.code() == ErrorCode::kUnavailable || refused.code() == ErrorCode::kSessionLost)
-      << refused.to_string();
-  EXPECT_LT(MsSince(t_a), 2500) << "a request waited for its deadline";
-  // The promise: state() reads kLost before the server can end the lease
-  // (it folds in the session's clock, so one reading just before is the
-  // check; the subscriber's call may come later on a loaded machine).
-  // The reading came back with `pttl` left at some moment after t_q, so
-  // the lease cannot end before t_q + pttl.
-  std::this_thread::sleep_until(t_q + milliseconds(std::min(pttl_key, pttl_mirror)));
-  EXPECT_EQ(s->state(), SessionState::kLost) << "not lost when the server could end the lease";
+  EXPECT_THAT(s->append("frozen/q", Spec(), In(5s)).status(), StatusIs(ErrorCode::kUnavailable));
+  EXPECT_LT(MsSince(t_a), 100);
   auto lost = log.WaitFor(SessionState::kLost, 5s);
   ASSERT_TRUE(lost.has_value()) << "no kLost while the server is frozen";
   long long ahead = std::chrono::duration_cast<milliseconds>(server_end - *lost).count();
+  EXPECT_GT(ahead, 0) << "kLost must come before the server can end the lease";
   EXPECT_LT(ahead, 1000) << "kLost came too early";
   std::printf(
       "[ measure ] ttl 2s, server frozen: kSuspended after renewal failed, kLost %lld ms before the "
