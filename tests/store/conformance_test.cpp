@@ -898,7 +898,7 @@ TEST_P(ConformanceTest, AHandleMayBeDestroyedInsideItsOwnCompletion) {
 // time).
 
 // Skips the test where `s` keeps no values.
-#define SKIP_WITHOUT_VALUES(s, q)                                           \
+#define SKIP_WITHOUT_VALUES(s)                                              \
   do {                                                                      \
     if (!(s).keeps_values()) GTEST_SKIP() << "no values on this store yet"; \
   } while (0)
@@ -950,7 +950,7 @@ TEST_P(ConformanceTest, ValuesAreListedAndChangedInPlaceKeepingTokenAndPlace) {
   auto s = NewSession();
   ASSERT_TRUE(s);
   const std::string q = Queue("values");
-  SKIP_WITHOUT_VALUES(*s, q);
+  SKIP_WITHOUT_VALUES(*s);
   Entry first = Append(*s, q, Candidate("10.0.0.7:8080"));
   Entry second = Append(*s, q, Spec(std::string(entry_kind::kCandidate)));  // no value
   auto listed = s->list(q, {.with_owners = true, .with_values = true}, In(kPrompt));
@@ -989,7 +989,7 @@ TEST_P(ConformanceTest, AnUpdateTakesOnlyThisSessionsLiveEntry) {
   auto b = NewSession();
   ASSERT_TRUE(a && b);
   const std::string q = Queue("update-refused");
-  SKIP_WITHOUT_VALUES(*a, q);
+  SKIP_WITHOUT_VALUES(*a);
   Entry mine = Append(*a, q, Candidate("a"));
   EXPECT_THAT(b->update_entry(q, mine.id, {.value = "b", .owner = std::nullopt}, In(kPrompt)).status(),
               StatusIs(ErrorCode::kFailedPrecondition))
@@ -1023,7 +1023,7 @@ TEST_P(ConformanceTest, ReadHeadGivesTheFirstEntryWithItsValue) {
   auto s = NewSession();
   ASSERT_TRUE(s);
   const std::string q = Queue("head");
-  SKIP_WITHOUT_VALUES(*s, q);
+  SKIP_WITHOUT_VALUES(*s);
   auto empty = ReadHead(*s, q);
   ASSERT_THAT(empty.status(), IsOk());
   EXPECT_FALSE(empty->entry.has_value());
@@ -1067,7 +1067,7 @@ TEST_P(ConformanceTest, AHeadWatchFiresOnEveryChangeOfTheHead) {
   auto watcher = NewSession();
   ASSERT_TRUE(leader && next && watcher);
   const std::string q = Queue("head-watch");
-  SKIP_WITHOUT_VALUES(*watcher, q);
+  SKIP_WITHOUT_VALUES(*watcher);
   Entry led;
   EXPECT_TRUE(FiresOn(*watcher, q, [&] { led = Append(*leader, q, Candidate("one")); })) << "append to an empty queue";
   Entry behind = Append(*next, q, Candidate("two"));
@@ -1092,7 +1092,7 @@ TEST_P(ConformanceTest, AHeadWatchFiresAtOnceForAStaleReading) {
   auto watcher = NewSession();
   ASSERT_TRUE(s && watcher);
   const std::string q = Queue("head-stale");
-  SKIP_WITHOUT_VALUES(*s, q);
+  SKIP_WITHOUT_VALUES(*s);
   auto empty = ReadHead(*watcher, q);
   ASSERT_THAT(empty.status(), IsOk());
   Entry e = Append(*s, q, Candidate("v"));
@@ -1118,7 +1118,7 @@ TEST_P(ConformanceTest, AHeadWatchSeesAnEntryThatCameAndWentAfterTheReading) {
   auto watcher = NewSession();
   ASSERT_TRUE(s && watcher);
   const std::string q = Queue("head-came-and-went");
-  SKIP_WITHOUT_VALUES(*s, q);
+  SKIP_WITHOUT_VALUES(*s);
   auto empty = ReadHead(*watcher, q);
   ASSERT_THAT(empty.status(), IsOk());
   ASSERT_FALSE(empty->entry.has_value());
@@ -1146,7 +1146,7 @@ TEST_P(ConformanceTest, AHeadWatchIsCancelledByItsHandleAndEndsWithItsSession) {
   auto watcher = NewSession();
   ASSERT_TRUE(s && watcher);
   const std::string q = Queue("head-cancel");
-  SKIP_WITHOUT_VALUES(*s, q);
+  SKIP_WITHOUT_VALUES(*s);
   Entry e = Append(*s, q, Candidate("v"));
   auto seen = ReadHead(*watcher, q);
   ASSERT_THAT(seen.status(), IsOk());

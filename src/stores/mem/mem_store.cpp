@@ -419,14 +419,9 @@ class MemStore::MemSession final : public Session {
   }
 
   Result<std::vector<Entry>> list(std::string_view queue, const ListOptions& options, Clock::time_point) override {
-    if (Status s = CheckQueue(queue); !s.ok()) return s;
-    internal::MutexLock lock(state_->mu);
-    state_->delay(lock.native(), "list");
-    if (Status s = state_->inject("list"); !s.ok()) return s;
-    if (Status s = state_->usable(id_); !s.ok()) return s;
-    auto out = state_->snapshot(queue, options.with_owners, options.with_values);
-    if (state_->lose_reply("list")) return UnavailableError("reply to list lost (injected)");
-    return out;
+    auto read = read_queue(queue, options);
+    if (!read.ok()) return read.status();
+    return std::move(read->first);
   }
 
   Result<Entry> update_entry(std::string_view queue, std::string_view id, const EntryUpdate& update,
@@ -466,16 +461,13 @@ class MemStore::MemSession final : public Session {
     done(read_head(queue, options, deadline));
   }
   Result<Head> read_head(std::string_view queue, const ListOptions& options, Clock::time_point) {
-    if (Status s = CheckQueue(queue); !s.ok()) return s;
-    internal::MutexLock lock(state_->mu);
-    state_->delay(lock.native(), "list");
-    if (Status s = state_->inject("list"); !s.ok()) return s;
-    if (Status s = state_->usable(id_); !s.ok()) return s;
+    ListOptions with_values = options;
+    with_values.with_values = true;
+    auto read = read_queue(queue, with_values);
+    if (!read.ok()) return read.status();
     Head head;
-    auto entries = state_->snapshot(queue, options.with_owners, /*with_values=*/true);
-    if (!entries.empty()) head.entry = std::move(entries.front());
-    head.position = static_cast<std::int64_t>(state_->head_clock);
-    if (state_->lose_reply("list")) return UnavailableError("reply to list lost (injected)");
+    if (!read->first.empty()) head.entry = std::move(read->first.front());
+    head.position = static_cast<std::int64_t>(read->second);
     return head;
   }
 
@@ -648,6 +640,19 @@ class MemStore::MemSession final : public Session {
         key, State::Waiter{id_, std::string(queue), std::move(wanted), outcome, std::move(own), std::move(ahead),
                            std::move(own_intact)});
     return std::nullopt;
+  }
+
+  // One reading of `queue` (a "list" for the fault hooks): its entries, and
+  // the head clock at that moment.
+  Result<std::pair<std::vector<Entry>, std::uint64_t>> read_queue(std::string_view queue, const ListOptions& options) {
+    if (Status s = CheckQueue(queue); !s.ok()) return s;
+    internal::MutexLock lock(state_->mu);
+    state_->delay(lock.native(), "list");
+    if (Status s = state_->inject("list"); !s.ok()) return s;
+    if (Status s = state_->usable(id_); !s.ok()) return s;
+    auto entries = state_->snapshot(queue, options.with_owners, options.with_values);
+    if (state_->lose_reply("list")) return UnavailableError("reply to list lost (injected)");
+    return std::make_pair(std::move(entries), state_->head_clock);
   }
 
   // This session's entry `id` of `queue`, or nullptr.
