@@ -99,7 +99,7 @@ struct EntrySpec {
   std::optional<std::int64_t> sequence;
   // The entry's published value (an election candidate's proposal), kept
   // where the other clients of the store's layout read it. nullopt: none.
-  // At most 64 KiB.
+  // UTF-8 text of at most 64 KiB (kInvalidArgument otherwise).
   std::optional<std::string> value;
 };
 
@@ -135,7 +135,7 @@ struct ListOptions {
 // What to change in an entry of one's own (Session::update_entry). Its id,
 // token, sequence and kind never change.
 struct EntryUpdate {
-  std::optional<std::string> value;  // the new value (at most 64 KiB)
+  std::optional<std::string> value;  // the new value (UTF-8, at most 64 KiB)
   std::optional<OwnerRecord> owner;  // the new owner record
 };
 

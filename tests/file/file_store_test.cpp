@@ -815,5 +815,100 @@ TEST_F(FileStoreTest, OutOfDescriptorsAWaitEndsWithUnavailable) {
   EXPECT_EQ(Ids(List(*holder, "fds")), std::vector<std::string>{e.id});
 }
 
+// --- published values and head watches (elections)
+
+Result<Head> ReadHead(Session& session, const std::string& queue) {
+  std::optional<Result<Head>> read;
+  session.async_read_head(queue, {}, Soon(), [&](Result<Head> head) { read = std::move(head); });
+  return read ? std::move(*read) : Result<Head>(InternalError("read_head did not answer inline"));
+}
+
+// The value joins the owner record in the entry file; both come back whole,
+// also at the largest value size, in characters that JSON keeps as they are.
+TEST_F(FileStoreTest, AValueAndTheOwnerRecordShareTheEntryFile) {
+  auto s = NewSession();
+  std::string value;
+  while (value.size() + 2 <= 64 * 1024) value += "\xc3\xa9";  // U+00E9
+  EntrySpec spec = Spec(std::string(entry_kind::kCandidate));
+  spec.value = value;
+  Entry e = Append(*s, "v", spec);
+  auto listed = s->list("v", {.with_owners = true, .with_values = true}, kNoDeadline);
+  ASSERT_TRUE(listed.ok()) << listed.status().to_string();
+  ASSERT_EQ(listed->size(), 1u);
+  EXPECT_EQ((*listed)[0].value, std::optional<std::string>(value));
+  ASSERT_TRUE((*listed)[0].owner.has_value()) << "a 64 KiB value must not push the owner record out";
+  EXPECT_EQ((*listed)[0].owner->label, "file_store_test");
+  std::ifstream file(QueuePath("v") + "/" + e.id);
+  std::string content((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+  EXPECT_THAT(content, HasSubstr("\"label\":\"file_store_test\"")) << "readable by hand, as before";
+}
+
+TEST_F(FileStoreTest, AHeadWatchWakesWhenTheHeadsProcessIsKilled) {
+  Holder holder(dir_.path(), "e");
+  ASSERT_EQ(holder.entries().size(), 1u);
+  auto watcher = NewSession();
+  auto seen = ReadHead(*watcher, "e");
+  ASSERT_TRUE(seen.ok()) << seen.status().to_string();
+  ASSERT_TRUE(seen->entry.has_value());
+  EXPECT_EQ(seen->entry->id, holder.entry().id);
+  Outcomes fired;
+  auto handle = watcher->async_watch_head("e", *seen, fired.Callback(0));
+  std::this_thread::sleep_for(kStillBlocked);
+  EXPECT_EQ(fired.Count(), 0u);
+  holder.Kill();
+  auto got = fired.AtLeast(1);
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].second, OkStatus());
+  auto after = ReadHead(*watcher, "e");
+  ASSERT_TRUE(after.ok());
+  EXPECT_FALSE(after->entry.has_value());
+}
+
+// Every way a watch ends takes its FIFO with it, and a FIFO whose watcher
+// died is deleted by the next change; only the queue's position file stays.
+TEST_F(FileStoreTest, HeadWatchFifosGoWithTheirWatches) {
+  auto s = NewSession();
+  auto watcher = NewSession();
+  const std::string heads = dir_.path() + "/.heads/" + internal::file_store::QueueDirName("h");
+  auto names = [&] {
+    std::set<std::string> out;
+    for (const auto& e : std::filesystem::directory_iterator(heads)) out.insert(e.path().filename().string());
+    return out;
+  };
+  auto seen = ReadHead(*watcher, "h");
+  ASSERT_TRUE(seen.ok());
+  Outcomes outcomes;
+  constexpr int kWatches = 20;
+  std::vector<std::shared_ptr<void>> woken;
+  for (int i = 0; i < kWatches; ++i) woken.push_back(watcher->async_watch_head("h", *seen, outcomes.Callback(i)));
+  auto cancelled = watcher->async_watch_head("h", *seen, outcomes.Callback(kWatches));
+  EXPECT_EQ(names().size(), static_cast<std::size_t>(kWatches + 2));
+  std::this_thread::sleep_for(kStillBlocked);
+  EXPECT_EQ(outcomes.Count(), 0u) << "nothing changed yet";
+  // A watcher that died with its watch armed: a FIFO nobody has open.
+  const std::string dead = heads + "/" + std::string(internal::file_store::kNonceLength, 'a');
+  ASSERT_EQ(mkfifo(dead.c_str(), 0600), 0);
+  cancelled.reset();
+  Append(*s, "h");  // a head for an empty queue: wakes every watch at once
+  auto got = outcomes.AtLeast(kWatches + 1);
+  ASSERT_EQ(got.size(), static_cast<std::size_t>(kWatches + 1));
+  for (const auto& [index, status] : got) {
+    EXPECT_EQ(status.code(), index == kWatches ? ErrorCode::kCancelled : ErrorCode::kOk) << index;
+  }
+  woken.clear();
+  EXPECT_EQ(names(), std::set<std::string>{".position"});
+
+  seen = ReadHead(*watcher, "h");
+  ASSERT_TRUE(seen.ok());
+  auto ended = watcher->async_watch_head("h", *seen, outcomes.Callback(kWatches + 1));
+  EXPECT_EQ(names().size(), 2u);
+  watcher->close();
+  got = outcomes.AtLeast(kWatches + 2);
+  ASSERT_EQ(got.size(), static_cast<std::size_t>(kWatches + 2));
+  EXPECT_EQ(got.back().second.code(), ErrorCode::kSessionLost);
+  ended.reset();
+  EXPECT_EQ(names(), std::set<std::string>{".position"});
+}
+
 }  // namespace
 }  // namespace dlock

@@ -1003,6 +1003,10 @@ TEST_P(ConformanceTest, AnUpdateTakesOnlyThisSessionsLiveEntry) {
           .status(),
       StatusIs(ErrorCode::kInvalidArgument))
       << "a value over 64 KiB";
+  EXPECT_THAT(
+      a->update_entry(q, mine.id, {.value = std::string("caf\xc3", 4), .owner = std::nullopt}, In(kPrompt)).status(),
+      StatusIs(ErrorCode::kInvalidArgument))
+      << "a value that is not UTF-8";
   auto head = ReadHead(*b, q);
   ASSERT_THAT(head.status(), IsOk());
   ASSERT_TRUE(head->entry.has_value());
@@ -1015,6 +1019,8 @@ TEST_P(ConformanceTest, AnUpdateTakesOnlyThisSessionsLiveEntry) {
   EXPECT_THAT(a->update_entry(q, mine.id, {.value = "a4", .owner = std::nullopt}, In(kPrompt)).status(),
               StatusIs(ErrorCode::kSessionLost));
   EXPECT_THAT(b->append(q, Candidate(std::string(64 * 1024 + 1, 'x')), In(kPrompt)).status(),
+              StatusIs(ErrorCode::kInvalidArgument));
+  EXPECT_THAT(b->append(q, Candidate("\xed\xa0\x80"), In(kPrompt)).status(),  // a surrogate
               StatusIs(ErrorCode::kInvalidArgument));
   EXPECT_TRUE(List(*b, q).empty());
 }

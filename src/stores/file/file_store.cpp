@@ -64,7 +64,10 @@
 #include <utility>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "stores/blocking_wait.hpp"
+#include "stores/entry_value.hpp"
 #include "stores/file/layout.hpp"
 #include "stores/one_outcome.hpp"
 
@@ -77,12 +80,16 @@ using file_store::IsNonce;
 using file_store::IsValidAttemptId;
 using file_store::IsValidKind;
 using file_store::kCounterFile;
+using file_store::kHeadsDir;
+using file_store::kPositionFile;
 using file_store::kTempPrefix;
 using file_store::kWakeDir;
 using file_store::ParseEntryName;
 using file_store::QueueDirName;
 
-constexpr std::size_t kMaxOwnerRecord = 64 * 1024;
+// The largest entry file we write: an owner record and a value, each at most
+// 64 KiB before JSON escapes.
+constexpr std::size_t kMaxEntryContent = 1024 * 1024;
 // How often append starts over when its queue directory vanishes under it (a
 // concurrent rmdir of the emptied queue) before giving up.
 constexpr int kMaxAppendAttempts = 100;
@@ -405,28 +412,39 @@ std::uint64_t WallClockMicros() {
   return us.count() > 0 ? static_cast<std::uint64_t>(us.count()) : 0;
 }
 
+// Reads an 8-byte little-endian number at the start of `fd` (0 if empty).
+// Never written short by us: a number of another length is damage, and
+// restarting low would let tokens (or head positions) go back.
+Result<std::uint64_t> ReadNumberFile(int fd, const std::string& shown_path) {
+  unsigned char bytes[8] = {};
+  ssize_t n = RetryOnEintr([&] { return pread(fd, bytes, sizeof bytes, 0); });
+  if (n < 0) return ErrnoStatus(errno, "cannot read", shown_path);
+  if (n != 0 && n != static_cast<ssize_t>(sizeof bytes)) {
+    return InternalError(shown_path + " is " + std::to_string(n) + " bytes long, not 8; it was damaged");
+  }
+  std::uint64_t value = 0;
+  for (std::size_t i = 0; i < sizeof bytes; ++i) value |= std::uint64_t{bytes[i]} << (8 * i);
+  return value;
+}
+
+Status WriteNumberFile(int fd, std::uint64_t value, const std::string& shown_path) {
+  unsigned char bytes[8] = {};
+  for (std::size_t i = 0; i < sizeof bytes; ++i) bytes[i] = static_cast<unsigned char>(value >> (8 * i));
+  ssize_t n = RetryOnEintr([&] { return pwrite(fd, bytes, sizeof bytes, 0); });
+  if (n != static_cast<ssize_t>(sizeof bytes)) return ErrnoStatus(n < 0 ? errno : EIO, "cannot write", shown_path);
+  return OkStatus();
+}
+
 // The next fencing token: max(last + 1, wall clock in us). The caller holds
 // the counter's exclusive lock.
 Result<std::uint64_t> NextToken(const StoreDir& dir, int counter_fd) {
-  unsigned char bytes[8] = {};
-  ssize_t n = RetryOnEintr([&] { return pread(counter_fd, bytes, sizeof bytes, 0); });
-  if (n < 0) return ErrnoStatus(errno, "cannot read", dir.path_of(kCounterFile));
-  if (n != 0 && n != static_cast<ssize_t>(sizeof bytes)) {
-    // Never written short by us; restarting low would let tokens go back.
-    return InternalError("counter file " + dir.path_of(kCounterFile) + " is " + std::to_string(n) +
-                         " bytes long, not 8; it was damaged");
-  }
-  std::uint64_t last = 0;
-  for (std::size_t i = 0; i < sizeof bytes; ++i) last |= std::uint64_t{bytes[i]} << (8 * i);
-  if (last >= static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) {
+  auto last = ReadNumberFile(counter_fd, dir.path_of(kCounterFile));
+  if (!last.ok()) return last.status();
+  if (*last >= static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) {
     return InternalError("fencing tokens of " + dir.path + " are exhausted");
   }
-  std::uint64_t next = std::max(last + 1, WallClockMicros());
-  for (std::size_t i = 0; i < sizeof bytes; ++i) bytes[i] = static_cast<unsigned char>(next >> (8 * i));
-  n = RetryOnEintr([&] { return pwrite(counter_fd, bytes, sizeof bytes, 0); });
-  if (n != static_cast<ssize_t>(sizeof bytes)) {
-    return ErrnoStatus(n < 0 ? errno : EIO, "cannot write", dir.path_of(kCounterFile));
-  }
+  std::uint64_t next = std::max(*last + 1, WallClockMicros());
+  if (auto s = WriteNumberFile(counter_fd, next, dir.path_of(kCounterFile)); !s.ok()) return s;
   return next;
 }
 
@@ -480,8 +498,46 @@ Result<Probe> ProbeFile(const StoreDir& dir, int qdir_fd, const std::string& nam
   return out;
 }
 
-std::optional<OwnerRecord> ReadOwner(int fd) {
-  std::string data(kMaxOwnerRecord + 1, '\0');
+// What an entry file holds. Its owner record is a JSON object; a published
+// value joins it as two more fields, which older readers ignore.
+struct EntryContent {
+  std::optional<OwnerRecord> owner;
+  std::optional<std::string> value;
+  std::uint64_t value_version = 1;
+};
+
+std::string EncodeEntryContent(const OwnerRecord& owner, const std::optional<std::string>& value,
+                               std::uint64_t value_version) {
+  std::string record = EncodeOwnerRecord(owner);
+  if (!value) return record;
+  nlohmann::json j = nlohmann::json::parse(record, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object()) j = nlohmann::json::object();
+  j["value"] = *value;  // UTF-8: CheckEntryValue
+  j["vv"] = value_version;
+  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+EntryContent DecodeEntryContent(std::string_view data) {
+  EntryContent out;
+  nlohmann::json j = nlohmann::json::parse(data, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object()) return out;
+  if (auto it = j.find("value"); it != j.end() && it->is_string()) out.value = it->get<std::string>();
+  if (auto it = j.find("vv"); it != j.end() && it->is_number_unsigned()) out.value_version = it->get<std::uint64_t>();
+  // The owner record alone (its decoder limits it to 64 KiB, which a value
+  // of 64 KiB would pass).
+  j.erase("value");
+  j.erase("vv");
+  if (auto owner = DecodeOwnerRecord(j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)); owner.ok()) {
+    out.owner = *owner;
+  }
+  return out;
+}
+
+// Reads a whole entry file (nothing if it is larger than any we write).
+EntryContent ReadContent(int fd) {
+  struct stat st {};
+  if (fstat(fd, &st) != 0 || st.st_size < 0 || static_cast<std::size_t>(st.st_size) > kMaxEntryContent) return {};
+  std::string data(static_cast<std::size_t>(st.st_size), '\0');
   std::size_t size = 0;
   while (size < data.size()) {
     ssize_t n =
@@ -490,9 +546,7 @@ std::optional<OwnerRecord> ReadOwner(int fd) {
     size += static_cast<std::size_t>(n);
   }
   data.resize(size);
-  auto owner = DecodeOwnerRecord(data);
-  if (!owner.ok()) return std::nullopt;
-  return *owner;
+  return DecodeEntryContent(data);
 }
 
 Result<UniqueFd> OpenQueueDir(const StoreDir& dir, const std::string& qdir) {
@@ -501,10 +555,16 @@ Result<UniqueFd> OpenQueueDir(const StoreDir& dir, const std::string& qdir) {
   return fd;  // invalid: the queue is empty
 }
 
-// The live entries of a queue, sorted; deletes what dead processes left.
-// `held` names an entry the caller holds locked, alive without a probe.
-Result<std::vector<Entry>> ReadQueue(const StoreDir& dir, const std::string& qdir, bool with_owners,
-                                     std::string_view held = {}) {
+// How much of a queue ReadQueue reads.
+struct QueueReading {
+  ListOptions options;
+  std::string_view held;   // an entry the caller holds locked: alive without a probe
+  bool head_only = false;  // stop at the first live entry
+};
+
+// The live entries of a queue, sorted; deletes what dead processes left
+// (behind the head too, unless `head_only`).
+Result<std::vector<Entry>> ReadQueue(const StoreDir& dir, const std::string& qdir, const QueueReading& reading) {
   std::vector<Entry> out;
   auto qdir_fd = OpenQueueDir(dir, qdir);
   if (!qdir_fd.ok()) return qdir_fd.status();
@@ -517,32 +577,51 @@ Result<std::vector<Entry>> ReadQueue(const StoreDir& dir, const std::string& qdi
   errno = 0;
   while (dirent* d = readdir(stream.get())) names.emplace_back(d->d_name);
   if (errno != 0) return ErrnoStatus(errno, "cannot read", dir.path_of(qdir));
-  for (const std::string& name : names) {
-    std::string shown = dir.path_of(qdir + "/" + name);
+  std::vector<std::pair<std::string, EntryName>> entries;
+  for (std::string& name : names) {
     if (std::string_view(name).starts_with(kTempPrefix)) {
       std::string_view nonce = std::string_view(name).substr(kTempPrefix.size());
       if (!IsNonce(nonce)) continue;
-      auto probe = ProbeFile(dir, qfd, name, nonce, shown);  // deletes a dead append's leftovers
+      // Deletes a dead append's leftovers.
+      auto probe = ProbeFile(dir, qfd, name, nonce, dir.path_of(qdir + "/" + name));
       if (!probe.ok()) return probe.status();
       continue;
     }
     auto parsed = ParseEntryName(name);
     if (!parsed) continue;  // not ours ("." and "..", stray files)
+    entries.emplace_back(std::move(name), std::move(*parsed));
+  }
+  // Queue order (QueueOrder: sequence, then id), so that a head reading can
+  // stop at the first live entry.
+  std::sort(entries.begin(), entries.end(), [](const auto& a, const auto& b) {
+    return a.second.sequence != b.second.sequence ? a.second.sequence < b.second.sequence : a.first < b.first;
+  });
+  const bool read_content = reading.options.with_owners || reading.options.with_values;
+  for (auto& [name, parsed] : entries) {
     Result<Probe> probe = Probe{Liveness::kAlive, UniqueFd()};
-    if (name != held || with_owners) probe = ProbeFile(dir, qfd, name, parsed->nonce, shown);
+    if (name != reading.held || read_content) {
+      probe = ProbeFile(dir, qfd, name, parsed.nonce, dir.path_of(qdir + "/" + name));
+    }
     if (!probe.ok()) return probe.status();
     if (probe->liveness == Liveness::kGone) continue;
     Entry entry;
     entry.id = name;
-    entry.kind = parsed->kind;
-    entry.sequence = parsed->sequence;
-    entry.token = parsed->token;
-    entry.attempt_id = parsed->attempt_id;
-    if (with_owners) entry.owner = ReadOwner(probe->fd.get());
+    entry.kind = parsed.kind;
+    entry.sequence = parsed.sequence;
+    entry.token = parsed.token;
+    entry.attempt_id = parsed.attempt_id;
+    if (read_content) {
+      EntryContent content = ReadContent(probe->fd.get());
+      if (reading.options.with_owners) entry.owner = std::move(content.owner);
+      if (reading.options.with_values) {
+        entry.value = std::move(content.value);
+        entry.value_version = content.value_version;
+      }
+    }
     out.push_back(std::move(entry));
+    if (reading.head_only) break;
   }
   if (out.empty()) RemoveQueueDirIfEmpty(dir, qdir);
-  std::sort(out.begin(), out.end(), QueueOrder);
   return out;
 }
 
@@ -569,6 +648,96 @@ void ReleaseEntry(const StoreDir& dir, OwnedEntry& owned) noexcept {
   owned.file.reset();
   owned.wake.reset();
   RemoveQueueDirIfEmpty(dir, owned.qdir);
+}
+
+// ------------------------------------------------------------- head watches
+//
+// A head watch (Session::async_watch_head) must see every change of a
+// queue's head after the reading it starts from. The head's removal wakes it
+// through the head entry's FIFO, as it wakes waiters. A new head (an entry
+// appended to an empty queue, or ahead of the head) and a new value of the
+// head have no FIFO of their own: they write a byte into every watch FIFO of
+// the queue (.heads/QUEUE/NONCE, layout.hpp). A head that came and went
+// between the reading and the watch leaves nothing in the queue to compare,
+// so the append that made it records its token in .heads/QUEUE/.position,
+// and a watch fires at once if that is past the counter value its reading
+// saw. Only queues that have been watched have the directory: for the others
+// an append pays one failed openat.
+
+std::string HeadsDirPath(const std::string& qdir) { return std::string(kHeadsDir) + "/" + qdir; }
+
+// Tells the head watches of `qdir` that its head changed: records `token`,
+// if given (an append made the head), and writes a byte into every watch
+// FIFO. A FIFO that nobody has open is a crashed watcher's: it is deleted.
+// The caller holds the counter's exclusive lock.
+void NoteHeadChange(const StoreDir& dir, const std::string& qdir, std::optional<std::uint64_t> token) noexcept {
+  const std::string heads = HeadsDirPath(qdir);
+  UniqueFd heads_fd(openat(dir.root.get(), heads.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW));
+  if (!heads_fd.valid()) return;  // never watched: the common case
+  if (token) {
+    const std::string position_file(kPositionFile);
+    UniqueFd position(openat(heads_fd.get(), position_file.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW));
+    // Unwritable: without the file, the next watch takes the queue as
+    // changed (it makes the file anew at the counter's value).
+    if (position.valid() && !WriteNumberFile(position.get(), *token, dir.path_of(heads)).ok()) {
+      unlinkat(heads_fd.get(), position_file.c_str(), 0);
+    }
+  }
+  std::unique_ptr<DIR, int (*)(DIR*)> stream(fdopendir(heads_fd.get()), &closedir);
+  if (!stream) return;
+  static_cast<void>(heads_fd.release());  // closedir() closes it
+  const int hfd = dirfd(stream.get());
+  std::vector<std::string> watches;
+  while (dirent* d = readdir(stream.get())) {
+    if (IsNonce(d->d_name)) watches.emplace_back(d->d_name);
+  }
+  for (const std::string& name : watches) {
+    UniqueFd fd(openat(hfd, name.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC | O_NOFOLLOW));
+    if (!fd.valid()) {
+      if (errno == ENXIO) unlinkat(hfd, name.c_str(), 0);  // no reader: its watcher died
+      continue;
+    }
+    struct stat st {};
+    if (fstat(fd.get(), &st) != 0 || !S_ISFIFO(st.st_mode)) continue;
+    [[maybe_unused]] ssize_t n = write(fd.get(), "x", 1);  // EAGAIN: full, so woken already
+  }
+}
+
+// The position of `qdir`'s head watches: the largest token recorded by
+// NoteHeadChange, made (at the counter's value `counter`) where missing or
+// never written. The caller holds the counter's exclusive lock.
+Result<std::uint64_t> HeadPosition(const StoreDir& dir, const std::string& qdir, std::uint64_t counter) {
+  const std::string path = HeadsDirPath(qdir) + "/" + std::string(kPositionFile);
+  UniqueFd fd(openat(dir.root.get(), path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600));
+  if (!fd.valid()) return ErrnoStatus(errno, "cannot open", dir.path_of(path));
+  auto position = ReadNumberFile(fd.get(), dir.path_of(path));
+  if (!position.ok()) return position.status();
+  if (*position != 0) return *position;
+  if (auto s = WriteNumberFile(fd.get(), counter, dir.path_of(path)); !s.ok()) return s;
+  return counter;
+}
+
+// Makes a head watch's FIFO, .heads/QDIR/NONCE, open read-write (a writer
+// never blocks and it never reports POLLHUP; a byte is its only event). It
+// is made under a temporary name, so that NoteHeadChange never takes it for
+// a dead watcher's before it is open.
+Result<UniqueFd> MakeHeadWatchFifo(const StoreDir& dir, const std::string& qdir, const std::string& nonce) {
+  const std::string heads = HeadsDirPath(qdir);
+  for (const std::string& made : {std::string(kHeadsDir), heads}) {
+    if (mkdirat(dir.root.get(), made.c_str(), 0700) != 0 && errno != EEXIST) {
+      return ErrnoStatus(errno, "cannot create", dir.path_of(made));
+    }
+  }
+  const std::string temp = heads + "/" + std::string(kTempPrefix) + nonce;
+  const std::string path = heads + "/" + nonce;
+  if (mkfifoat(dir.root.get(), temp.c_str(), 0600) != 0) return ErrnoStatus(errno, "cannot create", dir.path_of(temp));
+  UniqueFd fd(openat(dir.root.get(), temp.c_str(), O_RDWR | O_NONBLOCK | O_CLOEXEC | O_NOFOLLOW));
+  if (!fd.valid() || renameat(dir.root.get(), temp.c_str(), dir.root.get(), path.c_str()) != 0) {
+    Status status = ErrnoStatus(errno, "cannot create", dir.path_of(path));
+    unlinkat(dir.root.get(), temp.c_str(), 0);
+    return status;
+  }
+  return fd;
 }
 
 struct TempEntry {
@@ -648,6 +817,7 @@ class FileSession final : public Session {
       return InvalidArgumentError("attempt id '" + spec.attempt_id + "' must be 0-64 of [A-Za-z0-9_-]");
     }
     if (spec.sequence && *spec.sequence < 0) return InvalidArgumentError("entry sequence must not be negative");
+    if (auto s = CheckEntryValue(spec.value); !s.ok()) return s;
     if (closed()) return closed_error();
 
     const StoreDir& dir = *dir_;
@@ -665,8 +835,9 @@ class FileSession final : public Session {
       return status;
     };
 
-    OwnerRecord owner = spec.owner;
-    if (auto s = WriteAll(temp->file.get(), EncodeOwnerRecord(owner), dir.path_of(temp_path)); !s.ok()) {
+    const OwnerRecord& owner = spec.owner;
+    if (auto s = WriteAll(temp->file.get(), EncodeEntryContent(owner, spec.value, 1), dir.path_of(temp_path));
+        !s.ok()) {
       return abandon(s);
     }
     if (mkfifoat(dir.root.get(), wake_path.c_str(), 0600) != 0) {
@@ -695,6 +866,8 @@ class FileSession final : public Session {
     owned->entry.token = *token;
     owned->entry.attempt_id = spec.attempt_id;
     owned->entry.owner = owner;
+    owned->entry.value = spec.value;
+    owned->entry.value_version = 1;
     owned->entry.id = FormatEntryName({owned->entry.sequence, *token, spec.kind, spec.attempt_id, temp->nonce});
     owned->file = std::move(temp->file);
     owned->wake = std::move(wake);
@@ -717,9 +890,12 @@ class FileSession final : public Session {
     }
     // Still under the counter lock: the queue as it is right after the append.
     // If reading it fails, the append stands; the caller can list again.
-    if (auto queue_now = ReadQueue(dir, qdir, /*with_owners=*/false, out.entry.id); queue_now.ok()) {
-      out.queue = std::move(*queue_now);
+    auto queue_now = ReadQueue(dir, qdir, {.options = {}, .held = out.entry.id, .head_only = false});
+    // A new head (or perhaps one: the reading failed) for head watches.
+    if (!queue_now.ok() || (!queue_now->empty() && queue_now->front().id == out.entry.id)) {
+      NoteHeadChange(dir, qdir, *token);
     }
+    if (queue_now.ok()) out.queue = std::move(*queue_now);
     return out;
   }
 
@@ -729,7 +905,7 @@ class FileSession final : public Session {
     if (closed()) return closed_error();
     auto counter = LockCounter(*dir_, LOCK_SH, deadline);
     if (!counter.ok()) return counter.status();
-    return ReadQueue(*dir_, QueueDirName(queue), options.with_owners);
+    return ReadQueue(*dir_, QueueDirName(queue), {.options = options, .held = {}, .head_only = false});
   }
 
   Status wait_any_gone(std::string_view queue, std::span<const std::string> ids, Clock::time_point deadline,
@@ -809,6 +985,82 @@ class FileSession final : public Session {
     return std::optional<Entry>();
   }
 
+  bool keeps_values() const noexcept override { return true; }
+
+  // Rewrites the entry file in place (under the counter's exclusive lock, so
+  // no reading sees it half written): a rename would lose the owner's flock.
+  Result<Entry> update_entry(std::string_view queue, std::string_view id, const EntryUpdate& update,
+                             Clock::time_point deadline) override DLOCK_EXCLUDES(mu_) {
+    if (auto s = CheckQueueName(queue); !s.ok()) return s;
+    if (auto s = CheckEntryValue(update.value); !s.ok()) return s;
+    if (closed()) return closed_error();
+    const StoreDir& dir = *dir_;
+    auto counter = LockCounter(dir, LOCK_EX, deadline);
+    if (!counter.ok()) return counter.status();
+    Entry out;
+    std::string qdir;
+    {
+      // Held while writing: remove() and close() cannot close the file meanwhile.
+      MutexLock lock(mu_);
+      if (closed_) return closed_error();
+      auto it = entries_.find(std::string(id));
+      struct stat st {};
+      if (it == entries_.end() || it->second->queue != queue || fstat(it->second->file.get(), &st) != 0 ||
+          st.st_nlink == 0) {  // not ours, or deleted under us (`dlock break`)
+        return FailedPreconditionError("no entry " + std::string(id) + " of session " + id_ + " in " +
+                                       std::string(queue));
+      }
+      OwnedEntry& owned = *it->second;
+      Entry changed = owned.entry;
+      if (update.owner) changed.owner = *update.owner;
+      if (update.value) {
+        changed.value = *update.value;
+        ++changed.value_version;
+      }
+      const std::string content = EncodeEntryContent(*changed.owner, changed.value, changed.value_version);
+      const std::string shown = dir.path_of(owned.qdir + "/" + owned.entry.id);
+      ssize_t n = RetryOnEintr([&] { return pwrite(owned.file.get(), content.data(), content.size(), 0); });
+      if (n != static_cast<ssize_t>(content.size()) ||
+          RetryOnEintr([&] { return ftruncate(owned.file.get(), static_cast<off_t>(content.size())); }) != 0) {
+        return ErrnoStatus(n >= 0 && n != static_cast<ssize_t>(content.size()) ? EIO : errno, "cannot write", shown);
+      }
+      owned.entry = changed;
+      out = std::move(changed);
+      qdir = owned.qdir;
+    }
+    if (update.value) {
+      auto head = ReadQueue(dir, qdir, {.options = {}, .held = out.id, .head_only = true});
+      if (!head.ok() || (!head->empty() && head->front().id == out.id)) NoteHeadChange(dir, qdir, std::nullopt);
+    }
+    return out;
+  }
+
+  void async_read_head(std::string_view queue, const ListOptions& options, Clock::time_point deadline,
+                       std::function<void(Result<Head>)> done) override {
+    done(read_head(queue, options, deadline));
+  }
+
+  // Arms the watch's own FIFO and the head entry's, then checks the queue
+  // against `seen` (see "head watches" above); the store's FifoWatcher waits.
+  std::shared_ptr<void> async_watch_head(std::string_view queue, const Head& seen,
+                                         std::function<void(Status)> done) override {
+    const std::string nonce = RandomHex(file_store::kNonceLength / 2);
+    // The FIFO goes with the watch's outcome, whoever delivers it.
+    auto outcome = std::make_shared<OneOutcome>([weak_dir = std::weak_ptr<StoreDir>(dir_),
+                                                 fifo = HeadsDirPath(QueueDirName(queue)) + "/" + nonce,
+                                                 done = std::move(done)](Status s) {
+      // Weak: a pending watch must not keep the store (and its thread) alive.
+      if (auto dir = weak_dir.lock()) unlinkat(dir->root.get(), fifo.c_str(), 0);
+      done(std::move(s));
+    });
+    std::uint64_t key = 0;
+    if (Status s = start_head_watch(queue, seen, nonce, outcome, key); key == 0) outcome->complete(std::move(s));
+    return std::shared_ptr<void>(nullptr, [watcher = dir_->watcher, key, outcome](void*) {
+      if (key != 0) watcher->remove(key);
+      outcome->cancel();
+    });
+  }
+
   // Tells the subscribers, so never under mu_.
   void close() noexcept override DLOCK_EXCLUDES(mu_) {
     std::map<std::string, std::unique_ptr<OwnedEntry>> doomed;
@@ -885,6 +1137,84 @@ class FileSession final : public Session {
     // Under mu_, so that close() (which sets closed_ first) ends this wait
     // if it comes after.
     MutexLock lock(mu_);
+    if (closed_) return closed_error();
+    auto added = dir_->watcher->add(id_, std::move(fifos), outcome);
+    if (!added.ok()) return added.status();
+    key = *added;
+    return OkStatus();
+  }
+
+  // One reading of the queue's head; its position is the counter's value
+  // (read under the same shared lock, so every later append has a larger
+  // token).
+  Result<Head> read_head(std::string_view queue, const ListOptions& options, Clock::time_point deadline) {
+    if (auto s = CheckQueueName(queue); !s.ok()) return s;
+    if (closed()) return closed_error();
+    auto counter = LockCounter(*dir_, LOCK_SH, deadline);
+    if (!counter.ok()) return counter.status();
+    auto position = ReadNumberFile(counter->get(), dir_->path_of(kCounterFile));
+    if (!position.ok()) return position.status();
+    ListOptions with_values = options;
+    with_values.with_values = true;
+    auto read = ReadQueue(*dir_, QueueDirName(queue), {.options = with_values, .held = {}, .head_only = true});
+    if (!read.ok()) return read.status();
+    Head head;
+    if (!read->empty()) head.entry = std::move(read->front());
+    head.position = static_cast<std::int64_t>(*position);
+    return head;
+  }
+
+  // Whether the head of `qdir` may differ from `seen`, with `fifos` armed
+  // (the watch's, then the head entry's if `seen` has one). The caller holds
+  // the counter's exclusive lock (`counter_fd`).
+  Result<bool> head_changed_since(const std::string& qdir, const Head& seen, int counter_fd,
+                                  const std::vector<UniqueFd>& fifos) const {
+    const StoreDir& dir = *dir_;
+    auto counter = ReadNumberFile(counter_fd, dir.path_of(kCounterFile));
+    if (!counter.ok()) return counter.status();
+    auto position = HeadPosition(dir, qdir, *counter);
+    if (!position.ok()) return position.status();
+    // A head was appended after the reading (perhaps gone again by now).
+    if (*position > static_cast<std::uint64_t>(std::max<std::int64_t>(seen.position, 0))) return true;
+    auto now =
+        ReadQueue(dir, qdir, {.options = {.with_owners = false, .with_values = true}, .held = {}, .head_only = true});
+    if (!now.ok()) return now.status();
+    if (now->empty() != !seen.entry.has_value()) return true;
+    if (now->empty()) return false;
+    if (now->front().id != seen.entry->id || now->front().value_version != seen.entry->value_version) return true;
+    // The head's FIFO lock: free means its owner is gone (see "Waking").
+    if (flock(fifos.back().get(), LOCK_SH | LOCK_NB) == 0) return true;
+    if (errno != EWOULDBLOCK) return ErrnoStatus(errno, "cannot test the FIFO lock of", seen.entry->id);
+    return false;
+  }
+
+  // Registers a head watch (`key` set), or returns its outcome if it has one
+  // at once (`key` stays 0): arm first, then check, as start_wait does.
+  Status start_head_watch(std::string_view queue, const Head& seen, const std::string& nonce,
+                          const std::shared_ptr<OneOutcome>& outcome, std::uint64_t& key) DLOCK_EXCLUDES(mu_) {
+    if (auto s = CheckQueueName(queue); !s.ok()) return s;
+    std::optional<EntryName> head_name;
+    if (seen.entry) {
+      auto parsed = ParseId(seen.entry->id);
+      if (!parsed.ok()) return parsed.status();
+      head_name = std::move(*parsed);
+    }
+    if (closed()) return closed_error();
+    const std::string qdir = QueueDirName(queue);
+    std::vector<UniqueFd> fifos;
+    auto own = MakeHeadWatchFifo(*dir_, qdir, nonce);
+    if (!own.ok()) return own.status();
+    fifos.push_back(std::move(*own));
+    if (head_name) {
+      auto armed = arm({*head_name}, fifos);
+      if (!armed.ok() || !*armed) return armed.status();  // an error, or the head is gone already
+    }
+    auto counter = LockCounter(*dir_, LOCK_EX, dir_->clock->now() + kCounterWaitLimit);
+    if (!counter.ok()) return counter.status();
+    auto changed = head_changed_since(qdir, seen, counter->get(), fifos);
+    if (!changed.ok() || *changed) return changed.status();
+    counter->reset();
+    MutexLock lock(mu_);  // as in start_wait: close() after this ends the watch
     if (closed_) return closed_error();
     auto added = dir_->watcher->add(id_, std::move(fifos), outcome);
     if (!added.ok()) return added.status();

@@ -7,8 +7,18 @@
 //                            POLLHUP when the owner goes, or POLLIN when a
 //                            remover writes a byte into it
 //   DIR/q.QUEUE/ENTRY        one file per entry, flock(LOCK_EX)ed by its owner
-//                            for as long as it lives; content: owner record
+//                            for as long as it lives; content: the owner
+//                            record (JSON), plus "value" and "vv" (its
+//                            version) for an entry with a published value
 //   DIR/q.QUEUE/.tmp.NONCE   an entry being appended (not yet visible)
+//   DIR/.heads/q.QUEUE/      made by the first watch of QUEUE's head, kept:
+//     .position              8 bytes, little-endian: the largest token of an
+//                            entry that became the head by its append since
+//                            the directory was made (the counter then, at
+//                            first), written under the counter's exclusive lock
+//     NONCE                  a FIFO per pending head watch, open read-write by
+//                            its watcher; a byte in it wakes the watch
+//     .tmp.NONCE             a head watch's FIFO being made
 //
 // ENTRY is "SEQUENCE.TOKEN.KIND.ATTEMPT.NONCE" (numbers zero-padded to 20
 // digits); it is also the entry's id.
@@ -24,6 +34,8 @@ namespace dlock::internal::file_store {
 
 inline constexpr std::string_view kCounterFile = ".counter";
 inline constexpr std::string_view kWakeDir = ".wake";
+inline constexpr std::string_view kHeadsDir = ".heads";
+inline constexpr std::string_view kPositionFile = ".position";
 inline constexpr std::string_view kTempPrefix = ".tmp.";
 inline constexpr std::size_t kNonceLength = 32;
 
