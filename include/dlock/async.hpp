@@ -57,49 +57,58 @@
 
 namespace dlock {
 
-// What an asynchronous acquire delivers: a Hold (or Lease), std::nullopt, or
-// an error.
-using AcquireCallback = std::function<void(Result<std::optional<Hold>>)>;
-
-// dlock::AcquireAwaitable
+// dlock::Awaitable<T>
 //
-// What `co_await lock.async_acquire(timeout)` awaits: the acquire starts when
-// the coroutine suspends, and the coroutine resumes on the client's dlock
-// thread with the Hold or std::nullopt; an error is thrown as dlock::Error at
-// the co_await. Await it once, and do not destroy a coroutine while it is
-// suspended here (nothing cancels the acquire when the frame goes: request
-// the stop instead, and let the coroutine resume with std::nullopt).
-class [[nodiscard]] AcquireAwaitable {
+// What `co_await` of an asynchronous dlock call awaits (an acquire's
+// AcquireAwaitable below; an election's campaign, later): the call starts
+// when the coroutine suspends, and the coroutine resumes on the client's
+// dlock thread with the outcome; an error is thrown as dlock::Error at the
+// co_await. Await it once, and do not destroy a coroutine while it is
+// suspended here (nothing cancels the call when the frame goes: request the
+// stop instead, and let the coroutine resume with its "not done" outcome).
+template <typename T>
+class [[nodiscard]] Awaitable {
  public:
-  explicit AcquireAwaitable(std::function<void(AcquireCallback)> start) : start_(std::move(start)) {}
+  using Callback = std::function<void(Result<T>)>;
+
+  explicit Awaitable(std::function<void(Callback)> start) : start_(std::move(start)) {}
 
   bool await_ready() const noexcept { return false; }
   void await_suspend(std::coroutine_handle<> waiting) {
     // The coroutine may resume, and destroy this object, on another thread
     // before start() returns: nothing of this object is used after it.
     auto start = std::move(start_);
-    start([this, waiting](Result<std::optional<Hold>> outcome) {
+    start([this, waiting](Result<T> outcome) {
       outcome_.emplace(std::move(outcome));
       waiting.resume();
     });
   }
-  std::optional<Hold> await_resume() {
+  T await_resume() {
     if (!outcome_->ok()) throw Error(outcome_->status());
     return std::move(*outcome_).value();
   }
 
  private:
-  std::function<void(AcquireCallback)> start_;
-  std::optional<Result<std::optional<Hold>>> outcome_;
+  std::function<void(Callback)> start_;
+  std::optional<Result<T>> outcome_;
 };
+
+// What an asynchronous acquire delivers: a Hold (or Lease), std::nullopt, or
+// an error.
+using AcquireCallback = Awaitable<std::optional<Hold>>::Callback;
+
+// What `co_await lock.async_acquire(timeout)` awaits: the Hold, or
+// std::nullopt (timed out, or stopped).
+using AcquireAwaitable = Awaitable<std::optional<Hold>>;
 
 namespace internal {
 
 // The future form over the callback form.
-inline std::future<std::optional<Hold>> FutureOf(const std::function<void(AcquireCallback)>& start) {
-  auto promise = std::make_shared<std::promise<std::optional<Hold>>>();
-  std::future<std::optional<Hold>> future = promise->get_future();
-  start([promise](Result<std::optional<Hold>> outcome) {
+template <typename T>
+std::future<T> FutureOf(const std::function<void(typename Awaitable<T>::Callback)>& start) {
+  auto promise = std::make_shared<std::promise<T>>();
+  std::future<T> future = promise->get_future();
+  start([promise](Result<T> outcome) {
     if (outcome.ok()) {
       promise->set_value(std::move(outcome).value());
     } else {
@@ -107,6 +116,10 @@ inline std::future<std::optional<Hold>> FutureOf(const std::function<void(Acquir
     }
   });
   return future;
+}
+
+inline std::future<std::optional<Hold>> FutureOf(const std::function<void(AcquireCallback)>& start) {
+  return FutureOf<std::optional<Hold>>(start);
 }
 
 }  // namespace internal
