@@ -18,6 +18,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -908,6 +909,196 @@ TEST_F(FileStoreTest, HeadWatchFifosGoWithTheirWatches) {
   EXPECT_EQ(got.back().second.code(), ErrorCode::kSessionLost);
   ended.reset();
   EXPECT_EQ(names(), std::set<std::string>{".position"});
+}
+
+// Leaves exactly `free_count` descriptor numbers free below a lowered
+// RLIMIT_NOFILE; the destructor gives everything back.
+class ScarceDescriptors {
+ public:
+  explicit ScarceDescriptors(int free_count) {
+    getrlimit(RLIMIT_NOFILE, &old_);
+    int highest = 0;
+    for (int fd = 0; fd < 4096; ++fd) {
+      if (fcntl(fd, F_GETFD) != -1) highest = fd;
+    }
+    rlimit low = old_;
+    low.rlim_cur = static_cast<rlim_t>(highest + 64);
+    setrlimit(RLIMIT_NOFILE, &low);
+    for (int i = 0; i < 4096; ++i) {
+      int fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+      if (fd < 0) break;
+      fillers_.push_back(fd);
+    }
+    for (int i = 0; i < free_count && !fillers_.empty(); ++i) {
+      close(fillers_.back());
+      fillers_.pop_back();
+    }
+  }
+  ~ScarceDescriptors() {
+    for (int fd : fillers_) close(fd);
+    setrlimit(RLIMIT_NOFILE, &old_);
+  }
+
+ private:
+  rlimit old_{};
+  std::vector<int> fillers_;
+};
+
+// Review finding: an append that made a new head succeeded in a process
+// short of descriptors although it could not open .heads/ or the watch
+// FIFOs, and a watch armed before it never fired. Now the append fails
+// (undone) or every watch hears it.
+TEST_F(FileStoreTest, AHeadAppendedShortOfDescriptorsWakesArmedWatchesOrFails) {
+  const std::string dir = dir_.path();
+  auto result = testing::RunInChild(
+      [&]() -> int {
+        auto store = OpenUrl("file://" + dir);
+        if (!store.ok()) return 10;
+        auto watcher = (*store)->open_session(kNoDeadline);
+        auto appender = (*store)->open_session(kNoDeadline);
+        if (!watcher.ok() || !appender.ok()) return 11;
+        int missed = 0;
+        for (int k = 1; k <= 8; ++k) {
+          const std::string queue = "fds" + std::to_string(k);
+          auto seen = ReadHead(**watcher, queue);
+          if (!seen.ok() || seen->entry) return 12;
+          Outcomes fired;
+          auto handle = (*watcher)->async_watch_head(queue, *seen, fired.Callback(0));
+          if (fired.Count() != 0) return 13;
+          std::optional<Result<Appended>> appended;
+          {
+            ScarceDescriptors scarce(k);
+            appended = (*appender)->append(queue, Spec(), kNoDeadline);
+          }
+          if (!appended->ok()) {
+            fprintf(stderr, "k=%d: append failed (%s)\n", k, appended->status().to_string().c_str());
+            continue;
+          }
+          auto got = fired.AtLeast(1);  // at most kPrompt
+          auto now = ReadHead(**watcher, queue);
+          fprintf(stderr, "k=%d: append OK, head now %s, watch: %s\n", k,
+                  now.ok() && now->entry ? "the new entry" : "?",
+                  got.empty() ? "NEVER FIRED" : got[0].second.to_string().c_str());
+          if (got.empty()) ++missed;
+          handle.reset();
+          static_cast<void>((*appender)->remove(queue, (*appended)->entry.id, kNoDeadline));
+        }
+        return missed == 0 ? 0 : 20 + missed;
+      },
+      std::chrono::seconds(120));
+  EXPECT_EQ(result, "exit 0") << "exit 2N: N appends made a new head that an armed watch never heard of";
+}
+
+// Review finding: the same for a new value of the head (update_entry).
+TEST_F(FileStoreTest, AHeadValueUpdatedShortOfDescriptorsWakesArmedWatchesOrFails) {
+  const std::string dir = dir_.path();
+  auto result = testing::RunInChild(
+      [&]() -> int {
+        auto store = OpenUrl("file://" + dir);
+        if (!store.ok()) return 10;
+        auto watcher = (*store)->open_session(kNoDeadline);
+        auto owner = (*store)->open_session(kNoDeadline);
+        if (!watcher.ok() || !owner.ok()) return 11;
+        int missed = 0;
+        for (int k = 1; k <= 6; ++k) {
+          const std::string queue = "upd" + std::to_string(k);
+          EntrySpec spec = Spec(std::string(entry_kind::kCandidate));
+          spec.value = "v1";
+          auto appended = (*owner)->append(queue, spec, kNoDeadline);
+          if (!appended.ok()) return 12;
+          auto seen = ReadHead(**watcher, queue);
+          if (!seen.ok() || !seen->entry) return 13;
+          Outcomes fired;
+          auto handle = (*watcher)->async_watch_head(queue, *seen, fired.Callback(0));
+          std::this_thread::sleep_for(kStillBlocked);
+          if (fired.Count() != 0) return 14;
+          std::optional<Result<Entry>> updated;
+          {
+            ScarceDescriptors scarce(k);
+            updated =
+                (*owner)->update_entry(queue, appended->entry.id, {.value = "v2", .owner = std::nullopt}, kNoDeadline);
+          }
+          if (!updated->ok()) {
+            fprintf(stderr, "k=%d: update failed (%s)\n", k, updated->status().to_string().c_str());
+          } else {
+            auto got = fired.AtLeast(1);  // at most kPrompt
+            auto now = ReadHead(**watcher, queue);
+            fprintf(stderr, "k=%d: update OK, head value now %s (vv %llu), watch: %s\n", k,
+                    now.ok() && now->entry && now->entry->value ? now->entry->value->c_str() : "?",
+                    now.ok() && now->entry ? static_cast<unsigned long long>(now->entry->value_version) : 0ull,
+                    got.empty() ? "NEVER FIRED" : got[0].second.to_string().c_str());
+            if (got.empty()) ++missed;
+          }
+          handle.reset();
+          static_cast<void>((*owner)->remove(queue, appended->entry.id, kNoDeadline));
+        }
+        return missed == 0 ? 0 : 20 + missed;
+      },
+      std::chrono::seconds(120));
+  EXPECT_EQ(result, "exit 0") << "exit 2N: N new values of the head that an armed watch never heard of";
+}
+
+// Review finding: update_entry that could not write all of the new content
+// (a full file system; RLIMIT_FSIZE stands in for ENOSPC here) left the
+// entry file half new, half old: readers lost the value and the owner, and
+// value_version went back to 1.
+TEST_F(FileStoreTest, AFailedUpdateLeavesTheOldValue) {
+  const std::string dir = dir_.path();
+  auto result = testing::RunInChild(
+      [&]() -> int {
+        signal(SIGXFSZ, SIG_IGN);
+        auto store = OpenUrl("file://" + dir);
+        if (!store.ok()) return 10;
+        auto s = (*store)->open_session(kNoDeadline);
+        auto reader = (*store)->open_session(kNoDeadline);
+        if (!s.ok() || !reader.ok()) return 11;
+        EntrySpec spec = Spec(std::string(entry_kind::kCandidate));
+        spec.value = "old";
+        auto appended = (*s)->append("torn", spec, kNoDeadline);
+        if (!appended.ok()) return 12;
+        const std::string path = dir + "/" + internal::file_store::QueueDirName("torn") + "/" + appended->entry.id;
+        struct stat st {};
+        if (stat(path.c_str(), &st) != 0) return 13;
+        rlimit old{};
+        getrlimit(RLIMIT_FSIZE, &old);
+        rlimit low = old;
+        low.rlim_cur = static_cast<rlim_t>(st.st_size + 16);
+        if (setrlimit(RLIMIT_FSIZE, &low) != 0) return 14;
+        auto updated = (*s)->update_entry("torn", appended->entry.id,
+                                          {.value = std::string(2000, 'n'), .owner = std::nullopt}, kNoDeadline);
+        setrlimit(RLIMIT_FSIZE, &old);
+        fprintf(stderr, "update_entry: %s\n", updated.status().to_string().c_str());
+        if (updated.ok()) return 15;  // it fit after all
+        auto listed = (*reader)->list("torn", {.with_owners = true, .with_values = true}, kNoDeadline);
+        if (!listed.ok() || listed->size() != 1) return 16;
+        const Entry& e = listed->front();
+        fprintf(stderr, "read back: value %s, value_version %llu, owner %s\n",
+                e.value ? ("\"" + e.value->substr(0, 10) + "...\"").c_str() : "none",
+                static_cast<unsigned long long>(e.value_version), e.owner ? "present" : "none");
+        if (e.value != std::optional<std::string>("old")) return 20;
+        if (!e.owner) return 21;
+        return 0;
+      },
+      std::chrono::seconds(60));
+  EXPECT_EQ(result, "exit 0");
+}
+
+// Review finding: a watcher killed between making its FIFO and naming it
+// left a FIFO nothing deleted. Watchers make theirs under the counter's
+// lock now, so a half-made one seen by a change is a dead watcher's.
+TEST_F(FileStoreTest, ADeadWatchersHalfMadeFifoGoesWithTheNextChange) {
+  auto s = NewSession();
+  auto watcher = NewSession();
+  auto seen = ReadHead(*watcher, "k");
+  ASSERT_TRUE(seen.ok());
+  Outcomes fired;
+  auto handle = watcher->async_watch_head("k", *seen, fired.Callback(0));  // makes .heads/q.k
+  const std::string heads = dir_.path() + "/.heads/" + internal::file_store::QueueDirName("k");
+  const std::string half_made = heads + "/.tmp." + std::string(internal::file_store::kNonceLength, 'b');
+  ASSERT_EQ(mkfifo(half_made.c_str(), 0600), 0);
+  Append(*s, "k");
+  EXPECT_EQ(fired.AtLeast(1).size(), 1u);
+  EXPECT_FALSE(std::filesystem::exists(half_made)) << "a dead watcher's half-made FIFO outlived a change of the head";
 }
 
 }  // namespace

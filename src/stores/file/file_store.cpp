@@ -650,6 +650,19 @@ void ReleaseEntry(const StoreDir& dir, OwnedEntry& owned) noexcept {
   RemoveQueueDirIfEmpty(dir, owned.qdir);
 }
 
+// Replaces an entry file's content with `entry`'s owner record and value.
+// The space is reserved first, so a full file system fails it before any
+// byte changes; a failure after that is put back by the caller.
+Status RewriteEntryFile(int fd, const Entry& entry, const std::string& shown_path) {
+  const std::string content = EncodeEntryContent(entry.owner.value_or(OwnerRecord{}), entry.value, entry.value_version);
+  const auto size = static_cast<off_t>(content.size());
+  if (int err = posix_fallocate(fd, 0, size); err != 0) return ErrnoStatus(err, "cannot write", shown_path);
+  ssize_t n = RetryOnEintr([&] { return pwrite(fd, content.data(), content.size(), 0); });
+  if (n != static_cast<ssize_t>(content.size())) return ErrnoStatus(n < 0 ? errno : EIO, "cannot write", shown_path);
+  if (RetryOnEintr([&] { return ftruncate(fd, size); }) != 0) return ErrnoStatus(errno, "cannot write", shown_path);
+  return OkStatus();
+}
+
 // ------------------------------------------------------------- head watches
 //
 // A head watch (Session::async_watch_head) must see every change of a
@@ -668,39 +681,59 @@ std::string HeadsDirPath(const std::string& qdir) { return std::string(kHeadsDir
 
 // Tells the head watches of `qdir` that its head changed: records `token`,
 // if given (an append made the head), and writes a byte into every watch
-// FIFO. A FIFO that nobody has open is a crashed watcher's: it is deleted.
+// FIFO. A FIFO that nobody has open is a crashed watcher's, and so is a
+// half-made one (watchers make theirs under the counter's lock): deleted.
+// An error means a watch may not have heard: the caller undoes its change.
 // The caller holds the counter's exclusive lock.
-void NoteHeadChange(const StoreDir& dir, const std::string& qdir, std::optional<std::uint64_t> token) noexcept {
+Status NoteHeadChange(const StoreDir& dir, const std::string& qdir, std::optional<std::uint64_t> token) {
   const std::string heads = HeadsDirPath(qdir);
   UniqueFd heads_fd(openat(dir.root.get(), heads.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW));
-  if (!heads_fd.valid()) return;  // never watched: the common case
+  if (!heads_fd.valid()) {
+    if (errno == ENOENT) return OkStatus();  // never watched: the common case
+    return ErrnoStatus(errno, "cannot open", dir.path_of(heads));
+  }
   if (token) {
     const std::string position_file(kPositionFile);
     UniqueFd position(openat(heads_fd.get(), position_file.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW));
-    // Unwritable: without the file, the next watch takes the queue as
+    // Not written: without the file, the next watch takes the queue as
     // changed (it makes the file anew at the counter's value).
-    if (position.valid() && !WriteNumberFile(position.get(), *token, dir.path_of(heads)).ok()) {
+    if (!position.valid() || !WriteNumberFile(position.get(), *token, dir.path_of(heads)).ok()) {
       unlinkat(heads_fd.get(), position_file.c_str(), 0);
     }
   }
   std::unique_ptr<DIR, int (*)(DIR*)> stream(fdopendir(heads_fd.get()), &closedir);
-  if (!stream) return;
+  if (!stream) return ErrnoStatus(errno, "cannot read", dir.path_of(heads));
   static_cast<void>(heads_fd.release());  // closedir() closes it
   const int hfd = dirfd(stream.get());
   std::vector<std::string> watches;
+  std::vector<std::string> half_made;
+  errno = 0;
   while (dirent* d = readdir(stream.get())) {
-    if (IsNonce(d->d_name)) watches.emplace_back(d->d_name);
+    std::string_view name = d->d_name;
+    if (IsNonce(name)) {
+      watches.emplace_back(name);
+    } else if (name.starts_with(kTempPrefix) && IsNonce(name.substr(kTempPrefix.size()))) {
+      half_made.emplace_back(name);
+    }
   }
+  if (errno != 0) return ErrnoStatus(errno, "cannot read", dir.path_of(heads));
+  for (const std::string& name : half_made) unlinkat(hfd, name.c_str(), 0);
+  Status status;
   for (const std::string& name : watches) {
     UniqueFd fd(openat(hfd, name.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC | O_NOFOLLOW));
     if (!fd.valid()) {
-      if (errno == ENXIO) unlinkat(hfd, name.c_str(), 0);  // no reader: its watcher died
+      if (errno == ENXIO) {
+        unlinkat(hfd, name.c_str(), 0);  // no reader: its watcher died
+      } else if (errno != ENOENT && status.ok()) {
+        status = ErrnoStatus(errno, "cannot wake the head watch", dir.path_of(heads + "/" + name));
+      }
       continue;
     }
     struct stat st {};
     if (fstat(fd.get(), &st) != 0 || !S_ISFIFO(st.st_mode)) continue;
     [[maybe_unused]] ssize_t n = write(fd.get(), "x", 1);  // EAGAIN: full, so woken already
   }
+  return status;
 }
 
 // The position of `qdir`'s head watches: the largest token recorded by
@@ -718,9 +751,10 @@ Result<std::uint64_t> HeadPosition(const StoreDir& dir, const std::string& qdir,
 }
 
 // Makes a head watch's FIFO, .heads/QDIR/NONCE, open read-write (a writer
-// never blocks and it never reports POLLHUP; a byte is its only event). It
-// is made under a temporary name, so that NoteHeadChange never takes it for
-// a dead watcher's before it is open.
+// never blocks and it never reports POLLHUP; a byte is its only event). The
+// caller holds the counter's exclusive lock, under which NoteHeadChange
+// runs: it never sees the FIFO before it is open and named, and takes a
+// half-made one (of a watcher that died making it) for a dead watcher's.
 Result<UniqueFd> MakeHeadWatchFifo(const StoreDir& dir, const std::string& qdir, const std::string& nonce) {
   const std::string heads = HeadsDirPath(qdir);
   for (const std::string& made : {std::string(kHeadsDir), heads}) {
@@ -891,9 +925,23 @@ class FileSession final : public Session {
     // Still under the counter lock: the queue as it is right after the append.
     // If reading it fails, the append stands; the caller can list again.
     auto queue_now = ReadQueue(dir, qdir, {.options = {}, .held = out.entry.id, .head_only = false});
-    // A new head (or perhaps one: the reading failed) for head watches.
+    // A new head (or perhaps one: the reading failed) for head watches. If
+    // they cannot all be told (out of descriptors), the append is undone
+    // while nobody can have read it (the counter's lock is still held).
     if (!queue_now.ok() || (!queue_now->empty() && queue_now->front().id == out.entry.id)) {
-      NoteHeadChange(dir, qdir, *token);
+      if (Status told = NoteHeadChange(dir, qdir, *token); !told.ok()) {
+        std::unique_ptr<OwnedEntry> undone;
+        {
+          MutexLock lock(mu_);
+          auto it = entries_.find(out.entry.id);
+          if (it != entries_.end()) {
+            undone = std::move(it->second);
+            entries_.erase(it);
+          }
+        }
+        if (undone) ReleaseEntry(dir, *undone);
+        return told;
+      }
     }
     if (queue_now.ok()) out.queue = std::move(*queue_now);
     return out;
@@ -997,42 +1045,43 @@ class FileSession final : public Session {
     const StoreDir& dir = *dir_;
     auto counter = LockCounter(dir, LOCK_EX, deadline);
     if (!counter.ok()) return counter.status();
-    Entry out;
-    std::string qdir;
-    {
-      // Held while writing: remove() and close() cannot close the file meanwhile.
-      MutexLock lock(mu_);
-      if (closed_) return closed_error();
-      auto it = entries_.find(std::string(id));
-      struct stat st {};
-      if (it == entries_.end() || it->second->queue != queue || fstat(it->second->file.get(), &st) != 0 ||
-          st.st_nlink == 0) {  // not ours, or deleted under us (`dlock break`)
-        return FailedPreconditionError("no entry " + std::string(id) + " of session " + id_ + " in " +
-                                       std::string(queue));
-      }
-      OwnedEntry& owned = *it->second;
-      Entry changed = owned.entry;
-      if (update.owner) changed.owner = *update.owner;
-      if (update.value) {
-        changed.value = *update.value;
-        ++changed.value_version;
-      }
-      const std::string content = EncodeEntryContent(*changed.owner, changed.value, changed.value_version);
-      const std::string shown = dir.path_of(owned.qdir + "/" + owned.entry.id);
-      ssize_t n = RetryOnEintr([&] { return pwrite(owned.file.get(), content.data(), content.size(), 0); });
-      if (n != static_cast<ssize_t>(content.size()) ||
-          RetryOnEintr([&] { return ftruncate(owned.file.get(), static_cast<off_t>(content.size())); }) != 0) {
-        return ErrnoStatus(n >= 0 && n != static_cast<ssize_t>(content.size()) ? EIO : errno, "cannot write", shown);
-      }
-      owned.entry = changed;
-      out = std::move(changed);
-      qdir = owned.qdir;
+    // Held throughout: remove() and close() cannot close the file meanwhile.
+    MutexLock lock(mu_);
+    if (closed_) return closed_error();
+    auto it = entries_.find(std::string(id));
+    struct stat st {};
+    if (it == entries_.end() || it->second->queue != queue || fstat(it->second->file.get(), &st) != 0 ||
+        st.st_nlink == 0) {  // not ours, or deleted under us (`dlock break`)
+      return FailedPreconditionError("no entry " + std::string(id) + " of session " + id_ + " in " +
+                                     std::string(queue));
+    }
+    OwnedEntry& owned = *it->second;
+    Entry changed = owned.entry;
+    if (update.owner) changed.owner = *update.owner;
+    if (update.value) {
+      changed.value = *update.value;
+      ++changed.value_version;
+    }
+    const std::string shown = dir.path_of(owned.qdir + "/" + owned.entry.id);
+    if (auto s = RewriteEntryFile(owned.file.get(), changed, shown); !s.ok()) {
+      static_cast<void>(RewriteEntryFile(owned.file.get(), owned.entry, shown));  // fits: it did before
+      return s;
     }
     if (update.value) {
-      auto head = ReadQueue(dir, qdir, {.options = {}, .held = out.id, .head_only = true});
-      if (!head.ok() || (!head->empty() && head->front().id == out.id)) NoteHeadChange(dir, qdir, std::nullopt);
+      // A new value of the head, for head watches; undone if they cannot
+      // all be told (nobody can have read it: the counter's lock is held).
+      auto head = ReadQueue(dir, owned.qdir, {.options = {}, .held = owned.entry.id, .head_only = true});
+      Status told = head.status();
+      if (!head.ok() || (!head->empty() && head->front().id == owned.entry.id)) {
+        if (told.ok()) told = NoteHeadChange(dir, owned.qdir, std::nullopt);
+        if (!told.ok()) {
+          static_cast<void>(RewriteEntryFile(owned.file.get(), owned.entry, shown));
+          return told;
+        }
+      }
     }
-    return out;
+    owned.entry = changed;
+    return changed;
   }
 
   void async_read_head(std::string_view queue, const ListOptions& options, Clock::time_point deadline,
@@ -1201,6 +1250,10 @@ class FileSession final : public Session {
     }
     if (closed()) return closed_error();
     const std::string qdir = QueueDirName(queue);
+    // Under the counter's exclusive lock, as every NoteHeadChange: none can
+    // come between arming and checking, or see a half-made FIFO.
+    auto counter = LockCounter(*dir_, LOCK_EX, dir_->clock->now() + kCounterWaitLimit);
+    if (!counter.ok()) return counter.status();
     std::vector<UniqueFd> fifos;
     auto own = MakeHeadWatchFifo(*dir_, qdir, nonce);
     if (!own.ok()) return own.status();
@@ -1209,8 +1262,6 @@ class FileSession final : public Session {
       auto armed = arm({*head_name}, fifos);
       if (!armed.ok() || !*armed) return armed.status();  // an error, or the head is gone already
     }
-    auto counter = LockCounter(*dir_, LOCK_EX, dir_->clock->now() + kCounterWaitLimit);
-    if (!counter.ok()) return counter.status();
     auto changed = head_changed_since(qdir, seen, counter->get(), fifos);
     if (!changed.ok() || *changed) return changed.status();
     counter->reset();
