@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <future>
 #include <memory>
 #include <optional>
 #include <sstream>
@@ -252,6 +253,72 @@ TEST_F(EtcdInterop, DlocksEntryIsTheKeyGosMutexWrites) {
   ASSERT_THAT(appended.status(), IsOk());
   // <prefix>/<name>/<lease ID in lower-case hex>, empty value: nothing else under <name>/.
   EXPECT_EQ(GoGetPrefix("layout/"), (std::vector<std::string>{target_.prefix + "/layout/" + (*session)->id(), ""}));
+  (*session)->close();
+}
+
+// ------------------------------------- Go's Election (issue 16, step 5)
+
+Result<Head> ReadHead(Session& s, const std::string& queue) {
+  std::promise<Result<Head>> read;
+  s.async_read_head(queue, {}, Clock::system()->now() + 20s, [&](Result<Head> h) { read.set_value(std::move(h)); });
+  return read.get_future().get();
+}
+
+// A dlock candidate is the key Go's Election writes (value = proposal):
+// `etcdctl elect` waits behind it, `etcdctl elect -l` prints its key and its
+// value and every proclaimed one, and dlock reads Go's candidate with its
+// proposal and watches it go.
+TEST_F(EtcdInterop, CandidatesAreGoElectionKeysBothWays) {
+  auto go = std::make_unique<Child>(
+      std::vector<std::string>{"etcdctl", "--endpoints=" + target_.endpoints, "elect", GoName("vote"), "go-proposal"});
+  const std::string go_key = go->read_line(20s);
+  ASSERT_EQ(go_key.rfind(GoName("vote") + "/", 0), 0u) << "etcdctl elect printed: " << go_key;
+  EXPECT_EQ(go->read_line(5s), "go-proposal");
+
+  auto store = OpenStore(target_.url);
+  ASSERT_THAT(store.status(), IsOk());
+  auto session = (*store)->open_session(Clock::system()->now() + 20s);
+  ASSERT_THAT(session.status(), IsOk());
+  auto head = ReadHead(**session, "vote");
+  ASSERT_THAT(head.status(), IsOk());
+  ASSERT_TRUE(head->entry.has_value());
+  EXPECT_EQ(head->entry->value, std::optional<std::string>("go-proposal")) << "Go's leader, as dlock reads it";
+  EntrySpec spec;
+  spec.kind = std::string(entry_kind::kCandidate);
+  spec.attempt_id = "0123456789abcdef0123456789abcdef";
+  spec.value = "dlock-proposal";
+  auto mine = (*session)->append("vote", spec, Clock::system()->now() + 20s);
+  ASSERT_THAT(mine.status(), IsOk());
+  head = ReadHead(**session, "vote");
+  ASSERT_THAT(head.status(), IsOk());
+  std::promise<Status> fired;
+  auto watch = (*session)->async_watch_head("vote", *head, [&](Status s) { fired.set_value(std::move(s)); });
+  EXPECT_EQ(go->interrupt_and_wait(), 0) << "etcdctl elect resigns on SIGINT";
+  auto fired_future = fired.get_future();
+  ASSERT_EQ(fired_future.wait_for(20s), std::future_status::ready) << "Go's leader resigned unseen";
+  EXPECT_THAT(fired_future.get(), IsOk());
+  head = ReadHead(**session, "vote");
+  ASSERT_THAT(head.status(), IsOk());
+  ASSERT_TRUE(head->entry.has_value());
+  EXPECT_EQ(head->entry->id, mine->entry.id) << "dlock's candidate leads now";
+
+  Child observer({"etcdctl", "--endpoints=" + target_.endpoints, "elect", "-l", GoName("vote")});
+  EXPECT_EQ(observer.read_line(20s), GoName("vote") + "/" + (*session)->id());
+  EXPECT_EQ(observer.read_line(5s), "dlock-proposal");
+  auto proclaimed = (*session)->update_entry(
+      "vote", mine->entry.id, {.value = "dlock-proclaimed", .owner = std::nullopt}, Clock::system()->now() + 20s);
+  ASSERT_THAT(proclaimed.status(), IsOk());
+  EXPECT_EQ(proclaimed->token, mine->entry.token) << "a proclaim keeps the term (Go's leaderRev)";
+  EXPECT_EQ(observer.read_line(20s), GoName("vote") + "/" + (*session)->id());
+  EXPECT_EQ(observer.read_line(5s), "dlock-proclaimed");
+
+  auto go2 = std::make_unique<Child>(
+      std::vector<std::string>{"etcdctl", "--endpoints=" + target_.endpoints, "elect", GoName("vote"), "go-2"});
+  EXPECT_EQ(go2->read_line(1500ms), "") << "etcdctl elect won while dlock's candidate leads";
+  ASSERT_THAT((*session)->remove("vote", mine->entry.id, Clock::system()->now() + 20s), IsOk());
+  EXPECT_EQ(go2->read_line(20s).rfind(GoName("vote") + "/", 0), 0u) << "dlock's resignation did not hand over to Go";
+  EXPECT_EQ(go2->read_line(5s), "go-2");
+  EXPECT_EQ(go2->interrupt_and_wait(), 0);
   (*session)->close();
 }
 

@@ -92,7 +92,8 @@ std::optional<Record> DecodeRecord(std::string_view json) {
   if (kind == j.end() || !kind->is_string() || attempt == j.end() || !attempt->is_string()) return std::nullopt;
   Record r;
   r.kind = "foreign";
-  for (auto k : {entry_kind::kLock, entry_kind::kRead, entry_kind::kWrite, entry_kind::kLease}) {
+  for (auto k :
+       {entry_kind::kLock, entry_kind::kRead, entry_kind::kWrite, entry_kind::kLease, entry_kind::kCandidate}) {
     if (kind->get<std::string>() == k) r.kind = std::string(k);
   }
   r.attempt_id = attempt->get<std::string>();
@@ -104,7 +105,7 @@ std::optional<Record> DecodeRecord(std::string_view json) {
 }
 
 std::vector<Listed> EntriesOf(const Layout& layout, std::string_view queue, const std::vector<KeyRead>& keys,
-                              const std::vector<RecordRead>& records, bool with_owners) {
+                              const std::vector<RecordRead>& records, const ListOptions& options) {
   const std::string record_dir = layout.record_dir(queue);
   std::map<std::string_view, const RecordRead*> by_suffix;
   for (const RecordRead& r : records) {
@@ -120,14 +121,20 @@ std::vector<Listed> EntriesOf(const Layout& layout, std::string_view queue, cons
     Entry& e = l.entry;
     e.id = EntryId(*suffix, k.create_revision);
     e.sequence = k.create_revision;
-    e.token = static_cast<std::uint64_t>(k.mod_revision);
+    // A downgraded read entry's token is its Put's; every other entry keeps
+    // its creation's, whatever Puts (new values) come after.
+    e.token = static_cast<std::uint64_t>(IsReservationSuffix(*suffix) ? k.mod_revision : k.create_revision);
+    if (options.with_values) {
+      if (!k.value.empty()) e.value = k.value;
+      e.value_version = static_cast<std::uint64_t>(k.version);
+    }
     auto rec = by_suffix.find(*suffix);
     std::optional<Record> record;
     if (rec != by_suffix.end()) record = DecodeRecord(rec->second->value);
     if (record) {
       e.kind = record->kind;
       e.attempt_id = record->attempt_id;
-      if (with_owners) e.owner = std::move(record->owner);
+      if (options.with_owners) e.owner = std::move(record->owner);
     } else if (IsReservationSuffix(*suffix)) {
       continue;  // a write entry's reservation, not an entry of its own
     } else {

@@ -16,9 +16,12 @@
 //
 // Entry id: "<entry suffix>@<create revision>", so every operation on an id
 // is fenced by the revision: a key deleted and made again is another entry.
-// Sequence: the create revision. Token: the key's mod revision (equal to
-// the create revision, except for a downgraded read entry, which takes over
-// its write entry's reservation with a new Put).
+// Sequence: the create revision. Token: the create revision too (Go's
+// Election's leaderRev), except for a downgraded read entry, which takes
+// over its write entry's reservation with a new Put: its token is that
+// Put's (mod) revision. A proclaim (a Put of a new value) so keeps the token.
+// Value: the entry key's value (Go's Election proposal; empty, read as none,
+// for locks); value_version: the key's version.
 #ifndef DLOCK_SRC_STORES_ETCD_ETCD_LAYOUT_HPP_
 #define DLOCK_SRC_STORES_ETCD_ETCD_LAYOUT_HPP_
 
@@ -92,6 +95,8 @@ struct KeyRead {
   std::int64_t create_revision = 0;
   std::int64_t mod_revision = 0;
   std::int64_t lease = 0;
+  std::string value;         // when read with values
+  std::int64_t version = 0;  // Puts since the key was made, the first included
 };
 struct RecordRead {
   std::string key;
@@ -107,7 +112,7 @@ struct Listed {
   std::int64_t lease = 0;  // the entry key's lease (0: none)
 };
 std::vector<Listed> EntriesOf(const Layout& layout, std::string_view queue, const std::vector<KeyRead>& keys,
-                              const std::vector<RecordRead>& records, bool with_owners);
+                              const std::vector<RecordRead>& records, const ListOptions& options);
 
 }  // namespace dlock::internal::etcd
 

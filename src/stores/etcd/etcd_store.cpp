@@ -43,6 +43,7 @@
 #include "core/thread_annotations.hpp"
 #include "etcd/etcdserver/etcdserverpb/rpc.grpc.pb.h"
 #include "stores/blocking_wait.hpp"
+#include "stores/entry_value.hpp"
 #include "stores/etcd/etcd_layout.hpp"
 #include "stores/etcd/etcd_loop.hpp"
 #include "stores/one_outcome.hpp"
@@ -242,7 +243,7 @@ pb::Compare LeaseIs(const std::string& key, std::int64_t lease) { return Equals(
 std::vector<KeyRead> KeysOf(const pb::ResponseOp& op) {
   std::vector<KeyRead> out;
   for (const auto& kv : op.response_range().kvs()) {
-    out.push_back({kv.key(), kv.create_revision(), kv.mod_revision(), kv.lease()});
+    out.push_back({kv.key(), kv.create_revision(), kv.mod_revision(), kv.lease(), kv.value(), kv.version()});
   }
   return out;
 }
@@ -544,6 +545,16 @@ struct WaitRec {
   // a compacted start (the watch is cancelled) reads as any other wait.
   bool watch_without_read = false;
 
+  // A head watch (async_watch_head) rather than a wait: one watch, from
+  // `head_from`, of keys[0] (the head: any event is a change) or, with
+  // `head_dir` set, of the whole queue directory (a Put of an entry of the
+  // queue itself is a change). Its start revision is a reading's, so no
+  // reading follows it: every event since is in etcd's history, and a
+  // compacted start ends the watch with OK (the caller reads again).
+  bool head = false;
+  std::string head_dir;
+  std::int64_t head_from = 0;
+
   bool done = false;      // finished or cancelled: nothing more to do
   bool checking = false;  // a read is in flight
   std::vector<std::int64_t> watch_ids;
@@ -612,6 +623,7 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
     if (spec.attempt_id.empty() || spec.attempt_id.find('/') != std::string::npos) {
       return done(InvalidArgumentError("etcd store: attempt id '" + spec.attempt_id + "' is not valid"));
     }
+    if (auto s = CheckEntryValue(spec.value); !s.ok()) return done(s);
     if (auto s = usable(true); !s.ok()) return done(s);
     if (spec.sequence) return downgrade(std::string(queue), spec, deadline, sync, std::move(done));
     put_entry(std::string(queue), FirstSuffix(lease_), spec, 0, deadline, sync, /*first=*/true, std::move(done));
@@ -621,11 +633,11 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
             std::function<void(Result<std::vector<Entry>>)> done) {
     if (auto s = ValidateLockName(queue); !s.ok()) return done(s);
     if (auto s = usable(true); !s.ok()) return done(s);
-    read_queue(std::string(queue), deadline, sync,
-               [done = std::move(done), owners = options.with_owners, self = shared_from_this(),
+    read_queue(std::string(queue), deadline, sync, options.with_values,
+               [done = std::move(done), options, self = shared_from_this(),
                 q = std::string(queue)](Result<pb::TxnResponse> r) {
                  if (!r.ok()) return done(self->noted(r.status()));
-                 done(JustEntries(self->entries_of(q, *r, 0, owners)));
+                 done(JustEntries(self->entries_of(q, *r, 0, options)));
                });
   }
 
@@ -678,7 +690,7 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
                [done = std::move(done), self = shared_from_this(), q,
                 attempt = std::string(attempt_id)](Result<pb::TxnResponse> r) {
                  if (!r.ok()) return done(self->noted(r.status()));
-                 for (Listed& l : self->entries_of(q, *r, 1, false)) {
+                 for (Listed& l : self->entries_of(q, *r, 1, {})) {
                    if (l.entry.attempt_id == attempt && l.lease == self->lease_) {
                      return done(std::optional<Entry>(std::move(l.entry)));
                    }
@@ -687,10 +699,69 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
                });
   }
 
+  // --- Published values
+
+  // A Txn on the entry key, compared on its create revision and lease (so
+  // only this session's live entry): a Put of the new value with the lease,
+  // and of the record for a new owner (read first: the record keeps the
+  // kind and attempt, which an update does not name). Then ranges of both,
+  // for the entry as it is now.
+  void update(std::string_view queue, std::string_view id, const EntryUpdate& update, Clock::time_point deadline,
+              bool sync, std::function<void(Result<Entry>)> done) {
+    if (auto s = ValidateLockName(queue); !s.ok()) return done(s);
+    if (auto s = CheckEntryValue(update.value); !s.ok()) return done(s);
+    auto parsed = ParseEntryId(id);
+    if (!parsed.ok()) return done(parsed.status());
+    if (auto s = usable(true); !s.ok()) return done(s);
+    const std::string q(queue);
+    if (!update.owner) return put_update(q, *parsed, update, std::nullopt, deadline, sync, std::move(done));
+    pb::TxnRequest req;
+    *req.add_success() = RangeOp(layout_.record_key(q, parsed->suffix), "", /*keys_only=*/false);
+    core_->txn(req, deadline, sync,
+               [self = shared_from_this(), q, parsed = *parsed, update, deadline, sync,
+                done = std::move(done)](Result<pb::TxnResponse> r) mutable {
+                 if (!r.ok()) return done(self->noted(r.status()));
+                 const auto* kvs = r->responses_size() > 0 ? &r->responses(0).response_range().kvs() : nullptr;
+                 std::optional<Record> record;
+                 if (kvs != nullptr && !kvs->empty()) record = DecodeRecord((*kvs)[0].value());
+                 if (!record) {
+                   return done(FailedPreconditionError("etcd store: no entry " +
+                                                       EntryId(parsed.suffix, parsed.create_revision) + " of session " +
+                                                       self->sid_ + " in " + q));
+                 }
+                 const std::int64_t read_at = (*kvs)[0].mod_revision();
+                 self->put_update(q, parsed, update, std::make_pair(std::move(*record), read_at), deadline, sync,
+                                  std::move(done));
+               });
+  }
+
+  // One reading of the queue with values; the head is the first entry of
+  // dlock's own filtered order (not Go's first-create range, which a nested
+  // name's key can win, etcd #6278); its position is the reading's revision.
+  void read_head(std::string_view queue, const ListOptions& options, Clock::time_point deadline, bool sync,
+                 std::function<void(Result<Head>)> done) {
+    if (auto s = ValidateLockName(queue); !s.ok()) return done(s);
+    if (auto s = usable(true); !s.ok()) return done(s);
+    ListOptions with_values = options;
+    with_values.with_values = true;
+    read_queue(std::string(queue), deadline, sync, /*with_values=*/true,
+               [done = std::move(done), with_values, self = shared_from_this(),
+                q = std::string(queue)](Result<pb::TxnResponse> r) {
+                 if (!r.ok()) return done(self->noted(r.status()));
+                 auto entries = self->entries_of(q, *r, 0, with_values);
+                 Head head;
+                 if (!entries.empty()) head.entry = std::move(entries.front().entry);
+                 head.position = r->header().revision();
+                 done(std::move(head));
+               });
+  }
+
   // --- Waits
 
   std::shared_ptr<void> wait(std::string_view queue, std::span<const std::string> ids,
                              std::function<void(Status)> done);
+  std::shared_ptr<void> watch_head(std::string_view queue, const Head& seen, std::function<void(Status)> done);
+  std::shared_ptr<void> start_wait(std::shared_ptr<WaitRec> w, std::function<void(Status)> done);
 
   // --- State
 
@@ -741,14 +812,15 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
   }
 
   // The queue's entries from the two ranges at `first` and `first + 1` of a Txn's responses.
-  std::vector<Listed> entries_of(const std::string& queue, const pb::TxnResponse& r, int first, bool owners) const {
+  std::vector<Listed> entries_of(const std::string& queue, const pb::TxnResponse& r, int first,
+                                 const ListOptions& options) const {
     if (r.responses_size() < first + 2) return {};
-    return EntriesOf(layout_, queue, KeysOf(r.responses(first)), RecordsOf(r.responses(first + 1)), owners);
+    return EntriesOf(layout_, queue, KeysOf(r.responses(first)), RecordsOf(r.responses(first + 1)), options);
   }
 
-  void read_queue(const std::string& q, Clock::time_point deadline, bool sync, TxnDone done) {
+  void read_queue(const std::string& q, Clock::time_point deadline, bool sync, bool with_values, TxnDone done) {
     pb::TxnRequest req;
-    *req.add_success() = DirOp(layout_.queue_dir(q), /*keys_only=*/true);
+    *req.add_success() = DirOp(layout_.queue_dir(q), /*keys_only=*/!with_values);
     *req.add_success() = DirOp(layout_.record_dir(q), /*keys_only=*/false);
     core_->txn(req, deadline, sync, std::move(done));
   }
@@ -771,7 +843,7 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
       *req.add_compare() = VersionIs(record, 0);
     }
     *req.add_compare() = VersionIs(fence, 0);
-    *req.add_success() = PutOp(key, "", lease_);
+    *req.add_success() = PutOp(key, spec.value.value_or(""), lease_);
     *req.add_success() = PutOp(record, EncodeRecord(spec.kind, spec.attempt_id, spec.owner), lease_);
     if (write) *req.add_success() = PutOp(layout_.entry_key(q, ReservationSuffix(suffix)), "", lease_);
     const int ranges = req.success_size();
@@ -799,7 +871,7 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
       e.id = EntryId(suffix, taking != 0 ? taking : rev);
       e.sequence = taking != 0 ? taking : rev;
       e.token = static_cast<std::uint64_t>(rev);
-      out.queue = JustEntries(entries_of(q, r, ranges, false));
+      out.queue = JustEntries(entries_of(q, r, ranges, {}));
       return done(std::move(out));
     }
     if (r.responses_size() < 2) return done(InternalError("etcd store: malformed reply to an append"));
@@ -814,7 +886,7 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
         // the record was put with the entry, so it has its revisions.
         e.id = EntryId(suffix, taking != 0 ? taking : records[0].create_revision());
         e.sequence = taking != 0 ? taking : records[0].create_revision();
-        e.token = static_cast<std::uint64_t>(records[0].mod_revision());
+        e.token = static_cast<std::uint64_t>(records[0].create_revision());  // made with the entry
         return done(std::move(out));
       }
     }
@@ -834,7 +906,7 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
   // entry at `spec.sequence` made, so it keeps its place for Go's waiters too.
   void downgrade(const std::string& q, const EntrySpec& spec, Clock::time_point deadline, bool sync,
                  std::function<void(Result<Appended>)> done) {
-    read_queue(q, deadline, sync,
+    read_queue(q, deadline, sync, /*with_values=*/false,
                [self = shared_from_this(), q, spec, deadline, sync,
                 done = std::move(done)](Result<pb::TxnResponse> r) mutable {
                  if (!r.ok()) return done(self->noted(r.status()));
@@ -850,6 +922,44 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
                  }
                  done(FailedPreconditionError("etcd store: no write entry of session " + self->sid_ +
                                               " with sequence " + std::to_string(*spec.sequence) + " in queue " + q));
+               });
+  }
+
+  // update()'s Txn; `record` (with its mod revision) when the owner changes.
+  void put_update(const std::string& q, const ParsedId& id, const EntryUpdate& update,
+                  std::optional<std::pair<Record, std::int64_t>> record, Clock::time_point deadline, bool sync,
+                  std::function<void(Result<Entry>)> done) {
+    const std::string key = layout_.entry_key(q, id.suffix);
+    const std::string record_key = layout_.record_key(q, id.suffix);
+    pb::TxnRequest req;
+    *req.add_compare() = CreateRevisionIs(key, id.create_revision);
+    *req.add_compare() = LeaseIs(key, lease_);
+    if (update.value) *req.add_success() = PutOp(key, *update.value, lease_);
+    if (record) {
+      pb::Compare unchanged;  // nobody else rewrote the record since it was read
+      unchanged.set_key(record_key);
+      unchanged.set_target(pb::Compare::MOD);
+      unchanged.set_result(pb::Compare::EQUAL);
+      unchanged.set_mod_revision(record->second);
+      *req.add_compare() = std::move(unchanged);
+      *req.add_success() =
+          PutOp(record_key, EncodeRecord(record->first.kind, record->first.attempt_id, *update.owner), lease_);
+    }
+    const int ranges = req.success_size();
+    *req.add_success() = RangeOp(key, "", /*keys_only=*/false);
+    *req.add_success() = RangeOp(record_key, "", /*keys_only=*/false);
+    core_->txn(req, deadline, sync,
+               [self = shared_from_this(), q, id, ranges, done = std::move(done)](Result<pb::TxnResponse> r) {
+                 if (!r.ok()) return done(self->noted(r.status()));
+                 const std::string shown = EntryId(id.suffix, id.create_revision);
+                 if (!r->succeeded()) {
+                   return done(FailedPreconditionError("etcd store: no entry " + shown + " of session " + self->sid_ +
+                                                       " in " + q + " (or its record changed)"));
+                 }
+                 for (Listed& l : self->entries_of(q, *r, ranges, {.with_owners = true, .with_values = true})) {
+                   if (l.entry.id == shown) return done(std::move(l.entry));
+                 }
+                 done(InternalError("etcd store: an updated entry was not in the Txn's reading"));
                });
   }
 
@@ -1150,6 +1260,7 @@ class Watches {
  private:
   void check(const std::shared_ptr<WaitRec>& w) {
     if (w->done) return;
+    if (w->head) return w->watch_ids.empty() ? watch_head(w) : void();
     if (w->watch_without_read) return watch(w, WatchFrom::kAfterCreation);
     if (w->watch_ids.empty()) return watch(w, WatchFrom::kNow);  // on_created reads
     if (w->unconfirmed == 0) read(w);
@@ -1220,6 +1331,42 @@ class Watches {
       create->set_watch_id(id);
       stream_.write(std::move(req));
     }
+  }
+
+  // A head watch's one watch (see WaitRec::head). After the stream ended it
+  // starts again from the same revision: etcd's history has what came since.
+  void watch_head(const std::shared_ptr<WaitRec>& w) {
+    if (!stream_.ready()) {
+      stream_.ensure_open();
+      return;
+    }
+    ++w->watch_generation;
+    w->unconfirmed = 0;
+    const std::int64_t id = next_watch_id_++;
+    by_id_[id] = w;
+    w->watch_ids.push_back(id);
+    pb::WatchRequest req;
+    auto* create = req.mutable_create_request();
+    if (w->head_dir.empty()) {
+      create->set_key(w->keys.at(0).first);
+    } else {
+      create->set_key(w->head_dir);
+      create->set_range_end(PrefixEnd(w->head_dir));
+      create->add_filters(pb::WatchCreateRequest::NODELETE);
+    }
+    create->set_start_revision(std::max<std::int64_t>(w->head_from, 1));
+    create->set_watch_id(id);
+    stream_.write(std::move(req));
+  }
+
+  // Whether a head watch's events show a change of the head.
+  static bool head_changed(const WaitRec& w, const pb::WatchResponse& r) {
+    for (const auto& ev : r.events()) {
+      if (w.head_dir.empty()) return true;  // the head itself: a new value, or gone
+      // A new key of this very queue (not of one nested in it) may be a head.
+      if (ev.type() == mvccpb::Event::PUT && OwnSegment(ev.kv().key(), w.head_dir)) return true;
+    }
+    return false;
   }
 
   void unwatch(WaitRec& w) {
@@ -1305,6 +1452,11 @@ class Watches {
       return;
     }
     std::shared_ptr<WaitRec> w = it->second;
+    if (w->head) {
+      // Cancelled: compacted past its start (or refused): the caller reads again.
+      if (head_changed(*w, r) || r.canceled()) finish(w, OkStatus());
+      return;
+    }
     for (const auto& ev : r.events()) {
       if (ev.type() == mvccpb::Event::DELETE) return finish(w, OkStatus());
     }
@@ -1387,6 +1539,12 @@ std::shared_ptr<void> SessionCore::wait(std::string_view queue, std::span<const 
         suffix == sid_ || (suffix.starts_with(sid_) && suffix.size() > sid_.size() && suffix[sid_.size()] == '.');
     w->watch_without_read = w->watch_without_read && own;
   }
+  return start_wait(std::move(w), std::move(done));
+}
+
+// Registers `w` with the session (which ends it with its end) and the watch
+// stream; returns the handle that cancels it.
+std::shared_ptr<void> SessionCore::start_wait(std::shared_ptr<WaitRec> w, std::function<void(Status)> done) {
   w->outcome = std::make_shared<OneOutcome>(std::move(done));
   bool ended = false;
   {
@@ -1411,6 +1569,30 @@ std::shared_ptr<void> SessionCore::wait(std::string_view queue, std::span<const 
     if (auto self = weak.lock()) self->forget_wait(w);
     core->loop().post([w, core] { core->watches().stop(w); });
   });
+}
+
+std::shared_ptr<void> SessionCore::watch_head(std::string_view queue, const Head& seen,
+                                              std::function<void(Status)> done) {
+  if (auto s = ValidateLockName(queue); !s.ok()) {
+    done(s);
+    return nullptr;
+  }
+  auto w = std::make_shared<WaitRec>();
+  w->session = weak_from_this();
+  w->queue = std::string(queue);
+  w->head = true;
+  w->head_from = seen.position + 1;
+  if (seen.entry) {
+    auto parsed = ParseEntryId(seen.entry->id);
+    if (!parsed.ok()) {
+      done(parsed.status());
+      return nullptr;
+    }
+    w->keys.emplace_back(layout_.entry_key(queue, parsed->suffix), parsed->create_revision);
+  } else {
+    w->head_dir = layout_.queue_dir(queue);
+  }
+  return start_wait(std::move(w), std::move(done));
 }
 
 void SessionCore::ended(SessionState how) {
@@ -1502,6 +1684,24 @@ class EtcdSession final : public Session {
   std::shared_ptr<void> async_wait_any_gone(std::string_view queue, std::span<const std::string> ids,
                                             std::function<void(Status)> done) override {
     return core_->wait(queue, ids, std::move(done));
+  }
+
+  bool keeps_values() const noexcept override { return true; }
+  Result<Entry> update_entry(std::string_view queue, std::string_view id, const EntryUpdate& update,
+                             Clock::time_point deadline) override {
+    return on_this_thread<Entry>([&](auto done) { core_->update(queue, id, update, deadline, true, std::move(done)); });
+  }
+  void async_update_entry(std::string_view queue, std::string_view id, const EntryUpdate& update,
+                          Clock::time_point deadline, std::function<void(Result<Entry>)> done) override {
+    core_->update(queue, id, update, deadline, false, std::move(done));
+  }
+  void async_read_head(std::string_view queue, const ListOptions& options, Clock::time_point deadline,
+                       std::function<void(Result<Head>)> done) override {
+    core_->read_head(queue, options, deadline, false, std::move(done));
+  }
+  std::shared_ptr<void> async_watch_head(std::string_view queue, const Head& seen,
+                                         std::function<void(Status)> done) override {
+    return core_->watch_head(queue, seen, std::move(done));
   }
 
   void close() noexcept override { core_->close(); }
