@@ -25,6 +25,7 @@
 #include "support/poll.hpp"
 #include "support/state_log.hpp"
 #include "support/status_matchers.hpp"
+#include "support/tcp_proxy.hpp"
 
 namespace dlock {
 namespace {
@@ -186,6 +187,87 @@ TEST(EtcdFaults, AHolderOnAnIsolatedLeaderIsToldLostBeforeTheOthersGrantItsLock)
 // (--auth-token-ttl 1): wrong or missing credentials are refused as
 // kUnauthenticated; with the right ones, locks keep working, and a waiter
 // keeps waiting, across the token's expiry (the store authenticates again).
+// --- Head watches (issue 16) across a broken stream and a compaction
+
+Result<Head> ReadHead(Session& s, const std::string& queue) {
+  std::promise<Result<Head>> read;
+  s.async_read_head(queue, {}, In(10s), [&](Result<Head> h) { read.set_value(std::move(h)); });
+  return read.get_future().get();
+}
+
+EntrySpec CandidateSpec(std::string value) {
+  EntrySpec spec = Spec();
+  spec.kind = std::string(entry_kind::kCandidate);
+  spec.value = std::move(value);
+  return spec;
+}
+
+// A head watch whose stream is cut (its connection silent, then reset) while
+// the head changes and changes back sees the change once the stream is back:
+// it starts again from its reading's revision, not from the present.
+TEST(EtcdFaults, AHeadWatchSeesWhatChangedWhileItsStreamWasDown) {
+  PrivateEtcd etcd;
+  ASSERT_TRUE(etcd.ok()) << "could not start etcd";
+  testing::TcpProxy proxy(std::stoi(etcd.port(0)));
+  auto watched = OpenStore("etcd://" + proxy.hosts() + "/cut?ttl=10s&connect_timeout=2s");
+  auto direct = OpenStore(etcd.url("/cut?ttl=10s"));
+  ASSERT_THAT(watched.status(), IsOk());
+  ASSERT_THAT(direct.status(), IsOk());
+  auto watcher = (*watched)->open_session(In(10s));
+  auto leader = (*direct)->open_session(In(10s));
+  ASSERT_THAT(watcher.status(), IsOk());
+  ASSERT_THAT(leader.status(), IsOk());
+  auto e = (*leader)->append("vote", CandidateSpec("one"), In(10s));
+  ASSERT_THAT(e.status(), IsOk());
+  auto seen = ReadHead(**watcher, "vote");
+  ASSERT_THAT(seen.status(), IsOk());
+  std::promise<Status> fired;
+  auto handle = (*watcher)->async_watch_head("vote", *seen, [&](Status s) { fired.set_value(std::move(s)); });
+  auto outcome = fired.get_future();
+  EXPECT_EQ(outcome.wait_for(300ms), std::future_status::timeout) << "fired before any change";
+  proxy.partition();
+  proxy.settle();
+  // The head's value changes, and changes back: the head as read now equals
+  // `seen` but for its version.
+  ASSERT_THAT((*leader)->update_entry("vote", e->entry.id, {.value = "two", .owner = std::nullopt}, In(10s)).status(),
+              IsOk());
+  ASSERT_THAT((*leader)->update_entry("vote", e->entry.id, {.value = "one", .owner = std::nullopt}, In(10s)).status(),
+              IsOk());
+  EXPECT_EQ(outcome.wait_for(300ms), std::future_status::timeout) << "no event can pass a silent connection";
+  proxy.heal();
+  proxy.drop_all();  // the stream ends at once; the store opens another
+  ASSERT_EQ(outcome.wait_for(30s), std::future_status::ready) << "a change made while the stream was down was missed";
+  EXPECT_THAT(outcome.get(), IsOk());
+  handle.reset();
+}
+
+// A head watch whose reading is older than the last compaction cannot be
+// served from history: it ends with OK at once (the caller reads again)
+// rather than waiting from the present.
+TEST(EtcdFaults, AHeadWatchFromACompactedRevisionFiresAtOnce) {
+  PrivateEtcd etcd;
+  ASSERT_TRUE(etcd.ok()) << "could not start etcd";
+  auto store = OpenStore(etcd.url("/compacted?ttl=10s"));
+  ASSERT_THAT(store.status(), IsOk());
+  auto s = (*store)->open_session(In(10s));
+  ASSERT_THAT(s.status(), IsOk());
+  auto seen = ReadHead(**s, "vote");  // empty
+  ASSERT_THAT(seen.status(), IsOk());
+  ASSERT_FALSE(seen->entry.has_value());
+  auto brief = (*s)->append("vote", CandidateSpec("brief"), In(10s));  // came and went
+  ASSERT_THAT(brief.status(), IsOk());
+  ASSERT_THAT((*s)->remove("vote", brief->entry.id, In(10s)), IsOk());
+  auto later = (*s)->append("elsewhere", Spec(), In(10s));
+  ASSERT_THAT(later.status(), IsOk());
+  ASSERT_TRUE(etcd.ctl("compaction " + std::to_string(later->entry.sequence)));
+  std::promise<Status> fired;
+  auto handle = (*s)->async_watch_head("vote", *seen, [&](Status st) { fired.set_value(std::move(st)); });
+  auto outcome = fired.get_future();
+  ASSERT_EQ(outcome.wait_for(20s), std::future_status::ready) << "a compacted start waited from the present";
+  EXPECT_THAT(outcome.get(), IsOk());
+  handle.reset();
+}
+
 TEST(EtcdAuth, TokensAreRenewedAndBadCredentialsRefused) {
   PrivateEtcd etcd(1, "DLOCK_ETCD_ARGS='--auth-token-ttl 1'");
   ASSERT_TRUE(etcd.ok()) << "could not start etcd";

@@ -134,6 +134,15 @@ void TcpProxy::set_mode(Mode mode, std::chrono::milliseconds delay) noexcept {
   mode_.store(mode);
 }
 
+void TcpProxy::settle() const noexcept {
+  // Two rounds begun after the call: the second read the mode after it.
+  const std::uint64_t from = rounds_.load();
+  const auto give_up = SteadyClock::now() + std::chrono::seconds(10);
+  while (rounds_.load() < from + 2 && SteadyClock::now() < give_up) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
 void TcpProxy::run() {
   std::list<Conn> conns;
   auto close_conn = [](Conn& c) {
@@ -143,6 +152,7 @@ void TcpProxy::run() {
     c.dead = true;
   };
   while (!stop_.load()) {
+    rounds_.fetch_add(1);
     const Mode mode = mode_.load();
     const pid_t from = from_pid_.load();
     // Whether `c` is held (black-holed) this round.

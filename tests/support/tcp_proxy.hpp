@@ -59,6 +59,10 @@ class TcpProxy {
   void set_upstream(int port) noexcept { upstream_port_.store(port); }
   // How many connections it has accepted so far.
   int accepted() const noexcept { return accepted_.load(); }
+  // Returns once every byte it forwards comes under the mode set before the
+  // call (a round that began earlier may still forward under the old one),
+  // or after 10 s if its thread does not get to run.
+  void settle() const noexcept;
 
  private:
   void run();
@@ -72,6 +76,7 @@ class TcpProxy {
   std::atomic<bool> drop_{false};
   std::atomic<bool> stop_{false};
   std::atomic<int> accepted_{0};
+  std::atomic<std::uint64_t> rounds_{0};  // rounds of the thread's loop begun
   std::thread thread_;
 };
 
