@@ -712,6 +712,11 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
     if (auto s = CheckEntryValue(update.value); !s.ok()) return done(s);
     auto parsed = ParseEntryId(id);
     if (!parsed.ok()) return done(parsed.status());
+    if (update.value && IsReservationSuffix(parsed->suffix)) {
+      // Its token is its key's mod revision (a downgrade's Put), which a new
+      // value would move.
+      return done(FailedPreconditionError("etcd store: a downgraded read entry takes no value"));
+    }
     if (auto s = usable(true); !s.ok()) return done(s);
     const std::string q(queue);
     if (!update.owner) return put_update(q, *parsed, update, std::nullopt, deadline, sync, std::move(done));
