@@ -1184,6 +1184,149 @@ TEST_P(ConformanceTest, AHeadWatchIsCancelledByItsHandleAndEndsWithItsSession) {
   EXPECT_EQ(ended.Count(), 1u);
 }
 
+// Review finding (etcd, step 5): a downgrade puts its read entry beside the
+// write entry it comes from, at the same sequence; where its id sorts first the
+// head changed, with no event on the head's key.
+TEST_P(ConformanceTest, AHeadWatchFiresWhenADowngradeTakesTheHeadsPlace) {
+  auto s = NewSession();
+  auto watcher = NewSession();
+  ASSERT_TRUE(s && watcher);
+  const std::string q = Queue("head-downgrade");
+  SKIP_WITHOUT_VALUES(*s);
+  Entry write = Append(*s, q, Spec("write"));
+  auto seen = ReadHead(*watcher, q);
+  ASSERT_THAT(seen.status(), IsOk());
+  ASSERT_TRUE(seen->entry.has_value());
+  ASSERT_EQ(seen->entry->id, write.id);
+  Outcomes<Status> fired;
+  auto handle = watcher->async_watch_head(q, *seen, fired.Callback());
+  EntrySpec read = Spec("read");
+  read.sequence = write.sequence;
+  Entry downgraded = Append(*s, q, read);
+  auto now = ReadHead(*watcher, q);
+  ASSERT_THAT(now.status(), IsOk());
+  ASSERT_TRUE(now->entry.has_value());
+  if (now->entry->id == write.id) return;  // the head did not change on this store
+  EXPECT_EQ(now->entry->id, downgraded.id);
+  EXPECT_THAT(fired.First(), IsOk()) << "the head changed from " << write.id << " to " << now->entry->id
+                                     << " after the reading, and the watch did not fire";
+  handle.reset();
+  EXPECT_EQ(fired.Count(), 1u);
+}
+
+// Review finding (etcd, step 5): update_entry keeps the token (store.hpp), also
+// a downgraded read entry's.
+TEST_P(ConformanceTest, AValueUpdateKeepsADowngradedReadEntrysToken) {
+  auto s = NewSession();
+  ASSERT_TRUE(s);
+  const std::string q = Queue("downgrade-update");
+  SKIP_WITHOUT_VALUES(*s);
+  Entry write = Append(*s, q, Spec("write"));
+  EntrySpec read = Spec("read");
+  read.sequence = write.sequence;
+  read.value = "r1";
+  Entry downgraded = Append(*s, q, read);
+  ASSERT_TRUE(downgraded.token.has_value());
+  auto updated = s->update_entry(q, downgraded.id, {.value = "r2", .owner = std::nullopt}, In(kPrompt));
+  ASSERT_THAT(updated.status(), IsOk());
+  EXPECT_EQ(updated->token, downgraded.token) << "the returned entry's token";
+  for (const Entry& e : List(*s, q)) {
+    if (e.id == downgraded.id) {
+      EXPECT_EQ(e.token, downgraded.token) << "the listed token";
+    }
+  }
+  auto found = s->find_own(q, read.attempt_id, In(kPrompt));
+  ASSERT_THAT(found.status(), IsOk());
+  ASSERT_TRUE(found->has_value());
+  EXPECT_EQ((*found)->token, downgraded.token) << "find_own's token";
+}
+
+// Review finding (etcd, step 5): an owner-only update of one's own live entry
+// is refused (kFailedPrecondition: "no such entry, or not this session's") when
+// another owner update of it came between its read and its Txn.
+TEST_P(ConformanceTest, ConcurrentOwnerUpdatesOfOneOwnEntryAllSucceed) {
+  auto s = NewSession();
+  ASSERT_TRUE(s);
+  const std::string q = Queue("owner-updates");
+  SKIP_WITHOUT_VALUES(*s);
+  Entry e = Append(*s, q, Candidate("v"));
+  std::atomic<int> refused{0};
+  std::string first_refusal;
+  std::mutex mu;
+  auto updater = [&](int n) {
+    for (int i = 0; i < 25; ++i) {
+      OwnerRecord owner = Spec().owner;
+      owner.elected_unix_ms = 1'700'000'000'000 + n * 1000 + i;
+      auto r = s->update_entry(q, e.id, {.value = std::nullopt, .owner = owner}, In(kPrompt));
+      if (!r.ok()) {
+        ++refused;
+        std::lock_guard<std::mutex> g(mu);
+        if (first_refusal.empty()) first_refusal = r.status().to_string();
+      }
+    }
+  };
+  std::thread a(updater, 1), b(updater, 2);
+  a.join();
+  b.join();
+  EXPECT_EQ(refused.load(), 0) << "of 50 owner updates of a live own entry; first: " << first_refusal;
+}
+
+// Review finding (etcd, step 5: gRPC refused replies over 4 MiB): values of at
+// most 64 KiB each, any number of entries; a head reading (and a listing with
+// values) of a queue of 72 candidates with 60 KiB values, and of a queue whose
+// nested queue holds them.
+TEST_P(ConformanceTest, AHeadIsReadAmongManyLargeValues) {
+  auto s = NewSession();
+  ASSERT_TRUE(s);
+  const std::string q = Queue("large");
+  SKIP_WITHOUT_VALUES(*s);
+  Entry head = Append(*s, q, Candidate("small"));
+  for (int i = 0; i < 72; ++i) {
+    ASSERT_THAT(s->append(q + "/nested", Candidate(std::string(60 * 1024, 'a' + i % 26)), In(kPrompt)).status(),
+                IsOk());
+  }
+  auto read = ReadHead(*s, q);
+  EXPECT_THAT(read.status(), IsOk()) << "the queue itself holds one small entry; its nested queue the large ones";
+  for (int i = 0; i < 72; ++i) {
+    ASSERT_THAT(s->append(q, Candidate(std::string(60 * 1024, 'a' + i % 26)), In(kPrompt)).status(), IsOk());
+  }
+  read = ReadHead(*s, q + "/nested");
+  EXPECT_THAT(read.status(), IsOk());
+  auto listed = s->list(q + "/nested", {.with_owners = false, .with_values = true}, In(kPrompt));
+  EXPECT_THAT(listed.status(), IsOk());
+}
+
+// Review finding (etcd, step 5: the catch-up was one reply over 4 MiB): a head
+// watch from a reading after which the head's value was changed many times with
+// large values (while the watch stream was down, or before the watch was made):
+// the catch-up must fire it.
+TEST_P(ConformanceTest, AHeadWatchFiresAfterManyLargeValueUpdates) {
+  auto s = NewSession();
+  auto watcher = NewSession();
+  ASSERT_TRUE(s && watcher);
+  const std::string q = Queue("head-catch-up");
+  SKIP_WITHOUT_VALUES(*s);
+  Entry e = Append(*s, q, Candidate("v"));
+  auto seen = ReadHead(*watcher, q);
+  ASSERT_THAT(seen.status(), IsOk());
+  for (int i = 0; i < 72; ++i) {
+    ASSERT_THAT(
+        s->update_entry(q, e.id, {.value = std::string(60 * 1024, 'a' + i % 26), .owner = std::nullopt}, In(kPrompt))
+            .status(),
+        IsOk());
+  }
+  Outcomes<Status> fired;
+  auto handle = watcher->async_watch_head(q, *seen, fired.Callback());
+  EXPECT_THAT(fired.First(), IsOk()) << "the head's value changed since the reading";
+  handle.reset();
+  // The store's other waits still work.
+  Outcomes<Status> gone;
+  const std::vector<std::string> ids{e.id};
+  auto wait = watcher->async_wait_any_gone(q, ids, gone.Callback());
+  ASSERT_THAT(s->remove(q, e.id, In(kPrompt)), IsOk());
+  EXPECT_THAT(gone.First(), IsOk());
+}
+
 INSTANTIATE_TEST_SUITE_P(Stores, ConformanceTest, ::testing::ValuesIn(testing::ConformanceSpecs()),
                          [](const auto& p) { return testing::SpecName(p.param, p.index); });
 

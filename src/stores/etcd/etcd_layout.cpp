@@ -121,9 +121,9 @@ std::vector<Listed> EntriesOf(const Layout& layout, std::string_view queue, cons
     Entry& e = l.entry;
     e.id = EntryId(*suffix, k.create_revision);
     e.sequence = k.create_revision;
-    // A downgraded read entry's token is its Put's; every other entry keeps
-    // its creation's, whatever Puts (new values) come after.
-    e.token = static_cast<std::uint64_t>(IsReservationSuffix(*suffix) ? k.mod_revision : k.create_revision);
+    // Every entry keeps its creation's revision as token, whatever Puts (new
+    // values) come after; a downgraded read entry's creation is its record's.
+    e.token = static_cast<std::uint64_t>(k.create_revision);
     if (options.with_values) {
       if (!k.value.empty()) e.value = k.value;
       e.value_version = static_cast<std::uint64_t>(k.version);
@@ -132,6 +132,7 @@ std::vector<Listed> EntriesOf(const Layout& layout, std::string_view queue, cons
     std::optional<Record> record;
     if (rec != by_suffix.end()) record = DecodeRecord(rec->second->value);
     if (record) {
+      if (IsReservationSuffix(*suffix)) e.token = static_cast<std::uint64_t>(rec->second->create_revision);
       e.kind = record->kind;
       e.attempt_id = record->attempt_id;
       if (options.with_owners) e.owner = std::move(record->owner);

@@ -19,7 +19,8 @@
 // Sequence: the create revision. Token: the create revision too (Go's
 // Election's leaderRev), except for a downgraded read entry, which takes
 // over its write entry's reservation with a new Put: its token is that
-// Put's (mod) revision. A proclaim (a Put of a new value) so keeps the token.
+// Put's revision, which is its record's create revision (the record is made
+// by that Put's Txn). Later Puts (new values, new owners) keep the token.
 // Value: the entry key's value (Go's Election proposal; empty, read as none,
 // for locks); value_version: the key's version.
 #ifndef DLOCK_SRC_STORES_ETCD_ETCD_LAYOUT_HPP_
@@ -101,6 +102,7 @@ struct KeyRead {
 struct RecordRead {
   std::string key;
   std::string value;
+  std::int64_t create_revision = 0;
 };
 
 // The queue's entries from one reading of its keys and records (both taken

@@ -250,7 +250,7 @@ std::vector<KeyRead> KeysOf(const pb::ResponseOp& op) {
 
 std::vector<RecordRead> RecordsOf(const pb::ResponseOp& op) {
   std::vector<RecordRead> out;
-  for (const auto& kv : op.response_range().kvs()) out.push_back({kv.key(), kv.value()});
+  for (const auto& kv : op.response_range().kvs()) out.push_back({kv.key(), kv.value(), kv.create_revision()});
   return out;
 }
 
@@ -545,10 +545,11 @@ struct WaitRec {
   // a compacted start (the watch is cancelled) reads as any other wait.
   bool watch_without_read = false;
 
-  // A head watch (async_watch_head) rather than a wait: one watch, from
-  // `head_from`, of keys[0] (the head: any event is a change) or, with
-  // `head_dir` set, of the whole queue directory (a Put of an entry of the
-  // queue itself is a change). Its start revision is a reading's, so no
+  // A head watch (async_watch_head) rather than a wait: watches, from
+  // `head_from`, of `keys` (the head and, for a write entry, its downgrade
+  // reservation: any event is a change) or, with `head_dir` set, of the
+  // whole queue directory (a Put of an entry of the queue itself is a
+  // change). Its start revision is a reading's, so no
   // reading follows it: every event since is in etcd's history, and a
   // compacted start ends the watch with OK (the caller reads again).
   bool head = false;
@@ -712,11 +713,6 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
     if (auto s = CheckEntryValue(update.value); !s.ok()) return done(s);
     auto parsed = ParseEntryId(id);
     if (!parsed.ok()) return done(parsed.status());
-    if (update.value && IsReservationSuffix(parsed->suffix)) {
-      // Its token is its key's mod revision (a downgrade's Put), which a new
-      // value would move.
-      return done(FailedPreconditionError("etcd store: a downgraded read entry takes no value"));
-    }
     if (auto s = usable(true); !s.ok()) return done(s);
     const std::string q(queue);
     if (!update.owner) return put_update(q, *parsed, update, std::nullopt, deadline, sync, std::move(done));
@@ -734,7 +730,7 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
                                                        EntryId(parsed.suffix, parsed.create_revision) + " of session " +
                                                        self->sid_ + " in " + q));
                  }
-                 const std::int64_t read_at = (*kvs)[0].mod_revision();
+                 const std::int64_t read_at = (*kvs)[0].create_revision();
                  self->put_update(q, parsed, update, std::make_pair(std::move(*record), read_at), deadline, sync,
                                   std::move(done));
                });
@@ -930,7 +926,7 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
                });
   }
 
-  // update()'s Txn; `record` (with its mod revision) when the owner changes.
+  // update()'s Txn; `record` (with its create revision) when the owner changes.
   void put_update(const std::string& q, const ParsedId& id, const EntryUpdate& update,
                   std::optional<std::pair<Record, std::int64_t>> record, Clock::time_point deadline, bool sync,
                   std::function<void(Result<Entry>)> done) {
@@ -941,12 +937,9 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
     *req.add_compare() = LeaseIs(key, lease_);
     if (update.value) *req.add_success() = PutOp(key, *update.value, lease_);
     if (record) {
-      pb::Compare unchanged;  // nobody else rewrote the record since it was read
-      unchanged.set_key(record_key);
-      unchanged.set_target(pb::Compare::MOD);
-      unchanged.set_result(pb::Compare::EQUAL);
-      unchanged.set_mod_revision(record->second);
-      *req.add_compare() = std::move(unchanged);
+      // The record read is still the entry's (its kind and attempt never
+      // change; another owner update in between is fine).
+      *req.add_compare() = CreateRevisionIs(record_key, record->second);
       *req.add_success() =
           PutOp(record_key, EncodeRecord(record->first.kind, record->first.attempt_id, *update.owner), lease_);
     }
@@ -1338,7 +1331,7 @@ class Watches {
     }
   }
 
-  // A head watch's one watch (see WaitRec::head). After the stream ended it
+  // A head watch's watches (see WaitRec::head). After the stream ended it
   // starts again from the same revision: etcd's history has what came since.
   void watch_head(const std::shared_ptr<WaitRec>& w) {
     if (!stream_.ready()) {
@@ -1347,21 +1340,23 @@ class Watches {
     }
     ++w->watch_generation;
     w->unconfirmed = 0;
-    const std::int64_t id = next_watch_id_++;
-    by_id_[id] = w;
-    w->watch_ids.push_back(id);
-    pb::WatchRequest req;
-    auto* create = req.mutable_create_request();
-    if (w->head_dir.empty()) {
-      create->set_key(w->keys.at(0).first);
-    } else {
-      create->set_key(w->head_dir);
-      create->set_range_end(PrefixEnd(w->head_dir));
-      create->add_filters(pb::WatchCreateRequest::NODELETE);
-    }
-    create->set_start_revision(std::max<std::int64_t>(w->head_from, 1));
-    create->set_watch_id(id);
-    stream_.write(std::move(req));
+    auto create_watch = [&](const std::string& key, bool dir) {
+      const std::int64_t id = next_watch_id_++;
+      by_id_[id] = w;
+      w->watch_ids.push_back(id);
+      pb::WatchRequest req;
+      auto* create = req.mutable_create_request();
+      create->set_key(key);
+      if (dir) {
+        create->set_range_end(PrefixEnd(key));
+        create->add_filters(pb::WatchCreateRequest::NODELETE);
+      }
+      create->set_start_revision(std::max<std::int64_t>(w->head_from, 1));
+      create->set_watch_id(id);
+      stream_.write(std::move(req));
+    };
+    if (!w->head_dir.empty()) return create_watch(w->head_dir, true);
+    for (const auto& [key, rev] : w->keys) create_watch(key, false);
   }
 
   // Whether a head watch's events show a change of the head.
@@ -1594,6 +1589,11 @@ std::shared_ptr<void> SessionCore::watch_head(std::string_view queue, const Head
       return nullptr;
     }
     w->keys.emplace_back(layout_.entry_key(queue, parsed->suffix), parsed->create_revision);
+    // A downgrade puts its read entry in the write entry's place, first by
+    // id (`<suffix>.d@rev` < `<suffix>@rev`): a new head, on another key.
+    if (!IsReservationSuffix(parsed->suffix)) {
+      w->keys.emplace_back(layout_.entry_key(queue, ReservationSuffix(parsed->suffix)), parsed->create_revision);
+    }
   } else {
     w->head_dir = layout_.queue_dir(queue);
   }
@@ -1789,6 +1789,11 @@ Result<std::shared_ptr<Store>> Open(const ParsedUrl& url, const StoreOptions& op
   // loaded machine (seen at 100 ms under TSan: every member "failing").
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2'000);
+  // No limit on a reply's size, as Go's clientv3 (math.MaxInt32): a queue's
+  // reading with values (up to 64 KiB each), or a watch's catch-up of many
+  // of them, is larger than gRPC's default 4 MiB, and a reply refused for
+  // its size would be refused again on every retry.
+  args.SetMaxReceiveMessageSize(-1);
   // No transport keep-alive pings: a member that stops answering is noticed
   // by its overdue renewals (and left), and etcd answers pings on a
   // connection without calls with GOAWAY (its enforcement policy).
