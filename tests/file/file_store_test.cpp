@@ -913,6 +913,12 @@ TEST_F(FileStoreTest, HeadWatchFifosGoWithTheirWatches) {
 
 // Leaves exactly `free_count` descriptor numbers free below a lowered
 // RLIMIT_NOFILE; the destructor gives everything back.
+//
+// Under UBSan, the first check of an object's dynamic type tests its memory
+// through a pipe (sanitizer_common's IsAccessibleMemoryRange): with no
+// descriptor free it fails and reports a false "invalid vptr". So the tests
+// below count k down, the first rounds (enough descriptors, every step
+// succeeds) meeting each type once, and make an error Status before.
 class ScarceDescriptors {
  public:
   explicit ScarceDescriptors(int free_count) {
@@ -958,7 +964,8 @@ TEST_F(FileStoreTest, AHeadAppendedShortOfDescriptorsWakesArmedWatchesOrFails) {
         auto appender = (*store)->open_session(kNoDeadline);
         if (!watcher.ok() || !appender.ok()) return 11;
         int missed = 0;
-        for (int k = 1; k <= 8; ++k) {
+        static_cast<void>(UnavailableError("a first error, with descriptors to spare (see ScarceDescriptors)"));
+        for (int k = 16; k >= 1; --k) {
           const std::string queue = "fds" + std::to_string(k);
           auto seen = ReadHead(**watcher, queue);
           if (!seen.ok() || seen->entry) return 12;
@@ -1000,7 +1007,8 @@ TEST_F(FileStoreTest, AHeadValueUpdatedShortOfDescriptorsWakesArmedWatchesOrFail
         auto owner = (*store)->open_session(kNoDeadline);
         if (!watcher.ok() || !owner.ok()) return 11;
         int missed = 0;
-        for (int k = 1; k <= 6; ++k) {
+        static_cast<void>(UnavailableError("a first error, with descriptors to spare (see ScarceDescriptors)"));
+        for (int k = 16; k >= 1; --k) {
           const std::string queue = "upd" + std::to_string(k);
           EntrySpec spec = Spec(std::string(entry_kind::kCandidate));
           spec.value = "v1";
