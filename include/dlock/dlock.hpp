@@ -16,6 +16,7 @@
 #include "dlock/async.hpp"
 #include "dlock/client.hpp"
 #include "dlock/clock.hpp"
+#include "dlock/election.hpp"
 #include "dlock/hold.hpp"
 #include "dlock/inspect.hpp"
 #include "dlock/mem_store.hpp"

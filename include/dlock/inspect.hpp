@@ -28,9 +28,11 @@ struct EntryInfo {
   std::size_t position = 0;  // 0-based place in its queue
 };
 
-// Entries of every recipe that can use `name`: Mutex / ReadWriteLock entries
+// Entries of every recipe that can use `name`: Mutex / ReadWriteLock / Election entries
 // in the name's own queue, then Semaphore leases (holders) and Semaphore
 // acquirers (waiters). Holders first within each queue; queue order kept.
+// Entries carry their values where the store keeps them (an election
+// candidate's; `dlock status --json` shows it as "value").
 DLOCK_EXPORT Result<std::vector<EntryInfo>> Inspect(const Client& client, std::string_view name);
 
 }  // namespace dlock

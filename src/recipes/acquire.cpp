@@ -152,7 +152,7 @@ class Acquisition : public Operation<Acquisition> {
     switch (end) {
       case PassEnd::kGranted:
         placed_.reset();  // the caller owns it now
-        return finish(std::optional<Acquired>(Acquired{session_, entry_, std::move(granted_queue_)}));
+        return finish(std::optional<Acquired>(Acquired{session_, entry_, owner_, std::move(granted_queue_)}));
       case PassEnd::kGaveUp: return finish(std::optional<Acquired>());
       case PassEnd::kError: return finish(error_);
       case PassEnd::kRequeue:
@@ -166,7 +166,8 @@ class Acquisition : public Operation<Acquisition> {
   // Appends our entry (entry_), adopting it if the reply was lost.
   void place_entry() {
     attempt_ = client_->new_attempt_id();
-    EntrySpec spec{req_.kind, attempt_, client_->owner(req_.thread), req_.sequence, std::nullopt};
+    owner_ = client_->owner(req_.thread);
+    EntrySpec spec{req_.kind, attempt_, owner_, req_.sequence, req_.value};
     unsettled_ = session_;  // until the store says what became of the append
     unsettled_attempt_ = attempt_;
     session_->async_append(
@@ -368,6 +369,7 @@ class Acquisition : public Operation<Acquisition> {
 
   std::shared_ptr<Session> session_;  // this pass's
   std::string attempt_;
+  OwnerRecord owner_;  // the attempt's
   Entry entry_;
   std::shared_ptr<Session> placed_;     // set while entry_ exists and is ours to remove
   std::shared_ptr<Session> unsettled_;  // set while an append's outcome is unknown

@@ -59,12 +59,15 @@ struct AcquireRequest {
   bool try_only = false;
   // Queue behind this process's other waiters for the same queue first.
   bool use_gate = true;
+  // The entry's published value (an election candidate's).
+  std::optional<std::string> value;
   FailureSink failure;
 };
 
 struct Acquired {
   std::shared_ptr<Session> session;
   Entry entry;               // with its token
+  OwnerRecord owner;         // the record it was appended with
   std::vector<Entry> queue;  // the queue as it was read when the entry was granted
 };
 

@@ -260,6 +260,19 @@ TEST_P(CliTest, StatusJsonListsHoldersAndWaitersInOrder) {
   EXPECT_EQ(Wait(w2), 0);
 }
 
+TEST_P(CliTest, StatusJsonShowsAnElectionCandidatesValue) {
+  Client client = Client::connect(url_);
+  std::optional<Leadership> lead = Election(client, name_).campaign("10.0.0.9:8080", 30s);
+  ASSERT_TRUE(lead.has_value());
+  const std::string out = dir_ + "/status.json";
+  ASSERT_EQ(RunToEnd({"status", "--url", url_, "--json", name_}, out), 0);
+  auto j = nlohmann::json::parse(Read(out));
+  ASSERT_EQ(j["holders"].size(), 1u);
+  EXPECT_EQ(j["holders"][0]["kind"], "candidate");
+  EXPECT_EQ(j["holders"][0]["value"], "10.0.0.9:8080");
+  EXPECT_EQ(j["holders"][0]["token"], lead->term());
+}
+
 TEST_P(CliTest, BreakFreesALockHeldByAStoppedProcess) {
   pid_t holder = StartHolder();
   ASSERT_EQ(::kill(holder, SIGSTOP), 0);

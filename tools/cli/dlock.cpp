@@ -505,6 +505,7 @@ nlohmann::json EntryJson(const dlock::EntryInfo& e) {
                       {"position", e.position},
                       {"role", e.holds ? "holder" : "waiter"}};
   j["token"] = e.entry.token ? nlohmann::json(*e.entry.token) : nlohmann::json(nullptr);
+  if (e.entry.value) j["value"] = *e.entry.value;  // an election candidate's
   if (e.entry.owner) {
     j["host"] = e.entry.owner->host;
     j["pid"] = e.entry.owner->pid;

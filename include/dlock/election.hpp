@@ -1,0 +1,171 @@
+// File: dlock/election.hpp
+//
+// dlock::Election elects one leader among any number of participants, in
+// threads, processes and machines (docs/election.md has the design and each
+// store's layout):
+//
+//   dlock::Election election(client, "billing/scheduler");
+//   std::optional<dlock::Leadership> lead = election.campaign("10.0.0.7:8080");
+//   while (lead && !lead->lost_token().stop_requested()) {
+//     schedule(lead->term());          // let the resource fence by term
+//   }                                  // the destructor resigns
+//
+// The leader is the participant whose entry is first in the election's
+// queue: at most one at any point of the store's order of events. Its term is
+// that entry's fencing token, so it grows with every new leader, and a
+// resource that remembers the largest term it has seen refuses a deposed
+// leader. A participant is told it lost leadership (kLost) no later than the
+// moment the store could let another lead, by the same rule as a Hold.
+//
+// On etcd:// the candidates are the keys of Go's concurrency.Election (and
+// `etcdctl elect`) on the same name: they elect one leader together.
+//
+// Thread-safety: every class here is thread-safe. Blocking calls throw
+// dlock::Error as Mutex::acquire() does, and are refused (kFailedPrecondition)
+// on a dlock callback thread.
+#ifndef DLOCK_ELECTION_HPP_
+#define DLOCK_ELECTION_HPP_
+
+#include <cstdint>
+#include <functional>
+#include <future>
+#include <memory>
+#include <optional>
+#include <stop_token>
+#include <string>
+#include <vector>
+
+#include "dlock/async.hpp"
+#include "dlock/client.hpp"
+#include "dlock/export.hpp"
+#include "dlock/hold.hpp"
+#include "dlock/status.hpp"
+#include "dlock/store.hpp"
+#include "dlock/timeout.hpp"
+
+namespace dlock {
+
+namespace internal {
+class LeadershipCore;
+struct Access;
+}  // namespace internal
+
+// What the store says of one candidate (the leader, or a participant waiting
+// its turn), whichever client made it.
+struct LeaderInfo {
+  std::string value;                 // dlock's value; Go's proposal on etcd ("" if none)
+  std::uint64_t term = 0;            // the entry's fencing token
+  std::string entry;                 // the entry id, as `dlock status` shows it
+  std::optional<OwnerRecord> owner;  // for dlock participants, where the store keeps one
+  // When it was told it leads, if it recorded it (dlock participants write
+  // it just after they are told, so it may be missing for a moment).
+  std::optional<std::int64_t> elected_unix_ms;
+  // When its entry was made, where known (a dlock participant's record).
+  std::optional<std::int64_t> candidate_since_unix_ms;
+};
+
+// dlock::Leadership
+//
+// Won leadership, owned by no thread in particular, like dlock::Hold, with
+// the same states and meanings: kHeld (leader), kUncertain (contact with the
+// store lost: nobody else can lead until the session expires, but this
+// process can no longer be sure), kLost (another may lead now), kReleased
+// (resigned). Destroying it resigns.
+class DLOCK_EXPORT Leadership {
+ public:
+  // Empty: not leader, state kReleased, term 0.
+  Leadership() noexcept = default;
+  Leadership(Leadership&&) noexcept = default;
+  Leadership& operator=(Leadership&& other) noexcept;
+  Leadership(const Leadership&) = delete;
+  Leadership& operator=(const Leadership&) = delete;
+  ~Leadership();
+
+  // kHeld or kUncertain.
+  bool held() const noexcept;
+  explicit operator bool() const noexcept { return held(); }
+  // Folds in the session's own clock, as Hold::state().
+  HoldState state() const noexcept;
+
+  // The fencing token of our entry: larger than every earlier leader's of
+  // this election in this store. Unchanged by proclaim(); readable after
+  // resign(); 0 when empty.
+  std::uint64_t term() const noexcept;
+  std::uint64_t fencing_token() const noexcept { return term(); }
+  const std::string& name() const noexcept;
+  // The value the store last confirmed: the campaign's, or a proclaimed one.
+  std::string value() const;
+
+  // As Hold::lost_token() and Hold::on_state_change().
+  std::stop_token lost_token() const noexcept;
+  std::shared_ptr<void> on_state_change(std::function<void(HoldState)> fn) const;
+
+  // Publishes `value` in place of the current one, keeping leadership and
+  // term: one store round trip, more only while contact is lost. Errors:
+  // kFailedPrecondition ("not leader": the state is kLost or kReleased, or
+  // the entry is gone); kUnavailable (not confirmed within `timeout`: the
+  // new value may or may not be published, value() keeps the old one, and
+  // proclaiming again is safe); kInvalidArgument (not UTF-8 text, or longer
+  // than 64 KiB). Proclaims of one Leadership are applied in the order they
+  // were called. The blocking form throws dlock::Error only where
+  // Mutex::acquire() would (the callback thread); it returns the rest.
+  Status proclaim(std::string value, Clock::duration timeout = std::chrono::seconds(10));
+  // `done` is called exactly once, on the client's dlock thread.
+  void async_proclaim(std::string value, Clock::duration timeout, std::function<void(Status)> done);
+
+  // Removes our entry, so the next candidate leads at once. The state is
+  // kReleased before the removal is sent. Never throws; at most one round
+  // trip, then retried in the background, as Hold::release(). Idempotent.
+  void resign() noexcept;
+
+ private:
+  friend struct internal::Access;
+  explicit Leadership(std::shared_ptr<internal::LeadershipCore> core) noexcept : core_(std::move(core)) {}
+  std::shared_ptr<internal::LeadershipCore> core_;
+};
+
+// What an asynchronous campaign delivers: Leadership, std::nullopt (timed
+// out or stopped; nothing of the campaign is left in the store), or an error.
+using CampaignCallback = Awaitable<std::optional<Leadership>>::Callback;
+using CampaignAwaitable = Awaitable<std::optional<Leadership>>;
+
+class DLOCK_EXPORT Election {
+ public:
+  // Throws dlock::Error(kInvalidArgument) if `name` is not a valid lock name.
+  Election(Client client, std::string name);
+
+  // Campaigns with `value` until leader, the timeout passes or `stop` is
+  // requested (std::nullopt). A timeout <= 0 is one try: leader now, or
+  // nullopt. Each campaign is a participant of its own, with its own entry,
+  // also within one process (unlike locks, there is no local line: every
+  // candidate is visible to participants() and to other clients). `value`
+  // must be UTF-8 text of at most 64 KiB (dlock::Error(kInvalidArgument) at
+  // the call otherwise). Throws dlock::Error as Mutex::acquire() does; on a
+  // store that keeps no values, kUnimplemented.
+  std::optional<Leadership> campaign(std::string value, Clock::duration timeout = kForever, std::stop_token stop = {});
+  // The asynchronous forms (dlock/async.hpp's rules: the callback runs, and
+  // the coroutine resumes, on the client's dlock thread).
+  void async_campaign(std::string value, Clock::duration timeout, std::stop_token stop, CampaignCallback done);
+  CampaignAwaitable async_campaign(std::string value, Clock::duration timeout = kForever, std::stop_token stop = {});
+  std::future<std::optional<Leadership>> campaign_future(std::string value, Clock::duration timeout = kForever,
+                                                         std::stop_token stop = {});
+
+  // One consistent reading: the leader, or std::nullopt if there is none.
+  // Errors as Client::list_entries (kUnavailable, kPermissionDenied, ...).
+  Result<std::optional<LeaderInfo>> leader() const;
+  // Every candidate, leader first, in queue order, from one reading.
+  Result<std::vector<LeaderInfo>> participants() const;
+
+  const std::string& name() const noexcept { return name_; }
+
+ private:
+  std::function<void(CampaignCallback)> campaign_starter(std::string value, Clock::duration timeout,
+                                                         std::stop_token stop) const;
+
+  Client client_;
+  std::string name_;
+};
+
+}  // namespace dlock
+
+#endif  // DLOCK_ELECTION_HPP_

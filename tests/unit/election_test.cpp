@@ -1,0 +1,366 @@
+// The election recipe (dlock/election.hpp) on every store the run has: mem
+// always, the others when the test scripts pass their URLs in
+// DLOCK_TEST_URLS. Each test asserts on what a broken election would get
+// wrong: two leaders at once, terms that do not grow, a value or leader read
+// that is stale, a campaign that leaves its entry behind.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <coroutine>
+#include <future>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "dlock/dlock.hpp"
+#include "support/detached.hpp"
+#include "support/stores.hpp"
+
+namespace dlock {
+namespace {
+
+using namespace std::chrono_literals;
+using testing::Eventually;
+using testing::StoreFixture;
+
+std::string UniqueName(const std::string& base) {
+  static std::atomic<int> counter{0};
+  return "test/election/" + base + "-" + std::to_string(::getpid()) + "-" + std::to_string(counter++);
+}
+
+class ElectionTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override { fixture_ = testing::MakeFixture(GetParam()); }
+  Client NewClient() const { return fixture_.new_client(); }
+  std::size_t Entries(const std::string& name) const { return fixture_.entries(name); }
+
+  StoreFixture fixture_;
+};
+
+TEST_P(ElectionTest, TheFirstCandidateLeadsAndLeaderShowsItsValueAndTerm) {
+  Client a = NewClient();
+  Election election(a, UniqueName("first"));
+  auto none = election.leader();
+  ASSERT_TRUE(none.ok()) << none.status().to_string();
+  EXPECT_FALSE(none->has_value()) << "no candidate, no leader";
+
+  std::optional<Leadership> lead = election.campaign("10.0.0.7:8080", 10s);
+  ASSERT_TRUE(lead.has_value());
+  EXPECT_EQ(lead->state(), HoldState::kHeld);
+  EXPECT_GT(lead->term(), 0u);
+  EXPECT_EQ(lead->value(), "10.0.0.7:8080");
+  EXPECT_EQ(lead->name(), election.name());
+
+  Client b = NewClient();
+  auto seen = Election(b, election.name()).leader();
+  ASSERT_TRUE(seen.ok()) << seen.status().to_string();
+  ASSERT_TRUE(seen->has_value());
+  EXPECT_EQ((*seen)->value, "10.0.0.7:8080");
+  EXPECT_EQ((*seen)->term, lead->term());
+  EXPECT_FALSE((*seen)->entry.empty());
+}
+
+TEST_P(ElectionTest, ResignHandsOverAndTermsGrow) {
+  Client a = NewClient();
+  Client b = NewClient();
+  const std::string name = UniqueName("handover");
+  Election ea(a, name);
+  Election eb(b, name);
+  std::optional<Leadership> first = ea.campaign("a", 10s);
+  ASSERT_TRUE(first.has_value());
+  auto second = eb.campaign_future("b", 60s);
+  ASSERT_TRUE(Eventually([&] { return Entries(name) == 2; })) << "b's candidate entry is in the queue";
+  EXPECT_EQ(second.wait_for(0s), std::future_status::timeout) << "b leads while a still does";
+  const std::uint64_t first_term = first->term();
+  first->resign();
+  EXPECT_EQ(first->state(), HoldState::kReleased);
+  EXPECT_EQ(first->term(), first_term) << "the term stays readable after resign()";
+  std::optional<Leadership> next = second.get();
+  ASSERT_TRUE(next.has_value());
+  EXPECT_GT(next->term(), first_term);
+  auto now = ea.leader();
+  ASSERT_TRUE(now.ok() && now->has_value());
+  EXPECT_EQ((*now)->value, "b");
+}
+
+TEST_P(ElectionTest, ProclaimChangesTheValueKeepsTheTermAndIsRefusedAfterResign) {
+  Client a = NewClient();
+  Election election(a, UniqueName("proclaim"));
+  std::optional<Leadership> lead = election.campaign("v1", 10s);
+  ASSERT_TRUE(lead.has_value());
+  const std::uint64_t term = lead->term();
+  ASSERT_TRUE(lead->proclaim("v2").ok());
+  EXPECT_EQ(lead->value(), "v2");
+  EXPECT_EQ(lead->term(), term);
+  Client b = NewClient();
+  auto seen = Election(b, election.name()).leader();
+  ASSERT_TRUE(seen.ok() && seen->has_value()) << seen.status().to_string();
+  EXPECT_EQ((*seen)->value, "v2");
+  EXPECT_EQ((*seen)->term, term) << "a proclaim is not a new term";
+
+  EXPECT_THROW((void)lead->proclaim(std::string("caf\xc3", 4)), Error) << "not UTF-8";
+  lead->resign();
+  EXPECT_EQ(lead->proclaim("v3").code(), ErrorCode::kFailedPrecondition);
+  EXPECT_EQ(lead->value(), "v2");
+  EXPECT_EQ(Entries(election.name()), 0u);
+}
+
+TEST_P(ElectionTest, ProclaimsApplyInTheOrderTheyWereCalled) {
+  Client a = NewClient();
+  Election election(a, UniqueName("order"));
+  std::optional<Leadership> lead = election.campaign("v0", 10s);
+  ASSERT_TRUE(lead.has_value());
+  constexpr int kProclaims = 8;
+  std::mutex mu;
+  std::vector<int> completed;
+  std::vector<std::promise<Status>> done(kProclaims);
+  for (int i = 1; i <= kProclaims; ++i) {
+    lead->async_proclaim("v" + std::to_string(i), 10s, [&, i](Status s) {
+      {
+        std::lock_guard<std::mutex> g(mu);
+        completed.push_back(i);
+      }
+      done[static_cast<std::size_t>(i - 1)].set_value(std::move(s));
+    });
+  }
+  for (auto& d : done) EXPECT_TRUE(d.get_future().get().ok());
+  std::vector<int> expected(kProclaims);
+  for (int i = 0; i < kProclaims; ++i) expected[static_cast<std::size_t>(i)] = i + 1;
+  EXPECT_EQ(completed, expected);
+  EXPECT_EQ(lead->value(), "v8");
+  auto seen = election.leader();
+  ASSERT_TRUE(seen.ok() && seen->has_value());
+  EXPECT_EQ((*seen)->value, "v8") << "the last proclaim is the one the store keeps";
+}
+
+TEST_P(ElectionTest, AtMostOneLeaderAtATimeAndTermsGrowInOrder) {
+  const std::string name = UniqueName("ledger");
+  constexpr int kClients = 3;
+  constexpr int kRounds = 6;
+  std::vector<Client> clients;
+  for (int i = 0; i < kClients; ++i) clients.push_back(NewClient());
+  std::atomic<int> leaders{0};
+  std::atomic<int> overlaps{0};
+  std::mutex mu;
+  std::vector<std::uint64_t> terms;  // in the order leaders were told
+  std::vector<std::jthread> threads;
+  for (int c = 0; c < kClients; ++c) {
+    threads.emplace_back([&, c] {
+      Election election(clients[static_cast<std::size_t>(c)], name);
+      for (int round = 0; round < kRounds; ++round) {
+        std::optional<Leadership> lead = election.campaign("c" + std::to_string(c), 60s);
+        if (!lead) continue;
+        if (leaders.fetch_add(1) != 0) overlaps.fetch_add(1);
+        {
+          std::lock_guard<std::mutex> g(mu);
+          terms.push_back(lead->term());
+        }
+        std::this_thread::sleep_for(2ms);
+        leaders.fetch_sub(1);  // before resign: the next may lead right after it
+        lead->resign();
+      }
+    });
+  }
+  threads.clear();
+  EXPECT_EQ(overlaps.load(), 0) << "two participants believed they led at once";
+  ASSERT_EQ(terms.size(), static_cast<std::size_t>(kClients * kRounds));
+  for (std::size_t i = 1; i < terms.size(); ++i) EXPECT_GT(terms[i], terms[i - 1]) << "term " << i;
+  EXPECT_EQ(Entries(name), 0u);
+}
+
+TEST_P(ElectionTest, CampaignsOfOneProcessAreParticipantsEachInQueueOrder) {
+  Client a = NewClient();
+  const std::string name = UniqueName("participants");
+  Election election(a, name);
+  std::optional<Leadership> lead = election.campaign("p0", 10s);
+  ASSERT_TRUE(lead.has_value());
+  auto p1 = election.campaign_future("p1", 60s);
+  ASSERT_TRUE(Eventually([&] { return Entries(name) == 2; }));
+  auto p2 = election.campaign_future("p2", 60s);
+  ASSERT_TRUE(Eventually([&] { return Entries(name) == 3; }))
+      << "a second waiting campaign of one client has its own entry (no local line)";
+  auto all = election.participants();
+  ASSERT_TRUE(all.ok()) << all.status().to_string();
+  ASSERT_EQ(all->size(), 3u);
+  EXPECT_EQ((*all)[0].value, "p0");
+  EXPECT_EQ((*all)[0].term, lead->term());
+  EXPECT_EQ((*all)[1].value, "p1");
+  EXPECT_EQ((*all)[2].value, "p2");
+  lead->resign();
+  std::optional<Leadership> second = p1.get();
+  ASSERT_TRUE(second.has_value());
+  EXPECT_EQ(second->value(), "p1");
+  second->resign();
+  std::optional<Leadership> third = p2.get();
+  ASSERT_TRUE(third.has_value());
+  EXPECT_GT(third->term(), second->term());
+}
+
+TEST_P(ElectionTest, TimedOutStoppedAndTriedCampaignsLeaveNothing) {
+  Client a = NewClient();
+  Client b = NewClient();
+  const std::string name = UniqueName("give-up");
+  std::optional<Leadership> lead = Election(a, name).campaign("a", 10s);
+  ASSERT_TRUE(lead.has_value());
+  Election eb(b, name);
+  EXPECT_FALSE(eb.campaign("b", 0s).has_value()) << "a try while another leads";
+  EXPECT_FALSE(eb.campaign("b", 200ms).has_value());
+  std::stop_source stop;
+  auto stopped = eb.campaign_future("b", 60s, stop.get_token());
+  ASSERT_TRUE(Eventually([&] { return Entries(name) == 2; }));
+  stop.request_stop();
+  EXPECT_FALSE(stopped.get().has_value());
+  EXPECT_EQ(Entries(name), 1u) << "only the leader's entry is left";
+  auto all = eb.participants();
+  ASSERT_TRUE(all.ok());
+  ASSERT_EQ(all->size(), 1u);
+  EXPECT_EQ((*all)[0].value, "a");
+}
+
+testing::Detached CampaignInto(CampaignAwaitable campaign,
+                               std::shared_ptr<std::promise<std::optional<Leadership>>> out) {
+  try {
+    out->set_value(co_await campaign);
+  } catch (...) {
+    out->set_exception(std::current_exception());
+  }
+}
+
+TEST_P(ElectionTest, TheThreeAsynchronousFormsCampaign) {
+  Client a = NewClient();
+  Election election(a, UniqueName("async"));
+  auto by_callback = std::make_shared<std::promise<Result<std::optional<Leadership>>>>();
+  election.async_campaign("cb", 10s, {},
+                          [by_callback](Result<std::optional<Leadership>> r) { by_callback->set_value(std::move(r)); });
+  Result<std::optional<Leadership>> first = by_callback->get_future().get();
+  ASSERT_TRUE(first.ok() && first->has_value());
+  EXPECT_EQ((*first)->value(), "cb");
+  (*first)->resign();
+
+  std::optional<Leadership> second = election.campaign_future("future", 10s).get();
+  ASSERT_TRUE(second.has_value());
+  EXPECT_GT(second->term(), (*first)->term());
+  second->resign();
+
+  auto by_coroutine = std::make_shared<std::promise<std::optional<Leadership>>>();
+  auto third_future = by_coroutine->get_future();
+  CampaignInto(election.async_campaign("coroutine", 10s), by_coroutine);
+  std::optional<Leadership> third = third_future.get();
+  ASSERT_TRUE(third.has_value());
+  EXPECT_EQ(third->value(), "coroutine");
+  EXPECT_GT(third->term(), second->term());
+}
+
+TEST_P(ElectionTest, AnEntryRemovedByAnOperatorEndsLeadership) {
+  Client a = NewClient();
+  Election election(a, UniqueName("broken"));
+  std::optional<Leadership> lead = election.campaign("a", 10s);
+  ASSERT_TRUE(lead.has_value());
+  auto info = election.leader();
+  ASSERT_TRUE(info.ok() && info->has_value());
+  Client op = NewClient();
+  ASSERT_TRUE(op.remove_entry(election.name(), (*info)->entry).ok());
+  ASSERT_TRUE(Eventually([&] { return lead->state() == HoldState::kLost; }));
+  EXPECT_TRUE(lead->lost_token().stop_requested());
+  EXPECT_EQ(lead->proclaim("again").code(), ErrorCode::kFailedPrecondition);
+}
+
+TEST_P(ElectionTest, ValuesMustBeText) {
+  Client a = NewClient();
+  Election election(a, UniqueName("invalid"));
+  EXPECT_THROW((void)election.campaign(std::string("\xff\xfe", 2), 1s), Error);
+  EXPECT_THROW((void)election.campaign(std::string(64 * 1024 + 1, 'x'), 1s), Error);
+  EXPECT_THROW(Election(a, "bad//name"), Error);
+  EXPECT_EQ(Entries(election.name()), 0u);
+}
+
+INSTANTIATE_TEST_SUITE_P(Stores, ElectionTest, ::testing::ValuesIn(testing::StoreSpecs()),
+                         [](const auto& p) { return testing::SpecName(p.param, p.index); });
+
+// mem:// only: faults injected at exact points.
+
+TEST(ElectionMemTest, AnExpiredLeaderIsToldBeforeTheNextLeads) {
+  auto store = MemStore::create();
+  Client a = Client::with_store(store);
+  Client b = Client::with_store(store);
+  const std::string name = UniqueName("expiry");
+  std::optional<Leadership> first = Election(a, name).campaign("a", 10s);
+  ASSERT_TRUE(first.has_value());
+  std::atomic<int> first_state_when_second_led{-1};
+  auto second = std::make_shared<std::promise<std::optional<Leadership>>>();
+  Election(b, name).async_campaign("b", 60s, {}, [&, second](Result<std::optional<Leadership>> r) {
+    first_state_when_second_led = static_cast<int>(first->state());
+    second->set_value(r.ok() ? std::move(r).value() : std::nullopt);
+  });
+  ASSERT_TRUE(Eventually([&] { return store->entry_count() == 2; }));
+  store->expire(a.session().value()->id());
+  std::optional<Leadership> next = second->get_future().get();
+  ASSERT_TRUE(next.has_value());
+  EXPECT_EQ(first_state_when_second_led.load(), static_cast<int>(HoldState::kLost))
+      << "the old leader reads kLost before the new one is told";
+  EXPECT_GT(next->term(), first->term());
+}
+
+TEST(ElectionMemTest, AProclaimWaitsForContactAndIsAppliedOnce) {
+  auto store = MemStore::create();
+  Client a = Client::with_store(store);
+  Election election(a, UniqueName("suspended"));
+  std::optional<Leadership> lead = election.campaign("v1", 10s);
+  ASSERT_TRUE(lead.has_value());
+  const std::string session = a.session().value()->id();
+  store->lose_next_reply("update");  // the first send takes effect, its reply is lost
+  std::promise<Status> done;
+  lead->async_proclaim("v2", 20s, [&](Status s) { done.set_value(std::move(s)); });
+  EXPECT_TRUE(done.get_future().get().ok()) << "sent again after the lost reply";
+  EXPECT_EQ(lead->value(), "v2");
+
+  store->suspend(session);
+  std::promise<Status> later;
+  lead->async_proclaim("v3", 20s, [&](Status s) { later.set_value(std::move(s)); });
+  auto outcome = later.get_future();
+  EXPECT_EQ(outcome.wait_for(100ms), std::future_status::timeout) << "waits for contact";
+  EXPECT_EQ(lead->state(), HoldState::kUncertain);
+  store->resume(session);
+  EXPECT_TRUE(outcome.get().ok());
+  auto seen = election.leader();
+  ASSERT_TRUE(seen.ok() && seen->has_value());
+  EXPECT_EQ((*seen)->value, "v3");
+}
+
+TEST(ElectionMemTest, AProclaimNotConfirmedInTimeSaysSoAndKeepsTheOldValue) {
+  auto store = MemStore::create();
+  Client a = Client::with_store(store);
+  Election election(a, UniqueName("unconfirmed"));
+  std::optional<Leadership> lead = election.campaign("v1", 10s);
+  ASSERT_TRUE(lead.has_value());
+  store->suspend(a.session().value()->id());
+  EXPECT_EQ(lead->proclaim("v2", 50ms).code(), ErrorCode::kUnavailable);
+  EXPECT_EQ(lead->value(), "v1");
+}
+
+TEST(ElectionMemTest, TheLeaderRecordsWhenItWasElected) {
+  auto store = MemStore::create();
+  Client a = Client::with_store(store);
+  Election election(a, UniqueName("elected-at"));
+  const auto before =
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+          .count();
+  std::optional<Leadership> lead = election.campaign("v1", 10s);
+  ASSERT_TRUE(lead.has_value());
+  std::optional<LeaderInfo> info;
+  ASSERT_TRUE(Eventually([&] {
+    auto got = election.leader();
+    if (!got.ok() || !got->has_value()) return false;
+    info = **got;
+    return info->elected_unix_ms.has_value();
+  }));
+  EXPECT_GE(*info->elected_unix_ms, before);
+  ASSERT_TRUE(info->candidate_since_unix_ms.has_value());
+  EXPECT_LE(*info->candidate_since_unix_ms, *info->elected_unix_ms);
+  ASSERT_TRUE(info->owner.has_value());
+  EXPECT_EQ(info->owner->pid, static_cast<std::int64_t>(::getpid()));
+  EXPECT_EQ(info->value, "v1") << "the owner update keeps the value";
+}
+
+}  // namespace
+}  // namespace dlock
