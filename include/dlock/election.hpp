@@ -17,6 +17,10 @@
 // leader. A participant is told it lost leadership (kLost) no later than the
 // moment the store could let another lead, by the same rule as a Hold.
 //
+// Observers (Election::observe) are told every change of leader, including
+// "no leader", from readings of the store, and "unknown" while contact is
+// lost.
+//
 // On etcd:// the candidates are the keys of Go's concurrency.Election (and
 // `etcdctl elect`) on the same name: they elect one leader together.
 //
@@ -33,6 +37,7 @@
 #include <optional>
 #include <stop_token>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "dlock/async.hpp"
@@ -129,6 +134,20 @@ class DLOCK_EXPORT Leadership {
 using CampaignCallback = Awaitable<std::optional<Leadership>>::Callback;
 using CampaignAwaitable = Awaitable<std::optional<Leadership>>;
 
+// What an observer is told (Election::observe).
+enum class LeaderState {
+  kLeader,    // `leader` leads
+  kNoLeader,  // no candidate
+  kUnknown,   // contact with the store is lost: `leader` is the last one reported, if any, and may be stale
+};
+DLOCK_EXPORT std::string_view LeaderStateName(LeaderState state) noexcept;
+
+struct Observation {
+  LeaderState state = LeaderState::kUnknown;
+  std::optional<LeaderInfo> leader;
+  std::uint64_t number = 0;  // 1, 2, ...: the report's place in its subscription
+};
+
 class DLOCK_EXPORT Election {
  public:
   // Throws dlock::Error(kInvalidArgument) if `name` is not a valid lock name.
@@ -155,6 +174,23 @@ class DLOCK_EXPORT Election {
   Result<std::optional<LeaderInfo>> leader() const;
   // Every candidate, leader first, in queue order, from one reading.
   Result<std::vector<LeaderInfo>> participants() const;
+
+  // Calls `fn` with the current state, then after every change of leader
+  // or of the leader's value, in the store's order, including "no leader".
+  // Every report comes from a reading of the store, never from an event
+  // alone, so none is staler than the reading it came from; a state that
+  // begins and ends between a wake-up and the next reading may not be
+  // reported (docs/election.md, §3.4). Woken by the store (watches,
+  // pub/sub, the kernel), never by polling. While contact is lost it reports
+  // kUnknown once; when contact is back, or a new session is open, it reads
+  // again and reports the current state, even if unchanged.
+  //
+  // `fn` runs on the client's dlock thread, one call at a time, and must not
+  // block (rules as Hold::on_state_change). The returned handle
+  // unsubscribes when destroyed: no call starts after that, but one already
+  // running is not waited for. The subscription keeps the client working.
+  // Throws dlock::Error(kUnimplemented) on a store that keeps no values.
+  [[nodiscard]] std::shared_ptr<void> observe(std::function<void(const Observation&)> fn) const;
 
   const std::string& name() const noexcept { return name_; }
 

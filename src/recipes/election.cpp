@@ -13,6 +13,7 @@
 #include "core/hold_core.hpp"
 #include "core/thread_annotations.hpp"
 #include "recipes/acquire.hpp"
+#include "recipes/election_internal.hpp"
 #include "recipes/operation.hpp"
 #include "recipes/thread_owned_lock.hpp"
 #include "stores/entry_value.hpp"
@@ -104,6 +105,18 @@ class EntryUpdater : public Operation<EntryUpdater> {
 
 }  // namespace
 
+// What a reading says of one candidate.
+LeaderInfo LeaderInfoOf(const Entry& e) {
+  LeaderInfo info;
+  info.value = e.value.value_or("");
+  info.term = e.token.value_or(0);
+  info.entry = e.id;
+  info.owner = e.owner;
+  if (e.owner && e.owner->elected_unix_ms != 0) info.elected_unix_ms = e.owner->elected_unix_ms;
+  if (e.owner && e.owner->acquired_unix_ms != 0) info.candidate_since_unix_ms = e.owner->acquired_unix_ms;
+  return info;
+}
+
 // The shared state of one Leadership.
 class LeadershipCore : public std::enable_shared_from_this<LeadershipCore> {
  public:
@@ -194,18 +207,6 @@ class LeadershipCore : public std::enable_shared_from_this<LeadershipCore> {
 };
 
 namespace {
-
-// What a reading says of one candidate.
-LeaderInfo InfoOf(const Entry& e) {
-  LeaderInfo info;
-  info.value = e.value.value_or("");
-  info.term = e.token.value_or(0);
-  info.entry = e.id;
-  info.owner = e.owner;
-  if (e.owner && e.owner->elected_unix_ms != 0) info.elected_unix_ms = e.owner->elected_unix_ms;
-  if (e.owner && e.owner->acquired_unix_ms != 0) info.candidate_since_unix_ms = e.owner->acquired_unix_ms;
-  return info;
-}
 
 Leadership MakeLeadership(const Client& client, const std::string& name, Acquired& acquired, std::string value) {
   const std::shared_ptr<ClientCore>& core = CoreOf(client);
@@ -364,7 +365,7 @@ Result<std::optional<LeaderInfo>> Election::leader() const {
       });
   if (!head.ok()) return head.status();
   if (!head->entry) return std::optional<LeaderInfo>();
-  return std::optional<LeaderInfo>(internal::InfoOf(*head->entry));
+  return std::optional<LeaderInfo>(internal::LeaderInfoOf(*head->entry));
 }
 
 Result<std::vector<LeaderInfo>> Election::participants() const {
@@ -376,7 +377,7 @@ Result<std::vector<LeaderInfo>> Election::participants() const {
   if (!listed.ok()) return listed.status();
   std::vector<LeaderInfo> out;
   out.reserve(listed->size());
-  for (const Entry& e : *listed) out.push_back(internal::InfoOf(e));
+  for (const Entry& e : *listed) out.push_back(internal::LeaderInfoOf(e));
   return out;
 }
 

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <condition_variable>
 #include <coroutine>
 #include <future>
 #include <mutex>
@@ -26,6 +27,44 @@ using testing::StoreFixture;
 std::string UniqueName(const std::string& base) {
   static std::atomic<int> counter{0};
   return "test/election/" + base + "-" + std::to_string(::getpid()) + "-" + std::to_string(counter++);
+}
+
+// Collects an observer's reports.
+class Reports {
+ public:
+  std::function<void(const Observation&)> fn() {
+    return [this](const Observation& o) {
+      std::lock_guard<std::mutex> g(mu_);
+      seen_.push_back(o);
+      cv_.notify_all();
+    };
+  }
+  // Waits (a bounded time, far beyond what any store needs) until there are
+  // at least `n` reports; returns them all.
+  std::vector<Observation> at_least(std::size_t n) {
+    std::unique_lock<std::mutex> g(mu_);
+    cv_.wait_for(g, 60s, [&] { return seen_.size() >= n; });
+    return seen_;
+  }
+  std::size_t size() {
+    std::lock_guard<std::mutex> g(mu_);
+    return seen_.size();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<Observation> seen_;
+};
+
+std::string Describe(const std::vector<Observation>& reports) {
+  std::string out;
+  for (const Observation& o : reports) {
+    out += "#" + std::to_string(o.number) + " " + std::string(LeaderStateName(o.state));
+    if (o.leader) out += " " + o.leader->value + " term " + std::to_string(o.leader->term);
+    out += "; ";
+  }
+  return out;
 }
 
 class ElectionTest : public ::testing::TestWithParam<std::string> {
@@ -274,10 +313,123 @@ TEST_P(ElectionTest, ValuesMustBeText) {
   EXPECT_EQ(Entries(election.name()), 0u);
 }
 
+TEST_P(ElectionTest, AnObserverIsToldEveryChangeInOrderIncludingNoLeader) {
+  Client watcher = NewClient();
+  Client a = NewClient();
+  Client b = NewClient();
+  const std::string name = UniqueName("observed");
+  Reports reports;
+  std::shared_ptr<void> observing = Election(watcher, name).observe(reports.fn());
+  ASSERT_EQ(reports.at_least(1).size(), 1u);
+
+  std::optional<Leadership> first = Election(a, name).campaign("a1", 10s);
+  ASSERT_TRUE(first.has_value());
+  ASSERT_GE(reports.at_least(2).size(), 2u);
+  ASSERT_TRUE(first->proclaim("a2").ok());
+  ASSERT_GE(reports.at_least(3).size(), 3u);
+  auto second = Election(b, name).campaign_future("b", 60s);
+  ASSERT_TRUE(Eventually([&] { return Entries(name) == 2; }));
+  first->resign();
+  std::optional<Leadership> next = second.get();
+  ASSERT_TRUE(next.has_value());
+  ASSERT_GE(reports.at_least(4).size(), 4u);
+  next->resign();
+  std::vector<Observation> seen = reports.at_least(5);
+
+  ASSERT_EQ(seen.size(), 5u) << Describe(seen);
+  EXPECT_EQ(seen[0].state, LeaderState::kNoLeader) << Describe(seen);
+  EXPECT_EQ(seen[1].state, LeaderState::kLeader);
+  EXPECT_EQ(seen[1].leader->value, "a1");
+  EXPECT_EQ(seen[1].leader->term, first->term());
+  EXPECT_EQ(seen[2].state, LeaderState::kLeader);
+  EXPECT_EQ(seen[2].leader->value, "a2") << "a proclaim is reported";
+  EXPECT_EQ(seen[2].leader->term, first->term());
+  EXPECT_EQ(seen[3].state, LeaderState::kLeader);
+  EXPECT_EQ(seen[3].leader->value, "b");
+  EXPECT_EQ(seen[3].leader->term, next->term());
+  EXPECT_EQ(seen[4].state, LeaderState::kNoLeader) << Describe(seen);
+  for (std::size_t i = 0; i < seen.size(); ++i) EXPECT_EQ(seen[i].number, i + 1);
+}
+
+TEST_P(ElectionTest, NoReportStartsAfterTheObserverIsLetGo) {
+  Client watcher = NewClient();
+  Client a = NewClient();
+  const std::string name = UniqueName("unobserved");
+  Reports dropped;
+  Reports kept;
+  std::shared_ptr<void> first = Election(watcher, name).observe(dropped.fn());
+  std::shared_ptr<void> second = Election(watcher, name).observe(kept.fn());
+  ASSERT_EQ(dropped.at_least(1).size(), 1u);
+  ASSERT_EQ(kept.at_least(1).size(), 1u);
+  first.reset();
+  std::optional<Leadership> lead = Election(a, name).campaign("a", 10s);
+  ASSERT_TRUE(lead.has_value());
+  ASSERT_EQ(kept.at_least(2).size(), 2u) << "the observer still subscribed sees the new leader";
+  lead->resign();
+  ASSERT_EQ(kept.at_least(3).size(), 3u);
+  EXPECT_EQ(dropped.size(), 1u) << "a report after the handle was destroyed";
+}
+
 INSTANTIATE_TEST_SUITE_P(Stores, ElectionTest, ::testing::ValuesIn(testing::StoreSpecs()),
                          [](const auto& p) { return testing::SpecName(p.param, p.index); });
 
 // mem:// only: faults injected at exact points.
+
+TEST(ElectionMemTest, AnObserverSaysUnknownWhileContactIsLostThenTheStateNow) {
+  auto store = MemStore::create();
+  Client watcher = Client::with_store(store);
+  Client a = Client::with_store(store);
+  const std::string name = UniqueName("unknown");
+  std::optional<Leadership> first = Election(a, name).campaign("a", 10s);
+  ASSERT_TRUE(first.has_value());
+  Reports reports;
+  std::shared_ptr<void> observing = Election(watcher, name).observe(reports.fn());
+  ASSERT_EQ(reports.at_least(1).size(), 1u);
+  const std::string session = watcher.session().value()->id();
+  store->suspend(session);
+  std::vector<Observation> seen = reports.at_least(2);
+  ASSERT_EQ(seen.size(), 2u);
+  EXPECT_EQ(seen[1].state, LeaderState::kUnknown);
+  ASSERT_TRUE(seen[1].leader.has_value()) << "with the last leader reported";
+  EXPECT_EQ(seen[1].leader->value, "a");
+  first->resign();  // while the observer cannot see it
+  store->resume(session);
+  seen = reports.at_least(3);
+  ASSERT_GE(seen.size(), 3u);
+  EXPECT_EQ(seen[2].state, LeaderState::kNoLeader) << Describe(seen);
+
+  // The same leader, unchanged, is reported again after contact comes back.
+  std::optional<Leadership> second = Election(a, name).campaign("b", 10s);
+  ASSERT_TRUE(second.has_value());
+  ASSERT_GE(reports.at_least(4).size(), 4u);
+  store->suspend(session);
+  ASSERT_GE(reports.at_least(5).size(), 5u);
+  store->resume(session);
+  seen = reports.at_least(6);
+  ASSERT_EQ(seen.size(), 6u) << Describe(seen);
+  EXPECT_EQ(seen[4].state, LeaderState::kUnknown);
+  EXPECT_EQ(seen[5].state, LeaderState::kLeader);
+  EXPECT_EQ(seen[5].leader->value, "b");
+}
+
+TEST(ElectionMemTest, AnObserverWhoseSessionExpiredReadsOnANewOne) {
+  auto store = MemStore::create();
+  Client watcher = Client::with_store(store);
+  Client a = Client::with_store(store);
+  const std::string name = UniqueName("observer-expired");
+  Reports reports;
+  std::shared_ptr<void> observing = Election(watcher, name).observe(reports.fn());
+  ASSERT_EQ(reports.at_least(1).size(), 1u);
+  store->expire(watcher.session().value()->id());
+  ASSERT_GE(reports.at_least(2).size(), 2u);
+  std::optional<Leadership> lead = Election(a, name).campaign("a", 10s);
+  ASSERT_TRUE(lead.has_value());
+  std::vector<Observation> seen = reports.at_least(4);
+  ASSERT_GE(seen.size(), 3u) << Describe(seen);
+  EXPECT_EQ(seen[1].state, LeaderState::kUnknown) << Describe(seen);
+  EXPECT_EQ(seen.back().state, LeaderState::kLeader) << Describe(seen);
+  EXPECT_EQ(seen.back().leader->value, "a");
+}
 
 TEST(ElectionMemTest, AnExpiredLeaderIsToldBeforeTheNextLeads) {
   auto store = MemStore::create();
