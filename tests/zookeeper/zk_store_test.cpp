@@ -840,6 +840,65 @@ TEST_F(ZkStoreTest, AWaitTurnNeverVouchesAcrossAReconnect) {
   }
 }
 
+// A downgrade's read entry takes the write entry's sequence, and sorts first
+// when its name does (attempt ids chosen so here): the head changes with no
+// event on the write entry's node, so a head watch on a write entry also
+// watches the queue's children.
+TEST_F(ZkStoreTest, AHeadWatchOnAWriteEntrySeesADowngradeSortFirst) {
+  auto s = NewSession();
+  auto watcher = NewSession();
+  ASSERT_TRUE(s && watcher);
+  EntrySpec write = Spec("write");
+  write.attempt_id = std::string(32, 'f');
+  auto w = s->append("q", write, In(10s));
+  ASSERT_THAT(w.status(), IsOk());
+  std::promise<Result<Head>> read;
+  watcher->async_read_head("q", {}, In(10s), [&read](Result<Head> h) { read.set_value(std::move(h)); });
+  Result<Head> seen = read.get_future().get();
+  ASSERT_THAT(seen.status(), IsOk());
+  ASSERT_TRUE(seen->entry.has_value());
+  ASSERT_EQ(seen->entry->id, w->entry.id);
+  std::promise<Status> fired;
+  auto handle = watcher->async_watch_head("q", *seen, [&fired](Status st) { fired.set_value(std::move(st)); });
+  std::this_thread::sleep_for(200ms);  // armed (a round trip)
+  EntrySpec downgrade = Spec("read");
+  downgrade.attempt_id = std::string(32, '0');
+  downgrade.sequence = w->entry.sequence;
+  auto r = s->append("q", downgrade, In(10s));
+  ASSERT_THAT(r.status(), IsOk());
+  ASSERT_TRUE(r->queue.has_value());
+  ASSERT_EQ(r->queue->front().id, r->entry.id) << "the read entry sorts first";
+  auto f = fired.get_future();
+  ASSERT_EQ(f.wait_for(20s), std::future_status::ready) << "the head changed and the watch did not fire";
+  EXPECT_THAT(f.get(), IsOk());
+}
+
+// An empty queue whose znode stays (a nested queue's entry keeps it): an
+// entry that came and went between the reading and the watch leaves the
+// queue as empty as it was, and only its pzxid tells.
+TEST_F(ZkStoreTest, AHeadWatchOnAnEmptyQueueSeesAnEntryThatCameAndWent) {
+  auto s = NewSession();
+  auto watcher = NewSession();
+  ASSERT_TRUE(s && watcher);
+  ASSERT_THAT(s->append("q/keep", Spec("lock"), In(10s)).status(), IsOk());
+  std::promise<Result<Head>> read;
+  watcher->async_read_head("q", {}, In(10s), [&read](Result<Head> h) { read.set_value(std::move(h)); });
+  Result<Head> seen = read.get_future().get();
+  ASSERT_THAT(seen.status(), IsOk());
+  ASSERT_FALSE(seen->entry.has_value());
+  ASSERT_NE(seen->position, 0) << "the queue's znode exists";
+  EntrySpec brief = Spec("candidate");
+  brief.value = "brief";
+  auto b = s->append("q", brief, In(10s));
+  ASSERT_THAT(b.status(), IsOk());
+  ASSERT_THAT(s->remove("q", b->entry.id, In(10s)), IsOk());
+  std::promise<Status> fired;
+  auto handle = watcher->async_watch_head("q", *seen, [&fired](Status st) { fired.set_value(std::move(st)); });
+  auto f = fired.get_future();
+  ASSERT_EQ(f.wait_for(20s), std::future_status::ready) << "a head that came and went after the reading was missed";
+  EXPECT_THAT(f.get(), IsOk());
+}
+
 // Head watches keep waiting through a suspension, as waits do: changes made
 // while the session is cut off (a value update, an append to an empty queue,
 // the head's removal) fire them once it is back, also a watch made during
