@@ -6,6 +6,7 @@
 // all of them taking turns on one lock never overlap.
 #include <gtest/gtest.h>
 
+#include <csignal>
 #include <filesystem>
 #include <future>
 
@@ -465,6 +466,40 @@ TEST_F(ZkCuratorTest, CuratorLatchIsADlockCandidateWithItsId) {
   ASSERT_TRUE(head->entry.has_value());
   EXPECT_EQ(head->entry->id, a->entry.id);
   EXPECT_EQ(curator.call("latch-leader " + Path("e")), "leader dlock");
+}
+
+// A head watch on a Curator leader's node fires when the server expires
+// that leader's session (its process frozen), and the next reading finds the
+// dlock candidate behind it first.
+TEST_F(ZkCuratorTest, AHeadWatchFiresWhenTheCuratorLeadersSessionExpires) {
+  PeerClient curator(PeerKind::kCurator, hosts_, 1.0);
+  ASSERT_TRUE(curator.ready());
+  std::string got = curator.call("latch " + Path("e") + " frozen");
+  ASSERT_EQ(got.rfind("latched ", 0), 0u) << got;
+  EntrySpec spec = Spec("candidate");
+  spec.value = "dlock";
+  auto a = session_->append("e", spec, In(10s));
+  ASSERT_THAT(a.status(), IsOk());
+  std::promise<Result<Head>> read;
+  session_->async_read_head("e", {}, In(10s), [&](Result<Head> h) { read.set_value(std::move(h)); });
+  Result<Head> head = read.get_future().get();
+  ASSERT_THAT(head.status(), IsOk());
+  ASSERT_TRUE(head->entry.has_value());
+  ASSERT_EQ(head->entry->value, std::optional<std::string>("frozen"));
+  std::promise<Status> fired;
+  auto handle = session_->async_watch_head("e", *head, [&](Status s) { fired.set_value(std::move(s)); });
+  ::kill(curator.pid(), SIGSTOP);
+  auto f = fired.get_future();
+  const bool ready = f.wait_for(30s) == std::future_status::ready;
+  ::kill(curator.pid(), SIGCONT);
+  ASSERT_TRUE(ready) << "the head watch missed the expiry of the leader's session";
+  EXPECT_THAT(f.get(), IsOk());
+  std::promise<Result<Head>> reread;
+  session_->async_read_head("e", {}, In(10s), [&](Result<Head> h) { reread.set_value(std::move(h)); });
+  head = reread.get_future().get();
+  ASSERT_THAT(head.status(), IsOk());
+  ASSERT_TRUE(head->entry.has_value());
+  EXPECT_EQ(head->entry->id, a->entry.id);
 }
 
 // dlock's Semaphore and Curator's InterProcessSemaphoreV2 share one count of
