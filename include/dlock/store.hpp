@@ -264,13 +264,22 @@ class DLOCK_EXPORT Session {
   // a caller that needs values checks this first.
   virtual bool keeps_values() const noexcept;
 
+  // Whether an entry that carries a value keeps an owner record beside it
+  // (default true). False on zk://, where a candidate's node data is its bare
+  // value (Curator reads it as the participant's id): there, update_entry
+  // with `owner` set on an entry that carries a value, or gets one in the
+  // same update, answers kUnimplemented and changes nothing, and such an
+  // entry lists with no owner.
+  virtual bool keeps_owners_beside_values() const noexcept;
+
   // Changes this session's own live entry `id` of `queue` as `update` says,
   // keeping its id, token, sequence and kind; returns the entry as it is now
   // (with its value; value_version is new if `update.value` was set, and an
   // owner-only update need not wake a head watch). Errors: kFailedPrecondition
   // (no such entry, or it is not this session's), kSessionLost, kUnavailable
   // (outcome unknown: the same update may be sent again), kInvalidArgument,
-  // kUnimplemented (the default).
+  // kUnimplemented (the default; or an owner beside a value where
+  // keeps_owners_beside_values() is false).
   virtual Result<Entry> update_entry(std::string_view queue, std::string_view id, const EntryUpdate& update,
                                      Clock::time_point deadline);
   virtual void async_update_entry(std::string_view queue, std::string_view id, const EntryUpdate& update,

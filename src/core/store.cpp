@@ -88,6 +88,8 @@ std::shared_ptr<void> Session::async_wait_turn(std::string_view queue, std::span
 
 bool Session::keeps_values() const noexcept { return false; }
 
+bool Session::keeps_owners_beside_values() const noexcept { return true; }
+
 Result<Entry> Session::update_entry(std::string_view /*queue*/, std::string_view /*id*/, const EntryUpdate& /*update*/,
                                     Clock::time_point /*deadline*/) {
   return UnimplementedError("this store cannot change an entry in place");

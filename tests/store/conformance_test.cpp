@@ -966,9 +966,14 @@ TEST_P(ConformanceTest, ValuesAreListedAndChangedInPlaceKeepingTokenAndPlace) {
   EXPECT_EQ(updated->id, first.id);
   EXPECT_EQ(updated->value, std::optional<std::string>("10.0.0.8:8080"));
   EXPECT_NE(updated->value_version, version);
+  // Where a value leaves no room for an owner record (zk://), the next case
+  // checks the refusal instead.
+  const bool owners = s->keeps_owners_beside_values();
   OwnerRecord elected = Spec().owner;
   elected.elected_unix_ms = 1'700'000'000'123;
-  ASSERT_THAT(s->update_entry(q, first.id, {.value = std::nullopt, .owner = elected}, In(kPrompt)).status(), IsOk());
+  if (owners) {
+    ASSERT_THAT(s->update_entry(q, first.id, {.value = std::nullopt, .owner = elected}, In(kPrompt)).status(), IsOk());
+  }
 
   auto after = s->list(q, {.with_owners = true, .with_values = true}, In(kPrompt));
   ASSERT_THAT(after.status(), IsOk());
@@ -978,10 +983,56 @@ TEST_P(ConformanceTest, ValuesAreListedAndChangedInPlaceKeepingTokenAndPlace) {
   EXPECT_EQ((*after)[0].sequence, (*listed)[0].sequence);
   EXPECT_EQ((*after)[0].kind, entry_kind::kCandidate);
   EXPECT_EQ((*after)[0].value, std::optional<std::string>("10.0.0.8:8080")) << "an owner update keeps the value";
-  ASSERT_TRUE((*after)[0].owner.has_value());
-  EXPECT_EQ((*after)[0].owner->elected_unix_ms, 1'700'000'000'123);
-  EXPECT_EQ((*after)[0].owner->host, "conformance-host");
+  if (owners) {
+    ASSERT_TRUE((*after)[0].owner.has_value());
+    EXPECT_EQ((*after)[0].owner->elected_unix_ms, 1'700'000'000'123);
+    EXPECT_EQ((*after)[0].owner->host, "conformance-host");
+  }
   EXPECT_EQ(Append(*s, q).token > *first.token, true) << "tokens still grow";
+}
+
+// docs/election.md §6.1 (zk://: a candidate's data is its bare value): where
+// a store keeps no owner record beside a value, an update that would need one
+// is refused and changes nothing (a store that said OK and dropped the record
+// would be wrong); an entry without a value keeps its record.
+TEST_P(ConformanceTest, AnOwnerBesideAValueIsRefusedWhereTheStoreKeepsNone) {
+  auto s = NewSession();
+  ASSERT_TRUE(s);
+  const std::string q = Queue("owner-beside-value");
+  SKIP_WITHOUT_VALUES(*s);
+  if (s->keeps_owners_beside_values()) GTEST_SKIP() << "this store keeps owner records beside values";
+  Entry candidate = Append(*s, q, Candidate("10.0.0.7:8080"));
+  auto before = ReadHead(*s, q);
+  ASSERT_THAT(before.status(), IsOk());
+  ASSERT_TRUE(before->entry.has_value());
+  OwnerRecord elected = Spec().owner;
+  elected.elected_unix_ms = 1'700'000'000'123;
+  EXPECT_THAT(s->update_entry(q, candidate.id, {.value = std::nullopt, .owner = elected}, In(kPrompt)).status(),
+              StatusIs(ErrorCode::kUnimplemented))
+      << "an owner record beside the value";
+  EXPECT_THAT(s->update_entry(q, candidate.id, {.value = "10.0.0.8:8080", .owner = elected}, In(kPrompt)).status(),
+              StatusIs(ErrorCode::kUnimplemented))
+      << "a new value and an owner record";
+  Outcomes<Result<Entry>> async_refused;
+  s->async_update_entry(q, candidate.id, {.value = std::nullopt, .owner = elected}, In(kPrompt),
+                        async_refused.Callback());
+  EXPECT_THAT(async_refused.First().status(), StatusIs(ErrorCode::kUnimplemented));
+  auto after = ReadHead(*s, q);
+  ASSERT_THAT(after.status(), IsOk());
+  ASSERT_TRUE(after->entry.has_value());
+  EXPECT_EQ(after->entry->value, std::optional<std::string>("10.0.0.7:8080")) << "nothing changed";
+  EXPECT_EQ(after->entry->value_version, before->entry->value_version) << "nothing written";
+
+  Entry lock = Append(*s, q, Spec());  // no value: its owner record stays where it is
+  ASSERT_THAT(s->update_entry(q, lock.id, {.value = std::nullopt, .owner = elected}, In(kPrompt)).status(), IsOk());
+  auto listed = s->list(q, {.with_owners = true, .with_values = true}, In(kPrompt));
+  ASSERT_THAT(listed.status(), IsOk());
+  ASSERT_EQ(listed->size(), 2u);
+  EXPECT_FALSE((*listed)[0].owner.has_value()) << "a candidate's node has no owner record";
+  EXPECT_EQ((*listed)[0].value, std::optional<std::string>("10.0.0.7:8080"));
+  ASSERT_TRUE((*listed)[1].owner.has_value());
+  EXPECT_EQ((*listed)[1].owner->elected_unix_ms, 1'700'000'000'123);
+  EXPECT_FALSE((*listed)[1].value.has_value());
 }
 
 TEST_P(ConformanceTest, AnUpdateTakesOnlyThisSessionsLiveEntry) {
@@ -1230,7 +1281,10 @@ TEST_P(ConformanceTest, AValueUpdateKeepsADowngradedReadEntrysToken) {
   auto updated = s->update_entry(q, downgraded.id, {.value = "r2", .owner = std::nullopt}, In(kPrompt));
   ASSERT_THAT(updated.status(), IsOk());
   EXPECT_EQ(updated->token, downgraded.token) << "the returned entry's token";
-  for (const Entry& e : List(*s, q)) {
+  // Listed with values: a listing without them may leave tokens out (zk://).
+  auto listed = s->list(q, {.with_owners = false, .with_values = true}, In(kPrompt));
+  ASSERT_THAT(listed.status(), IsOk());
+  for (const Entry& e : *listed) {
     if (e.id == downgraded.id) {
       EXPECT_EQ(e.token, downgraded.token) << "the listed token";
     }
@@ -1249,7 +1303,8 @@ TEST_P(ConformanceTest, ConcurrentOwnerUpdatesOfOneOwnEntryAllSucceed) {
   ASSERT_TRUE(s);
   const std::string q = Queue("owner-updates");
   SKIP_WITHOUT_VALUES(*s);
-  Entry e = Append(*s, q, Candidate("v"));
+  // Where a value leaves no room for an owner record, an entry without one.
+  Entry e = Append(*s, q, s->keeps_owners_beside_values() ? Candidate("v") : Spec());
   std::atomic<int> refused{0};
   std::string first_refusal;
   std::mutex mu;

@@ -13,6 +13,13 @@
 //                              to LEDGER, yield, append "exit KIND TAG",
 //                              release -> "done ROUNDS" (fewer than N when
 //                              an acquire took over a minute)
+//   latch PATH ID              starts a LeaderLatch with participant id ID
+//                              -> "latched NODE" once its node exists
+//   latch-event TIMEOUT        the latch listener's next call, in order:
+//                              -> "leader" | "not-leader" | "none"
+//   latch-leader PATH          getLeader() of a latch on PATH
+//                              -> "leader ID" | "none"
+//   latch-close                -> "closed"
 //   exit
 //
 // Arguments: hosts, session timeout in seconds.
@@ -21,11 +28,15 @@ import java.nio.charset.StandardCharsets;
 import java.nio.file.Files;
 import java.nio.file.Paths;
 import java.nio.file.StandardOpenOption;
+import java.util.concurrent.LinkedBlockingQueue;
 import java.util.concurrent.TimeUnit;
 import java.io.BufferedReader;
 import java.io.InputStreamReader;
 import org.apache.curator.framework.CuratorFramework;
 import org.apache.curator.framework.CuratorFrameworkFactory;
+import org.apache.curator.framework.recipes.leader.LeaderLatch;
+import org.apache.curator.framework.recipes.leader.LeaderLatchListener;
+import org.apache.curator.framework.recipes.leader.Participant;
 import org.apache.curator.framework.recipes.locks.InterProcessMutex;
 import org.apache.curator.framework.recipes.locks.InterProcessReadWriteLock;
 import org.apache.curator.framework.recipes.locks.InterProcessSemaphoreV2;
@@ -74,6 +85,10 @@ public class CuratorDriver {
     InterProcessMutex held = null;
     InterProcessSemaphoreV2 semaphore = null;
     Lease lease = null;
+    LeaderLatch latch = null;
+    // The listener's calls, answered one per latch-event: never interleaved
+    // with the answers to other commands.
+    LinkedBlockingQueue<String> latchEvents = new LinkedBlockingQueue<>();
     BufferedReader in = new BufferedReader(new InputStreamReader(System.in, StandardCharsets.UTF_8));
     String line;
     while ((line = in.readLine()) != null) {
@@ -122,6 +137,35 @@ public class CuratorDriver {
             }
           }
           System.out.println("done " + done);
+          break;
+        }
+        case "latch": {
+          latch = new LeaderLatch(client, w[1], w[2]);
+          latch.addListener(new LeaderLatchListener() {
+            public void isLeader() { latchEvents.add("leader"); }
+            public void notLeader() { latchEvents.add("not-leader"); }
+          });
+          latch.start();
+          for (int i = 0; i < 3000 && latch.getOurPath() == null; ++i) Thread.sleep(10);
+          System.out.println(latch.getOurPath() != null ? "latched " + latch.getOurPath() : "timeout");
+          break;
+        }
+        case "latch-event": {
+          long ms = (long) (Double.parseDouble(w[1]) * 1000);
+          String event = latchEvents.poll(ms, TimeUnit.MILLISECONDS);
+          System.out.println(event != null ? event : "none");
+          break;
+        }
+        case "latch-leader": {
+          // Needs no start: it reads the participants' nodes.
+          Participant leader = new LeaderLatch(client, w[1]).getLeader();
+          System.out.println(leader.isLeader() ? "leader " + leader.getId() : "none");
+          break;
+        }
+        case "latch-close": {
+          if (latch != null) latch.close();
+          latch = null;
+          System.out.println("closed");
           break;
         }
         case "exit":

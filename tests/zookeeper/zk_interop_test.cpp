@@ -6,7 +6,9 @@
 // all of them taking turns on one lock never overlap.
 #include <gtest/gtest.h>
 
+#include <csignal>
 #include <filesystem>
+#include <future>
 
 #include "stores/zookeeper/zk_names.hpp"
 #include "support/interop_ledger.hpp"
@@ -361,6 +363,143 @@ TEST_F(ZkCuratorTest, CuratorHolderIsListedAndDlockQueuesBehindIt) {
   EXPECT_LT(first.sequence, a->entry.sequence);
 
   ExpectWaitEndsWhenPeerReleases(curator, "q", node);
+}
+
+// docs/election.md §2.1: a dlock candidate is a LeaderLatch node whose data
+// is its value. Curator's getLeader() names it by that value, and a Curator
+// latch behind it leads once it goes.
+TEST_F(ZkCuratorTest, DlockCandidateIsCuratorsLeaderByItsValue) {
+  ASSERT_TRUE(session_->keeps_values());
+  EntrySpec spec = Spec("candidate");
+  spec.value = "dlock-10.0.0.7:8080";
+  auto a = session_->append("e", spec, In(10s));
+  ASSERT_THAT(a.status(), IsOk());
+  EXPECT_NE(a->entry.id.find("-latch-"), std::string::npos) << a->entry.id;
+  PeerClient curator(PeerKind::kCurator, hosts_);
+  ASSERT_TRUE(curator.ready());
+  EXPECT_EQ(curator.call("latch-leader " + Path("e")), "leader dlock-10.0.0.7:8080");
+  std::string got = curator.call("latch " + Path("e") + " curator-1");
+  ASSERT_EQ(got.rfind("latched ", 0), 0u) << got;
+  EXPECT_EQ(curator.call("latch-event 0.5"), "none") << "Curator's latch is behind dlock's candidate";
+  ASSERT_THAT(session_->remove("e", a->entry.id, In(10s)), IsOk());
+  EXPECT_EQ(curator.call("latch-event 20"), "leader");
+  EXPECT_EQ(curator.call("latch-leader " + Path("e")), "leader curator-1");
+}
+
+// A value update is Curator's new id for the leader. But Curator 5.4's latch
+// behind the updated node acts on NodeDeleted only, and a setData spends its
+// one-shot watch: it misses that node's removal, so it leads in node order
+// without knowing it (until its connection is re-established). Pinned here,
+// so that a Curator that fixes it shows; docs/election.md §6, risk 11.
+TEST_F(ZkCuratorTest, AValueUpdateIsCuratorsNewIdAndBlindsTheLatchBehindIt) {
+  EntrySpec spec = Spec("candidate");
+  spec.value = "dlock-1";
+  auto a = session_->append("e", spec, In(10s));
+  ASSERT_THAT(a.status(), IsOk());
+  PeerClient curator(PeerKind::kCurator, hosts_);
+  ASSERT_TRUE(curator.ready());
+  std::string got = curator.call("latch " + Path("e") + " curator-1");
+  ASSERT_EQ(got.rfind("latched ", 0), 0u) << got;
+  EXPECT_EQ(curator.call("latch-event 0.5"), "none");
+  ASSERT_THAT(session_->update_entry("e", a->entry.id, {.value = "dlock-2", .owner = std::nullopt}, In(10s)).status(),
+              IsOk());
+  EXPECT_EQ(curator.call("latch-leader " + Path("e")), "leader dlock-2") << "the value updated in place";
+  ASSERT_THAT(session_->remove("e", a->entry.id, In(10s)), IsOk());
+  EXPECT_EQ(curator.call("latch-leader " + Path("e")), "leader curator-1") << "first in node order";
+  EXPECT_EQ(curator.call("latch-event 2"), "none") << "Curator's latch saw the removal: update docs/election.md";
+}
+
+// The other way: a Curator LeaderLatch's node lists in dlock as a candidate
+// whose value is Curator's participant id and whose token is the node's
+// czxid; a dlock candidate queues behind it, and a head watch sees it go.
+TEST_F(ZkCuratorTest, CuratorLatchIsADlockCandidateWithItsId) {
+  PeerClient curator(PeerKind::kCurator, hosts_);
+  ASSERT_TRUE(curator.ready());
+  std::string got = curator.call("latch " + Path("e") + " curator-host:9090");
+  ASSERT_EQ(got.rfind("latched ", 0), 0u) << got;
+  const std::string node = got.substr(got.rfind('/') + 1);  // _c_<uuid>-latch-<seq>
+  EXPECT_EQ(curator.call("latch-event 20"), "leader");
+  Stat stat{};
+  ASSERT_TRUE(raw_->get(Path("e") + "/" + node, &stat));
+
+  auto listed = session_->list("e", {.with_owners = true, .with_values = true}, In(10s));
+  ASSERT_THAT(listed.status(), IsOk());
+  ASSERT_EQ(listed->size(), 1u);
+  const Entry& e = listed->front();
+  EXPECT_EQ(e.id, node);
+  EXPECT_EQ(e.kind, entry_kind::kCandidate);
+  EXPECT_EQ(e.value, std::optional<std::string>("curator-host:9090"));
+  EXPECT_EQ(e.token, std::optional<std::uint64_t>(static_cast<std::uint64_t>(stat.czxid)));
+  EXPECT_FALSE(e.owner.has_value()) << "a latch node's data is the id, not an owner record";
+  auto uuid = internal::zk::AttemptIdToUuid(e.attempt_id);
+  ASSERT_TRUE(uuid) << e.attempt_id;
+  EXPECT_EQ(node.rfind("_c_" + *uuid + "-latch-", 0), 0u) << node;
+
+  std::promise<Result<Head>> read;
+  session_->async_read_head("e", {}, In(10s), [&](Result<Head> h) { read.set_value(std::move(h)); });
+  Result<Head> head = read.get_future().get();
+  ASSERT_THAT(head.status(), IsOk());
+  ASSERT_TRUE(head->entry.has_value());
+  EXPECT_EQ(head->entry->id, node);
+  EXPECT_EQ(head->entry->value, std::optional<std::string>("curator-host:9090"));
+  EXPECT_EQ(head->entry->token, e.token);
+
+  EntrySpec spec = Spec("candidate");
+  spec.value = "dlock";
+  auto a = session_->append("e", spec, In(10s));
+  ASSERT_THAT(a.status(), IsOk());
+  ASSERT_TRUE(a->queue);
+  ASSERT_EQ(a->queue->size(), 2u);
+  EXPECT_EQ((*a->queue)[0].id, node) << "behind Curator's latch";
+
+  std::promise<Status> fired;
+  auto handle = session_->async_watch_head("e", *head, [&](Status s) { fired.set_value(std::move(s)); });
+  EXPECT_EQ(curator.call("latch-close"), "closed");
+  auto f = fired.get_future();
+  ASSERT_EQ(f.wait_for(20s), std::future_status::ready) << "the head watch missed the latch's close";
+  EXPECT_THAT(f.get(), IsOk());
+  handle.reset();
+  std::promise<Result<Head>> reread;
+  session_->async_read_head("e", {}, In(10s), [&](Result<Head> h) { reread.set_value(std::move(h)); });
+  head = reread.get_future().get();
+  ASSERT_THAT(head.status(), IsOk());
+  ASSERT_TRUE(head->entry.has_value());
+  EXPECT_EQ(head->entry->id, a->entry.id);
+  EXPECT_EQ(curator.call("latch-leader " + Path("e")), "leader dlock");
+}
+
+// A head watch on a Curator leader's node fires when the server expires
+// that leader's session (its process frozen), and the next reading finds the
+// dlock candidate behind it first.
+TEST_F(ZkCuratorTest, AHeadWatchFiresWhenTheCuratorLeadersSessionExpires) {
+  PeerClient curator(PeerKind::kCurator, hosts_, 1.0);
+  ASSERT_TRUE(curator.ready());
+  std::string got = curator.call("latch " + Path("e") + " frozen");
+  ASSERT_EQ(got.rfind("latched ", 0), 0u) << got;
+  EntrySpec spec = Spec("candidate");
+  spec.value = "dlock";
+  auto a = session_->append("e", spec, In(10s));
+  ASSERT_THAT(a.status(), IsOk());
+  std::promise<Result<Head>> read;
+  session_->async_read_head("e", {}, In(10s), [&](Result<Head> h) { read.set_value(std::move(h)); });
+  Result<Head> head = read.get_future().get();
+  ASSERT_THAT(head.status(), IsOk());
+  ASSERT_TRUE(head->entry.has_value());
+  ASSERT_EQ(head->entry->value, std::optional<std::string>("frozen"));
+  std::promise<Status> fired;
+  auto handle = session_->async_watch_head("e", *head, [&](Status s) { fired.set_value(std::move(s)); });
+  ::kill(curator.pid(), SIGSTOP);
+  auto f = fired.get_future();
+  const bool ready = f.wait_for(30s) == std::future_status::ready;
+  ::kill(curator.pid(), SIGCONT);
+  ASSERT_TRUE(ready) << "the head watch missed the expiry of the leader's session";
+  EXPECT_THAT(f.get(), IsOk());
+  std::promise<Result<Head>> reread;
+  session_->async_read_head("e", {}, In(10s), [&](Result<Head> h) { reread.set_value(std::move(h)); });
+  head = reread.get_future().get();
+  ASSERT_THAT(head.status(), IsOk());
+  ASSERT_TRUE(head->entry.has_value());
+  EXPECT_EQ(head->entry->id, a->entry.id);
 }
 
 // dlock's Semaphore and Curator's InterProcessSemaphoreV2 share one count of

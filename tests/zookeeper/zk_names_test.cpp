@@ -28,6 +28,7 @@ TEST(ZkNames, PrefixesPerKind) {
   EXPECT_EQ(*EntryNamePrefix("write", kAttempt), std::string("_c_") + kUuid + "-__WRIT__");
   EXPECT_EQ(*EntryNamePrefix("read", kAttempt), std::string("_c_") + kUuid + "-__READ__");
   EXPECT_EQ(*EntryNamePrefix("lease", kAttempt), std::string("_c_") + kUuid + "-lease-");
+  EXPECT_EQ(*EntryNamePrefix("candidate", kAttempt), std::string("_c_") + kUuid + "-latch-");  // Curator's LeaderLatch
   EXPECT_EQ(EntryNamePrefix("foreign", kAttempt).status().code(), ErrorCode::kInvalidArgument);
   EXPECT_EQ(EntryNamePrefix("lock", "nothex").status().code(), ErrorCode::kInvalidArgument);
 }
@@ -85,14 +86,15 @@ TEST(ZkNames, KazooGoAndForeignNames) {
   ASSERT_TRUE(g);
   EXPECT_EQ(g->kind, "lock");
   EXPECT_EQ(g->attempt_id, "0123456789abcdef0123456789abcdef");
-  // ZooKeeper's own lock recipes, Curator's leader latch: foreign.
+  // ZooKeeper's own lock recipes: foreign. Curator's leader latch: a candidate.
   auto x = ParseChildName("x-72057594037927936-0000000034");
   ASSERT_TRUE(x);
   EXPECT_EQ(x->kind, "foreign");
   EXPECT_EQ(x->sequence, 34);
   auto l = ParseChildName(std::string("_c_") + kUuid + "-latch-0000000035");
   ASSERT_TRUE(l);
-  EXPECT_EQ(l->kind, "foreign");
+  EXPECT_EQ(l->kind, "candidate");
+  EXPECT_EQ(l->sequence, 35);
   EXPECT_EQ(l->attempt_id, kAttempt);
   auto n = ParseChildName("x--000000007");
   ASSERT_TRUE(n);
@@ -134,6 +136,7 @@ TEST(ZkNames, OnlyKnownShapesAreCertainEntries) {
   EXPECT_EQ(unsure, (std::vector<std::string>{"acct-123456789", "run0000000001", "x-1234-0000000002",
                                               "orders-lock-0000000006"}));
   EXPECT_EQ(parsed.unsure[3].kind, "lock");  // the tag still gives the kind
+  EXPECT_EQ(parsed.entries[2].kind, "candidate");
   EXPECT_EQ(parsed.unsure[2].kind, "foreign");
 
   EXPECT_TRUE(IsSessionOwner(0x1000a3c9e5f0001));
@@ -151,6 +154,7 @@ TEST(ZkNames, QueueNamesNeverLookLikeKnownEntries) {
   std::string protected_name = std::string("_c_") + kUuid + "-lock-0000000001";
   for (std::string bad : {"a/" + protected_name, protected_name + "/b",
                           std::string("a/_c_0123456789abcdef0123456789abcdef-lease-0000000007"),
+                          std::string("a/_c_") + kUuid + "-latch-0000000008",
                           std::string("a/0123456789abcdef0123456789abcdef__lock__0000000001"),
                           std::string("0123456789abcdef0123456789abcdef__rlock__-000000001")}) {
     Status st = ValidateQueueName(bad);

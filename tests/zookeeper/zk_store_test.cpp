@@ -5,6 +5,7 @@
 
 #include <condition_variable>
 #include <future>
+#include <map>
 #include <regex>
 
 #include "stores/zookeeper/zk_names.hpp"
@@ -166,6 +167,80 @@ TEST_F(ZkStoreTest, ListWithOwnersAndForeignChildren) {
   EXPECT_TRUE((*listed)[1].token);
   EXPECT_EQ((*listed)[2].kind, "foreign");
   EXPECT_EQ((*listed)[2].sequence, (*listed)[1].sequence + 1);
+}
+
+// docs/election.md §2.1: a candidate is a LeaderLatch node whose data is
+// the bare value; a value on another kind is its data too; other clients'
+// data lists as a value unless it is an owner record.
+TEST_F(ZkStoreTest, ValuesAreNodeDataInCuratorsLayout) {
+  auto s = NewSession();
+  ASSERT_TRUE(s);
+  ASSERT_TRUE(s->keeps_values());
+  EXPECT_FALSE(s->keeps_owners_beside_values());
+  EntrySpec candidate = Spec("candidate");
+  candidate.value = "10.0.0.7:8080 \xc3\xa9";
+  auto c = s->append("q", candidate, In(10s));
+  ASSERT_THAT(c.status(), IsOk());
+  EXPECT_EQ(c->entry.id.rfind("_c_" + *internal::zk::AttemptIdToUuid(candidate.attempt_id) + "-latch-", 0), 0u)
+      << c->entry.id;
+  EXPECT_EQ(c->entry.value, candidate.value);
+  EXPECT_FALSE(c->entry.owner.has_value());
+  auto quiet = s->append("q", Spec("candidate"), In(10s));  // no value: empty data (Curator's default id)
+  EntrySpec valued_lock = Spec("lock");
+  valued_lock.value = "lock-value";
+  auto l = s->append("q", valued_lock, In(10s));
+  auto plain = s->append("q", Spec("lock", "plain"), In(10s));
+  ASSERT_TRUE(quiet.ok() && l.ok() && plain.ok());
+  RawZk raw(hosts_);
+  ASSERT_TRUE(raw.connected());
+  const std::string base = chroot_ + "/q";
+  Stat stat{};
+  EXPECT_EQ(raw.get(base + "/" + c->entry.id, &stat), candidate.value);
+  EXPECT_EQ(static_cast<std::uint64_t>(stat.czxid), c->entry.token);
+  EXPECT_EQ(raw.get(base + "/" + quiet->entry.id), std::optional<std::string>(""));
+  EXPECT_EQ(raw.get(base + "/" + l->entry.id), std::optional<std::string>("lock-value"));
+  // Curator's LeaderSelector (a mutex node whose data is its id), kazoo's
+  // identifier, an ephemeral latch node of an unprotected client.
+  std::string selector =
+      raw.create(base + "/_c_0123456789abcdef0123456789abcdef-lock-", "selector-id", ZOO_EPHEMERAL_SEQUENTIAL);
+  std::string kazoo = raw.create(base + "/0123456789abcdef0123456789abcdef__lock__", "", ZOO_EPHEMERAL_SEQUENTIAL);
+  std::string bare = raw.create(base + "/x-latch-", "{\"host\":\"h\"}", ZOO_EPHEMERAL_SEQUENTIAL);
+  ASSERT_FALSE(selector.empty() || kazoo.empty() || bare.empty());
+
+  auto listed = s->list("q", {.with_owners = true, .with_values = true}, In(10s));
+  ASSERT_THAT(listed.status(), IsOk());
+  ASSERT_EQ(listed->size(), 7u);
+  std::vector<std::string> kinds;
+  for (const auto& e : *listed) kinds.push_back(e.kind);
+  EXPECT_EQ(kinds, (std::vector<std::string>{"candidate", "candidate", "lock", "lock", "lock", "lock", "candidate"}));
+  EXPECT_EQ((*listed)[0].value, candidate.value);
+  EXPECT_FALSE((*listed)[0].owner.has_value()) << "a latch node has no owner record";
+  EXPECT_FALSE((*listed)[1].value.has_value()) << "empty data: no value";
+  EXPECT_EQ((*listed)[2].value, std::optional<std::string>("lock-value"));
+  EXPECT_FALSE((*listed)[3].value.has_value());
+  ASSERT_TRUE((*listed)[3].owner.has_value());
+  EXPECT_EQ((*listed)[3].owner->label, "plain");
+  EXPECT_EQ((*listed)[4].value, std::optional<std::string>("selector-id"));
+  EXPECT_FALSE((*listed)[5].value.has_value());
+  EXPECT_EQ((*listed)[6].value, std::optional<std::string>("{\"host\":\"h\"}")) << "a latch node's data is a value";
+
+  // An update is a setData: the same node, a new data version.
+  auto updated = s->update_entry("q", c->entry.id, {.value = "10.0.0.8:8080", .owner = std::nullopt}, In(10s));
+  ASSERT_THAT(updated.status(), IsOk());
+  EXPECT_EQ(raw.get(base + "/" + c->entry.id, &stat), std::optional<std::string>("10.0.0.8:8080"));
+  EXPECT_EQ(static_cast<std::uint64_t>(stat.version), updated->value_version);
+  EXPECT_EQ(static_cast<std::uint64_t>(stat.czxid), updated->token);
+  // An owner update of an entry without a value rewrites its record.
+  OwnerRecord elected = Spec("lock", "elected").owner;
+  ASSERT_THAT(s->update_entry("q", plain->entry.id, {.value = std::nullopt, .owner = elected}, In(10s)).status(),
+              IsOk());
+  auto record = DecodeOwnerRecord(raw.get(base + "/" + plain->entry.id).value_or(""));
+  ASSERT_THAT(record.status(), IsOk());
+  EXPECT_EQ(record->label, "elected");
+  EntrySpec placed = Spec("candidate");
+  placed.sequence = 1;
+  EXPECT_THAT(s->append("q", placed, In(10s)).status(), StatusIs(ErrorCode::kFailedPrecondition))
+      << "a candidate takes no chosen sequence";
 }
 
 TEST_F(ZkStoreTest, BadArgumentsAreRejected) {
@@ -762,6 +837,131 @@ TEST_F(ZkStoreTest, AWaitTurnNeverVouchesAcrossAReconnect) {
     EXPECT_THAT(st, IsOk());
     EXPECT_FALSE(intact) << "round " << round << ": vouched for an own entry removed before the one ahead";
     handle.reset();
+  }
+}
+
+// A downgrade's read entry takes the write entry's sequence, and sorts first
+// when its name does (attempt ids chosen so here): the head changes with no
+// event on the write entry's node, so a head watch on a write entry also
+// watches the queue's children.
+TEST_F(ZkStoreTest, AHeadWatchOnAWriteEntrySeesADowngradeSortFirst) {
+  auto s = NewSession();
+  auto watcher = NewSession();
+  ASSERT_TRUE(s && watcher);
+  EntrySpec write = Spec("write");
+  write.attempt_id = std::string(32, 'f');
+  auto w = s->append("q", write, In(10s));
+  ASSERT_THAT(w.status(), IsOk());
+  std::promise<Result<Head>> read;
+  watcher->async_read_head("q", {}, In(10s), [&read](Result<Head> h) { read.set_value(std::move(h)); });
+  Result<Head> seen = read.get_future().get();
+  ASSERT_THAT(seen.status(), IsOk());
+  ASSERT_TRUE(seen->entry.has_value());
+  ASSERT_EQ(seen->entry->id, w->entry.id);
+  std::promise<Status> fired;
+  auto handle = watcher->async_watch_head("q", *seen, [&fired](Status st) { fired.set_value(std::move(st)); });
+  std::this_thread::sleep_for(200ms);  // armed (a round trip)
+  EntrySpec downgrade = Spec("read");
+  downgrade.attempt_id = std::string(32, '0');
+  downgrade.sequence = w->entry.sequence;
+  auto r = s->append("q", downgrade, In(10s));
+  ASSERT_THAT(r.status(), IsOk());
+  ASSERT_TRUE(r->queue.has_value());
+  ASSERT_EQ(r->queue->front().id, r->entry.id) << "the read entry sorts first";
+  auto f = fired.get_future();
+  ASSERT_EQ(f.wait_for(20s), std::future_status::ready) << "the head changed and the watch did not fire";
+  EXPECT_THAT(f.get(), IsOk());
+}
+
+// An empty queue whose znode stays (a nested queue's entry keeps it): an
+// entry that came and went between the reading and the watch leaves the
+// queue as empty as it was, and only its pzxid tells.
+TEST_F(ZkStoreTest, AHeadWatchOnAnEmptyQueueSeesAnEntryThatCameAndWent) {
+  auto s = NewSession();
+  auto watcher = NewSession();
+  ASSERT_TRUE(s && watcher);
+  ASSERT_THAT(s->append("q/keep", Spec("lock"), In(10s)).status(), IsOk());
+  std::promise<Result<Head>> read;
+  watcher->async_read_head("q", {}, In(10s), [&read](Result<Head> h) { read.set_value(std::move(h)); });
+  Result<Head> seen = read.get_future().get();
+  ASSERT_THAT(seen.status(), IsOk());
+  ASSERT_FALSE(seen->entry.has_value());
+  ASSERT_NE(seen->position, 0) << "the queue's znode exists";
+  EntrySpec brief = Spec("candidate");
+  brief.value = "brief";
+  auto b = s->append("q", brief, In(10s));
+  ASSERT_THAT(b.status(), IsOk());
+  ASSERT_THAT(s->remove("q", b->entry.id, In(10s)), IsOk());
+  std::promise<Status> fired;
+  auto handle = watcher->async_watch_head("q", *seen, [&fired](Status st) { fired.set_value(std::move(st)); });
+  auto f = fired.get_future();
+  ASSERT_EQ(f.wait_for(20s), std::future_status::ready) << "a head that came and went after the reading was missed";
+  EXPECT_THAT(f.get(), IsOk());
+}
+
+// Head watches keep waiting through a suspension, as waits do: changes made
+// while the session is cut off (a value update, an append to an empty queue,
+// the head's removal) fire them once it is back, also a watch made during
+// the suspension from a reading made before.
+TEST_F(ZkStoreTest, HeadWatchesFireForChangesMadeWhileCutOff) {
+  testing::TcpProxy proxy(std::stoi(hosts_.substr(hosts_.rfind(':') + 1)));
+  auto s = NewSession("session_timeout=8s", proxy.hosts());
+  auto other = NewSession();
+  ASSERT_TRUE(s && other);
+  EntrySpec spec = Spec("candidate");
+  spec.value = "v1";
+  auto updated = other->append("updated", spec, In(10s));
+  auto removed = other->append("removed", spec, In(10s));
+  auto late = other->append("late", spec, In(10s));
+  ASSERT_TRUE(updated.ok() && removed.ok() && late.ok());
+  auto read = [&](const std::string& q) {
+    std::promise<Result<Head>> p;
+    s->async_read_head(q, {}, In(10s), [&p](Result<Head> h) { p.set_value(std::move(h)); });
+    return p.get_future().get();
+  };
+  struct Watch {
+    std::string queue;
+    std::promise<Status> fired;
+    std::future<Status> result = fired.get_future();
+    std::shared_ptr<void> handle;
+  };
+  std::vector<std::unique_ptr<Watch>> watches;
+  auto watch = [&](const std::string& q, const Head& seen) {
+    auto w = std::make_unique<Watch>();
+    w->queue = q;
+    Watch* raw = w.get();
+    w->handle = s->async_watch_head(q, seen, [raw](Status st) { raw->fired.set_value(std::move(st)); });
+    watches.push_back(std::move(w));
+  };
+  std::map<std::string, Head> seen;
+  for (const std::string q : {"updated", "removed", "empty", "late"}) {
+    auto h = read(q);
+    ASSERT_THAT(h.status(), IsOk()) << q;
+    seen[q] = *h;
+  }
+  ASSERT_FALSE(seen["empty"].entry.has_value());
+  for (const std::string q : {"updated", "removed", "empty"}) watch(q, seen[q]);
+  std::this_thread::sleep_for(300ms);  // the watches set
+  proxy.partition();
+  proxy.reset();
+  ASSERT_TRUE(Eventually([&] { return s->state() == SessionState::kSuspended; }, 15s));
+  ASSERT_THAT(
+      other->update_entry("updated", updated->entry.id, {.value = "v2", .owner = std::nullopt}, In(10s)).status(),
+      IsOk());
+  ASSERT_THAT(other->remove("removed", removed->entry.id, In(10s)), IsOk());
+  ASSERT_THAT(other->append("empty", spec, In(10s)).status(), IsOk());
+  ASSERT_THAT(other->update_entry("late", late->entry.id, {.value = "v2", .owner = std::nullopt}, In(10s)).status(),
+              IsOk());
+  watch("late", seen["late"]);  // armed only once the connection is back
+  for (auto& w : watches) {
+    EXPECT_EQ(w->result.wait_for(300ms), std::future_status::timeout) << w->queue << ": while cut off";
+  }
+  proxy.heal();
+  proxy.reset();
+  ASSERT_TRUE(Eventually([&] { return s->state() == SessionState::kConnected; }, 15s));
+  for (auto& w : watches) {
+    ASSERT_EQ(w->result.wait_for(20s), std::future_status::ready) << w->queue << ": missed";
+    EXPECT_THAT(w->result.get(), IsOk()) << w->queue;
   }
 }
 

@@ -25,9 +25,10 @@ struct Tag {
   std::string_view text;
   std::string_view kind;
 };
-constexpr std::array<Tag, 6> kTags{{
-    {"-lock-", entry_kind::kLock},     // Curator InterProcessMutex, go-zookeeper
-    {"__WRIT__", entry_kind::kWrite},  // Curator read/write lock
+constexpr std::array<Tag, 7> kTags{{
+    {"-lock-", entry_kind::kLock},        // Curator InterProcessMutex, go-zookeeper
+    {"-latch-", entry_kind::kCandidate},  // Curator LeaderLatch
+    {"__WRIT__", entry_kind::kWrite},     // Curator read/write lock
     {"__READ__", entry_kind::kRead},
     {"-lease-", entry_kind::kLease},   // Curator InterProcessSemaphoreV2
     {"__rlock__", entry_kind::kRead},  // kazoo ReadLock
@@ -60,8 +61,9 @@ Result<std::string> KindTag(std::string_view kind) {
   if (kind == entry_kind::kWrite) return std::string("__WRIT__");
   if (kind == entry_kind::kRead) return std::string("__READ__");
   if (kind == entry_kind::kLease) return std::string("lease-");
+  if (kind == entry_kind::kCandidate) return std::string("latch-");
   return InvalidArgumentError("the zk store cannot append entries of kind '" + std::string(kind) +
-                              "' (it writes lock, read, write and lease)");
+                              "' (it writes lock, read, write, lease and candidate)");
 }
 
 std::optional<std::string> AttemptIdToUuid(std::string_view id) {

@@ -8,6 +8,7 @@
 //   write  _c_<uuid>-__WRIT__<seq>   InterProcessReadWriteLock, write side
 //   read   _c_<uuid>-__READ__<seq>   InterProcessReadWriteLock, read side
 //   lease  _c_<uuid>-lease-<seq>     InterProcessSemaphoreV2 lease
+//   candidate  _c_<uuid>-latch-<seq>  LeaderLatch participant; data = its value
 //
 // <seq> is the server's suffix: the parent's cversion formatted "%010d"
 // (signed: after 2^31 creations in one parent it wraps to negative numbers,

@@ -21,6 +21,7 @@
 
 #include "core/dlock_thread.hpp"
 #include "core/thread_annotations.hpp"
+#include "stores/entry_value.hpp"
 #include "stores/zookeeper/zk_names.hpp"
 
 namespace dlock::internal::zk {
@@ -103,6 +104,16 @@ void StderrLog(const char* message) { std::fprintf(stderr, "zookeeper: %s\n", me
 struct Batch;
 struct AsyncWaiter;
 
+// One watch a round of arming sets: getData or exists on an entry (a wait,
+// or a head watch's head), getChildren on a queue, or exists on a queue
+// znode that is gone (head watches only).
+struct ArmRequest {
+  enum class Kind { kGetData, kExists, kChildren };
+  std::string path;
+  Kind kind = Kind::kGetData;
+  bool on_entry = true;  // a data watch on an entry, which waits may share (Core::watched_)
+};
+
 // One request's reply, filled by its completion callback (before
 // Core::finish; read once Core::await has seen the batch done).
 struct Slot {
@@ -139,10 +150,9 @@ struct Batch {
   Clock::time_point sent;
   std::condition_variable_any cv;
   std::string what;  // for the error when replies are missing
-  // kArm: the waiter whose watches these are, and for each request its path
-  // and whether it is an exists (else a getData).
+  // kArm: the waiter whose watches these are, and what each request sets.
   std::shared_ptr<AsyncWaiter> waiter;
-  std::vector<std::pair<std::string, bool>> arms;
+  std::vector<ArmRequest> arms;
 
   Slot& operator[](std::size_t i) { return slots[i]; }
 
@@ -178,6 +188,17 @@ struct AsyncWaiter {
   const std::vector<std::string> paths;  // sorted, unique
   const std::string what;                // for error messages
   std::condition_variable_any cv;        // the blocking form and cancel wait on it
+
+  // async_watch_head only (set before the waiter is registered): the
+  // reading it watches from. Any event on its paths ends it with OK.
+  struct HeadSeen {
+    std::string queue_path;
+    std::string entry_path;    // empty: the queue was empty
+    std::int64_t version = 0;  // the head's data version
+    std::int64_t pzxid = 0;    // the queue znode's; 0: there was none
+    bool children = false;     // also watch the queue's children (a write head: a downgrade may go first)
+  };
+  std::optional<HeadSeen> head;
 
  private:
   friend class Core;
@@ -351,6 +372,10 @@ class Core : public std::enable_shared_from_this<Core> {
   void take_ready(std::deque<std::function<void()>>& out) DLOCK_REQUIRES(mu_);
   // Sends a round of watches for each waiter that needs one now.
   void send_arms() DLOCK_EXCLUDES(mu_);
+  // The requests of w's next round of watches: its entries not watched yet
+  // (a wait), or everything a head watch sets.
+  void add_wait_arms(AsyncWaiter& w, Batch& b) DLOCK_REQUIRES(mu_);
+  void add_head_arms(const AsyncWaiter& w, Batch& b);
   // Decides every waiter with why the session ended.
   void end_waiters() DLOCK_REQUIRES(mu_);
   // Calls w's completion once, unless someone else claimed it first.
@@ -365,6 +390,7 @@ class Core : public std::enable_shared_from_this<Core> {
   void on_probe(const Batch& b) DLOCK_REQUIRES(mu_);
   void on_heartbeat(const Batch& b) DLOCK_REQUIRES(mu_);
   void on_armed(const Batch& b) DLOCK_REQUIRES(mu_);
+  void on_head_armed(const Batch& b, AsyncWaiter& w) DLOCK_REQUIRES(mu_);
   // Queues b's continuation (send_then) with `status`, once.
   void fire_then(Batch& b, Status status) DLOCK_REQUIRES(mu_);
   // Fires the continuations whose deadline has passed; the earliest other
@@ -829,7 +855,7 @@ void Core::finish(Slot* slot, int rc, bool from_server) {
       // later in this batch erases it (review: recorded at the batch's end,
       // a watch that fired meanwhile stayed "set" for good).
       const auto i = static_cast<std::size_t>(slot - b->slots.get());
-      watched_[b->arms[i].first] = conn_gen_;
+      if (b->arms[i].on_entry) watched_[b->arms[i].path] = conn_gen_;
       slot->conn_ = conn_gen_;
     }
     if (b->counted_ && requests_in_flight_ > 0) {
@@ -1080,7 +1106,11 @@ void Core::on_path_event(int type, const char* path) {
   if (it == watch_map_.end()) return;                     // nobody waits any more: the watch was left to fire
   const std::vector<AsyncWaiter*> watching = it->second;  // decide() edits the map
   for (AsyncWaiter* w : watching) {
-    if (type == ZOO_DELETED_EVENT) {
+    if (w->head) {
+      // The head, or the queue, changed (or a watch was dropped): the
+      // caller reads again.
+      decide(*w, OkStatus());
+    } else if (type == ZOO_DELETED_EVENT) {
       // The entry waited for went while the own entry's watch, set on this
       // same connection, has not fired: the own entry was still there
       // (its removal, earlier in the server's order, would have come first).
@@ -1505,6 +1535,16 @@ void OnStrings(int rc, const String_vector* strings, const void* data) {
   s->batch->core->finish(s, rc);
 }
 
+void OnStringsStat(int rc, const String_vector* strings, const Stat* stat, const void* data) {
+  Slot* s = AsSlot(data);
+  if (rc == ZOK && strings) {
+    s->names.reserve(static_cast<std::size_t>(strings->count));
+    for (std::int32_t i = 0; i < strings->count; ++i) s->names.emplace_back(strings->data[i]);
+  }
+  if (rc == ZOK && stat) s->stat = *stat;
+  s->batch->core->finish(s, rc);
+}
+
 void OnData(int rc, const char* value, int len, const Stat* stat, const void* data) {
   Slot* s = AsSlot(data);
   if (rc == ZOK) {
@@ -1536,6 +1576,24 @@ void AddCreateContainer(Batch& b, std::string path, const ACL_vector* acl) {
 void AddChildren(Batch& b, std::string path) {
   b.ops.push_back([path = std::move(path)](zhandle_t* zh, Slot* s) {
     return zoo_aget_children(zh, path.c_str(), 0, OnStrings, s);
+  });
+}
+
+// getChildren with the queue znode's stat (its pzxid: a head reading's position).
+void AddChildrenStat(Batch& b, std::string path) {
+  b.ops.push_back([path = std::move(path)](zhandle_t* zh, Slot* s) {
+    return zoo_aget_children2(zh, path.c_str(), 0, OnStringsStat, s);
+  });
+}
+void AddChildrenWatch(Batch& b, std::string path, watcher_fn watcher, void* ctx) {
+  b.ops.push_back([path = std::move(path), watcher, ctx](zhandle_t* zh, Slot* s) {
+    return zoo_awget_children2(zh, path.c_str(), watcher, ctx, OnStringsStat, s);
+  });
+}
+// setData, only if the node's data version is still `version`.
+void AddSetData(Batch& b, std::string path, std::string data, std::int32_t version) {
+  b.ops.push_back([path = std::move(path), data = std::move(data), version](zhandle_t* zh, Slot* s) {
+    return zoo_aset(zh, path.c_str(), data.data(), static_cast<int>(data.size()), version, OnStat, s);
   });
 }
 
@@ -1598,28 +1656,10 @@ void Core::send_arms() {
       }
       auto b = std::make_shared<Batch>(this, Batch::Purpose::kArm);
       b->waiter = waiters_.at(&w);
-      for (const auto& p : w.paths) {
-        if (w.armed_.count(p)) continue;
-        if (auto set = watched_.find(p); set != watched_.end()) {
-          // Set already and not fired: shared, no request.
-          w.armed_.insert(p);
-          if (p == w.own_path_) {
-            w.own_watched_ = true;
-            w.own_conn_ = set->second;
-          }
-          continue;
-        }
-        const bool with_exists = w.hidden_.count(p) > 0;
-        // getData with a watch is the check and the watch in one atomic
-        // step, and leaves no watch behind when the entry is already gone.
-        // exists() needs no permission, but on a missing node it leaves a
-        // watch for its creation until the session ends: only for hidden ones.
-        if (with_exists) {
-          AddExists(*b, p, &Core::on_node_event, this);
-        } else {
-          AddGet(*b, p, &Core::on_node_event, this);
-        }
-        b->arms.emplace_back(p, with_exists);
+      if (w.head) {
+        add_head_arms(w, *b);
+      } else {
+        add_wait_arms(w, *b);
       }
       it = to_arm_.erase(it);
       if (b->arms.empty()) {  // every watch shared: armed as if answered
@@ -1634,16 +1674,63 @@ void Core::send_arms() {
   for (const auto& b : batches) send(b);
 }
 
+void Core::add_wait_arms(AsyncWaiter& w, Batch& b) {
+  for (const auto& p : w.paths) {
+    if (w.armed_.count(p)) continue;
+    if (auto set = watched_.find(p); set != watched_.end()) {
+      // Set already and not fired: shared, no request.
+      w.armed_.insert(p);
+      if (p == w.own_path_) {
+        w.own_watched_ = true;
+        w.own_conn_ = set->second;
+      }
+      continue;
+    }
+    const bool with_exists = w.hidden_.count(p) > 0;
+    // getData with a watch is the check and the watch in one atomic
+    // step, and leaves no watch behind when the entry is already gone.
+    // exists() needs no permission, but on a missing node it leaves a
+    // watch for its creation until the session ends: only for hidden ones.
+    if (with_exists) {
+      AddExists(b, p, &Core::on_node_event, this);
+    } else {
+      AddGet(b, p, &Core::on_node_event, this);
+    }
+    b.arms.push_back({p, with_exists ? ArmRequest::Kind::kExists : ArmRequest::Kind::kGetData, true});
+  }
+}
+
+// Each request checks the reading and sets its watch in one step, so a
+// change after the reading is either in the reply or fires the watch
+// (docs/election.md §3.4). Never shared with another waiter's watch: the
+// reply's version is the check. Sent again whole after connection trouble.
+void Core::add_head_arms(const AsyncWaiter& w, Batch& b) {
+  const AsyncWaiter::HeadSeen& seen = *w.head;
+  if (!seen.entry_path.empty()) {
+    AddGet(b, seen.entry_path, &Core::on_node_event, this);
+    b.arms.push_back({seen.entry_path, ArmRequest::Kind::kGetData, true});
+  }
+  if (seen.entry_path.empty() ? seen.pzxid != 0 : seen.children) {
+    AddChildrenWatch(b, seen.queue_path, &Core::on_node_event, this);
+    b.arms.push_back({seen.queue_path, ArmRequest::Kind::kChildren, false});
+  } else if (seen.entry_path.empty()) {
+    // The queue znode was gone: watch for it to come back.
+    AddExists(b, seen.queue_path, &Core::on_node_event, this);
+    b.arms.push_back({seen.queue_path, ArmRequest::Kind::kExists, false});
+  }
+}
+
 void Core::on_armed(const Batch& b) {
   AsyncWaiter& w = *b.waiter;
   w.arming_ = false;
   // The watches set were recorded as their replies came (finish()).
   if (w.outcome_) return;
+  if (w.head) return on_head_armed(b, w);
   w.tried_ = true;
   w.cv.notify_all();
   for (std::size_t i = 0; i < b.size; ++i) {
     // Still set only if no event for it came after its reply.
-    if (b.slots[i].rc == ZOK && b.arms[i].first == w.own_path_ && watched_.count(w.own_path_)) {
+    if (b.slots[i].rc == ZOK && b.arms[i].path == w.own_path_ && watched_.count(w.own_path_)) {
       w.own_watched_ = true;
       w.own_conn_ = b.slots[i].conn_;
     }
@@ -1655,12 +1742,13 @@ void Core::on_armed(const Batch& b) {
     // the own entry was there after it went. One connection delivers the
     // server's answers and events in its order, so an own entry removed
     // before that read would have decided this wait already.
-    if (b.arms[i].first == w.vouch_by_ && w.own_watched_ && w.own_conn_ == conn_gen_) w.vouched_ = true;
+    if (b.arms[i].path == w.vouch_by_ && w.own_watched_ && w.own_conn_ == conn_gen_) w.vouched_ = true;
     return decide(w, OkStatus());
   }
   bool trouble = false;
   for (std::size_t i = 0; i < b.size; ++i) {
-    const auto& [path, with_exists] = b.arms[i];
+    const std::string& path = b.arms[i].path;
+    const bool with_exists = b.arms[i].kind == ArmRequest::Kind::kExists;
     const int rc = b.slots[i].rc;
     if (rc == ZOK) {
       if (watched_.count(path)) w.armed_.insert(path);  // else it fired within the batch: set it again
@@ -1676,6 +1764,51 @@ void Core::on_armed(const Batch& b) {
   // pause only matters if the C client has not noticed the trouble yet.
   if (trouble) w.retry_at_ = DeadlineAfter(clock_->now(), milliseconds(20));
   if (w.armed_.size() < w.paths.size()) want_arm(w);
+}
+
+namespace {
+
+// Whether one reply of a head watch's round shows a change since the reading.
+bool HeadMoved(const AsyncWaiter::HeadSeen& seen, const ArmRequest& arm, const Slot& slot) {
+  switch (arm.kind) {
+    case ArmRequest::Kind::kGetData: return slot.rc == ZNONODE || (slot.rc == ZOK && slot.stat.version != seen.version);
+    case ArmRequest::Kind::kChildren: return slot.rc == ZNONODE || (slot.rc == ZOK && slot.stat.pzxid != seen.pzxid);
+    case ArmRequest::Kind::kExists: return slot.rc == ZOK;  // gone at the reading, back now
+  }
+  return true;
+}
+
+const char* ArmOp(ArmRequest::Kind kind) {
+  switch (kind) {
+    case ArmRequest::Kind::kGetData: return "getData";
+    case ArmRequest::Kind::kExists: return "exists";
+    case ArmRequest::Kind::kChildren: return "getChildren";
+  }
+  return "watch";
+}
+
+}  // namespace
+
+void Core::on_head_armed(const Batch& b, AsyncWaiter& w) {
+  w.tried_ = true;
+  w.cv.notify_all();
+  bool trouble = false;
+  for (std::size_t i = 0; i < b.size; ++i) {
+    const Slot& slot = b.slots[i];
+    const ArmRequest& arm = b.arms[i];
+    if (ConnectionTrouble(slot.rc)) {
+      trouble = true;
+    } else if (HeadMoved(*w.head, arm, slot)) {
+      return decide(w, OkStatus());
+    } else if (slot.rc != ZOK && !(slot.rc == ZNONODE && arm.kind == ArmRequest::Kind::kExists)) {
+      return decide(w, error_locked(slot.rc, ArmOp(arm.kind), arm.path));
+    }
+  }
+  if (!trouble) return;  // armed: an event decides
+  // Again once the connection is back, the whole round: each request
+  // compares with the reading, not with the round before.
+  w.retry_at_ = DeadlineAfter(clock_->now(), milliseconds(20));
+  want_arm(w);
 }
 
 namespace {
@@ -1891,11 +2024,32 @@ void StartAsync(Core& c, Result<std::shared_ptr<Rounds<T>>> op, Clock::time_poin
 using Listed = Result<std::vector<Entry>>;
 using Found = Result<std::optional<Entry>>;
 
-// list: getChildren; an exists() per child of unknown shape; with owners,
-// a getData per entry. Each round is one round trip.
+// A node's data as dlock reads it (docs/election.md §2.1): a candidate's
+// (-latch-) is its value, Curator's participant id, and it has no owner
+// record; any other entry's is an owner record if it decodes as one, else
+// the value another client wrote there (a LeaderSelector id, a kazoo
+// identifier; no owner). Empty data is no value (Curator's default id).
+void ReadNodeData(Entry& e, const Slot& s, const ListOptions& options) {
+  e.token = static_cast<std::uint64_t>(s.stat.czxid);
+  e.value_version = static_cast<std::uint64_t>(s.stat.version);
+  std::optional<std::string> value;
+  std::optional<OwnerRecord> owner;
+  if (e.kind != entry_kind::kCandidate) {
+    auto decoded = DecodeOwnerRecord(s.value);
+    owner = decoded.ok() ? *decoded : OwnerRecord{};
+    if (!decoded.ok() && !s.value.empty()) value = s.value;
+  } else if (!s.value.empty()) {
+    value = s.value;
+  }
+  if (options.with_owners) e.owner = std::move(owner);
+  if (options.with_values) e.value = std::move(value);
+}
+
+// list: getChildren; an exists() per child of unknown shape; with owners
+// or values, a getData per entry. Each round is one round trip.
 class ListOp final : public Rounds<Listed> {
  public:
-  ListOp(Core& c, std::string base, bool with_owners) : c_(c), base_(std::move(base)), with_owners_(with_owners) {}
+  ListOp(Core& c, std::string base, ListOptions options) : c_(c), base_(std::move(base)), options_(options) {}
 
   std::shared_ptr<Batch> first() override {
     auto b = c_.new_batch();
@@ -1932,7 +2086,7 @@ class ListOp final : public Rounds<Listed> {
 
   Next with_owners(std::vector<Entry> entries) {
     entries_ = std::move(entries);
-    if (!with_owners_ || entries_.empty()) return Listed(std::move(entries_));
+    if ((!options_.with_owners && !options_.with_values) || entries_.empty()) return Listed(std::move(entries_));
     stage_ = Stage::kOwners;
     auto d = c_.new_batch();  // one getData per entry, all in one round trip
     d->what = "getData of the entries of " + base_;
@@ -1948,11 +2102,9 @@ class ListOp final : public Rounds<Listed> {
       Entry& e = entries_[i];
       if (s.rc == ZNONODE) continue;  // went away in between
       if (s.rc == ZOK) {
-        auto owner = DecodeOwnerRecord(s.value);
-        e.owner = owner.ok() ? *owner : OwnerRecord{};  // other clients' data: no owner
-        e.token = static_cast<std::uint64_t>(s.stat.czxid);
+        ReadNodeData(e, s, options_);
       } else if (s.rc == ZNOAUTH) {
-        e.owner = OwnerRecord{};  // an ACL hides it from us
+        if (options_.with_owners) e.owner = OwnerRecord{};  // an ACL hides it from us
       } else {
         return Listed(c_.error(s.rc, "getData", base_ + "/" + e.id));
       }
@@ -1963,7 +2115,7 @@ class ListOp final : public Rounds<Listed> {
 
   Core& c_;
   const std::string base_;
-  const bool with_owners_;
+  const ListOptions options_;
   Stage stage_ = Stage::kChildren;
   ParsedChildren parsed_;
   std::vector<Entry> entries_;
@@ -2064,7 +2216,7 @@ class FindOwnOp final : public Rounds<Found> {
 struct AppendPlan {
   std::string base;  // the queue's znode
   std::string path;  // the entry's path (a prefix, when the server adds the sequence)
-  std::string data;  // the owner record
+  std::string data;  // the value if any, else the owner record (a candidate: nothing)
   int mode = ZOO_EPHEMERAL_SEQUENTIAL;
 };
 
@@ -2076,6 +2228,12 @@ Result<std::string> CheckAppend(std::string_view queue, const EntrySpec& spec) {
   if (spec.sequence && (*spec.sequence < INT32_MIN || *spec.sequence > INT32_MAX)) {
     return InvalidArgumentError("sequence " + std::to_string(*spec.sequence) + " is not a ZooKeeper sequence");
   }
+  if (spec.sequence && spec.kind == entry_kind::kCandidate) {
+    // A latch node ahead of the head would change it with no event on the
+    // head's node (and Curator never makes one).
+    return FailedPreconditionError("the zk store gives a candidate no chosen sequence (Curator's latch does not)");
+  }
+  if (Status s = CheckEntryValue(spec.value); !s.ok()) return s;
   return prefix;
 }
 
@@ -2167,7 +2325,10 @@ class AppendOp final : public Rounds<Result<Appended>> {
     out_.entry.kind = spec_.kind;
     out_.entry.token = static_cast<std::uint64_t>(stat.czxid);  // zxids only grow, store-wide
     out_.entry.attempt_id = spec_.attempt_id;
-    out_.entry.owner = spec_.owner;
+    // The node keeps the owner record only where it holds no value.
+    if (!spec_.value && spec_.kind != entry_kind::kCandidate) out_.entry.owner = spec_.owner;
+    out_.entry.value = spec_.value;
+    out_.entry.value_version = static_cast<std::uint64_t>(stat.version);
     // Without the snapshot (if children of unknown shape cannot be checked
     // now) the recipe lists the queue itself: the append stands either way.
     if (listed_rc_ != ZOK || std::find(listed_names_.begin(), listed_names_.end(), name) == listed_names_.end()) {
@@ -2219,7 +2380,13 @@ Result<std::shared_ptr<Rounds<Result<Appended>>>> MakeAppend(Core& c, std::strin
     plan.path += FormatSequence(static_cast<std::int32_t>(*spec.sequence));
     plan.mode = ZOO_EPHEMERAL;
   }
-  plan.data = EncodeOwnerRecord(spec.owner);
+  // Where other clients read it: Curator takes a latch node's data as the
+  // participant's id, and reads no owner record.
+  if (spec.value) {
+    plan.data = *spec.value;
+  } else if (spec.kind != entry_kind::kCandidate) {
+    plan.data = EncodeOwnerRecord(spec.owner);
+  }
   return std::shared_ptr<Rounds<Result<Appended>>>(std::make_shared<AppendOp>(c, std::move(plan), spec));
 }
 
@@ -2227,8 +2394,7 @@ Result<std::shared_ptr<Rounds<Result<Appended>>>> MakeAppend(Core& c, std::strin
 Result<std::shared_ptr<Rounds<Listed>>> MakeList(Core& c, std::string_view queue, const ListOptions& options) {
   if (Status s = ValidateQueueName(queue); !s.ok()) return s;
   if (Status s = c.usable(); !s.ok()) return s;
-  return std::shared_ptr<Rounds<Listed>>(
-      std::make_shared<ListOp>(c, QueuePath(c.cfg().chroot, queue), options.with_owners));
+  return std::shared_ptr<Rounds<Listed>>(std::make_shared<ListOp>(c, QueuePath(c.cfg().chroot, queue), options));
 }
 
 Result<std::shared_ptr<Rounds<Status>>> MakeRemove(Core& c, std::string_view queue, std::string_view id) {
@@ -2246,6 +2412,184 @@ Result<std::shared_ptr<Rounds<Found>>> MakeFindOwn(Core& c, std::string_view que
   if (Status s = c.usable(); !s.ok()) return s;
   return std::shared_ptr<Rounds<Found>>(
       std::make_shared<FindOwnOp>(c, QueuePath(c.cfg().chroot, queue), std::move(*prefix), std::string(attempt_id)));
+}
+
+// update_entry: getData (is the entry ours, does it hold a value), then a
+// setData on the version read. A concurrent update of the same entry (by
+// another thread of this session) makes the setData fail, and the round
+// starts again on what it wrote: an owner record never overwrites a value
+// that came in between.
+class UpdateOp final : public Rounds<Result<Entry>> {
+ public:
+  UpdateOp(Core& c, std::string path, std::string id, EntryUpdate update)
+      : c_(c), path_(std::move(path)), id_(std::move(id)), update_(std::move(update)) {}
+
+  std::shared_ptr<Batch> first() override {
+    writing_ = false;
+    auto b = c_.new_batch();
+    b->what = "getData " + path_;
+    AddGet(*b, path_, nullptr, nullptr);
+    return b;
+  }
+
+  Next step(Status awaited, Batch& b) override {
+    if (!awaited.ok()) return Result<Entry>(std::move(awaited));
+    return writing_ ? on_written(b) : on_read(b);
+  }
+
+ private:
+  static constexpr int kMaxRounds = 100;  // each lost race is another update's success
+
+  Result<Entry> gone() const {
+    return FailedPreconditionError("no entry " + path_ + " of ZooKeeper session " + Hex(c_.session_id()));
+  }
+
+  Next on_read(Batch& b) {
+    const Slot& s = b[0];
+    if (s.rc == ZNONODE) return gone();
+    if (s.rc != ZOK) return Result<Entry>(c_.error(s.rc, "getData", path_));
+    auto parsed = ParseChildName(id_);
+    if (!parsed || s.stat.ephemeralOwner != c_.session_id()) return gone();
+    entry_ = std::move(*parsed);
+    ReadNodeData(entry_, s, {.with_owners = true, .with_values = true});
+    if (entry_.kind == entry_kind::kCandidate) entry_.owner.reset();
+    const bool holds_value = entry_.kind == entry_kind::kCandidate || entry_.value.has_value();
+    if (update_.owner && (update_.value || holds_value)) {
+      // docs/election.md §6.1: the data is the bare value, which Curator
+      // reads; there is no other place for the record. Refused, not dropped.
+      return Result<Entry>(UnimplementedError("the zk store keeps no owner record beside a value (" + path_ +
+                                              "): its data is the value other clients read"));
+    }
+    if (!update_.value && !update_.owner) return Result<Entry>(std::move(entry_));
+    writing_ = true;
+    auto w = c_.new_batch();
+    w->what = "setData " + path_;
+    AddSetData(*w, path_, update_.value ? *update_.value : EncodeOwnerRecord(*update_.owner), s.stat.version);
+    return w;
+  }
+
+  Next on_written(Batch& b) {
+    const Slot& s = b[0];
+    if (s.rc == ZBADVERSION) {
+      if (++rounds_ == kMaxRounds) {
+        return Result<Entry>(UnavailableError("update of " + path_ + ": its data kept changing; nothing written"));
+      }
+      return first();
+    }
+    if (s.rc == ZNONODE) return gone();
+    if (s.rc != ZOK) return Result<Entry>(c_.error(s.rc, "setData", path_));
+    entry_.value_version = static_cast<std::uint64_t>(s.stat.version);
+    if (update_.value) {
+      entry_.value = update_.value->empty() ? std::nullopt : update_.value;
+      entry_.owner.reset();
+    } else {
+      entry_.owner = update_.owner;
+    }
+    return Result<Entry>(std::move(entry_));
+  }
+
+  Core& c_;
+  const std::string path_, id_;
+  const EntryUpdate update_;
+  bool writing_ = false;
+  int rounds_ = 0;
+  Entry entry_;
+};
+
+// read_head: getChildren (with the queue znode's stat: its pzxid is the
+// reading's position), an exists() per child of unknown shape, then getData
+// of the first entry; if that entry went in between, again.
+class ReadHeadOp final : public Rounds<Result<Head>> {
+ public:
+  ReadHeadOp(Core& c, std::string base, ListOptions options) : c_(c), base_(std::move(base)), options_(options) {
+    options_.with_values = true;
+  }
+
+  std::shared_ptr<Batch> first() override {
+    stage_ = Stage::kChildren;
+    auto b = c_.new_batch();
+    b->what = "getChildren " + base_;
+    AddChildrenStat(*b, base_);
+    return b;
+  }
+
+  Next step(Status awaited, Batch& b) override {
+    if (!awaited.ok()) return Result<Head>(std::move(awaited));
+    switch (stage_) {
+      case Stage::kChildren: return on_children(b);
+      case Stage::kResolve: {
+        auto resolved = ApplyResolve(c_, base_, parsed_, b);
+        if (!resolved.ok()) return Result<Head>(resolved.status());
+        return with_entries(std::move(*resolved));
+      }
+      case Stage::kData: return on_data(b);
+    }
+    return Result<Head>(InternalError("read_head: no such stage"));
+  }
+
+ private:
+  enum class Stage { kChildren, kResolve, kData };
+  static constexpr int kMaxRounds = 100;  // each one saw a head go
+
+  Next on_children(Batch& b) {
+    if (b[0].rc == ZNONODE) return Result<Head>(Head{});  // no queue znode: empty, position 0
+    if (b[0].rc != ZOK) return Result<Head>(c_.error(b[0].rc, "getChildren", base_));
+    head_ = Head{};
+    head_.position = b[0].stat.pzxid;
+    parsed_ = ParseChildren(b[0].names);
+    if (parsed_.unsure.empty()) return with_entries(std::move(parsed_.entries));
+    stage_ = Stage::kResolve;
+    return ResolveBatch(c_, base_, parsed_);
+  }
+
+  Next with_entries(std::vector<Entry> entries) {
+    if (entries.empty()) return Result<Head>(std::move(head_));
+    head_.entry = std::move(entries.front());
+    stage_ = Stage::kData;
+    auto d = c_.new_batch();
+    d->what = "getData " + base_ + "/" + head_.entry->id;
+    AddGet(*d, base_ + "/" + head_.entry->id, nullptr, nullptr);
+    return d;
+  }
+
+  Next on_data(Batch& d) {
+    const Slot& s = d[0];
+    if (s.rc == ZNONODE) {
+      if (++rounds_ == kMaxRounds) {
+        return Result<Head>(UnavailableError("the head of " + base_ + " kept going before it could be read"));
+      }
+      return first();
+    }
+    if (s.rc != ZOK) return Result<Head>(c_.error(s.rc, "getData", base_ + "/" + head_.entry->id));
+    ReadNodeData(*head_.entry, s, options_);
+    return Result<Head>(std::move(head_));
+  }
+
+  Core& c_;
+  const std::string base_;
+  ListOptions options_;
+  Stage stage_ = Stage::kChildren;
+  int rounds_ = 0;
+  ParsedChildren parsed_;
+  Head head_;
+};
+
+Result<std::shared_ptr<Rounds<Result<Entry>>>> MakeUpdate(Core& c, std::string_view queue, std::string_view id,
+                                                          const EntryUpdate& update) {
+  if (Status s = ValidateQueueName(queue); !s.ok()) return s;
+  if (Status s = ValidateEntryId(id); !s.ok()) return s;
+  if (Status s = CheckEntryValue(update.value); !s.ok()) return s;
+  if (Status s = c.usable(); !s.ok()) return s;
+  return std::shared_ptr<Rounds<Result<Entry>>>(
+      std::make_shared<UpdateOp>(c, QueuePath(c.cfg().chroot, queue) + "/" + std::string(id), std::string(id), update));
+}
+
+Result<std::shared_ptr<Rounds<Result<Head>>>> MakeReadHead(Core& c, std::string_view queue,
+                                                           const ListOptions& options) {
+  if (Status s = ValidateQueueName(queue); !s.ok()) return s;
+  if (Status s = c.usable(); !s.ok()) return s;
+  return std::shared_ptr<Rounds<Result<Head>>>(
+      std::make_shared<ReadHeadOp>(c, QueuePath(c.cfg().chroot, queue), options));
 }
 
 }  // namespace
@@ -2294,6 +2638,55 @@ Result<std::optional<Entry>> ZkSession::find_own(std::string_view queue, std::st
 void ZkSession::async_find_own(std::string_view queue, std::string_view attempt_id, Clock::time_point deadline,
                                std::function<void(Result<std::optional<Entry>>)> done) {
   StartAsync(*core_, MakeFindOwn(*core_, queue, attempt_id), core_->reply_deadline(deadline), std::move(done));
+}
+
+Result<Entry> ZkSession::update_entry(std::string_view queue, std::string_view id, const EntryUpdate& update,
+                                      Clock::time_point deadline) {
+  auto op = MakeUpdate(*core_, queue, id, update);
+  if (!op.ok()) return op.status();
+  return RunBlocking(*core_, **op, core_->reply_deadline(deadline));
+}
+
+void ZkSession::async_update_entry(std::string_view queue, std::string_view id, const EntryUpdate& update,
+                                   Clock::time_point deadline, std::function<void(Result<Entry>)> done) {
+  StartAsync(*core_, MakeUpdate(*core_, queue, id, update), core_->reply_deadline(deadline), std::move(done));
+}
+
+void ZkSession::async_read_head(std::string_view queue, const ListOptions& options, Clock::time_point deadline,
+                                std::function<void(Result<Head>)> done) {
+  StartAsync(*core_, MakeReadHead(*core_, queue, options), core_->reply_deadline(deadline), std::move(done));
+}
+
+// One waiter of the wait machinery (Core, "Watches"), whose round checks the
+// reading and whose every event ends it: set again after a reconnect by the
+// C client, re-sent by the session thread if its round met connection trouble.
+std::shared_ptr<void> ZkSession::async_watch_head(std::string_view queue, const Head& seen,
+                                                  std::function<void(Status)> done) {
+  Status valid = ValidateQueueName(queue);
+  if (valid.ok() && seen.entry) valid = ValidateEntryId(seen.entry->id);
+  if (!valid.ok()) {
+    done(std::move(valid));
+    return std::make_shared<int>(0);  // nothing left to cancel
+  }
+  AsyncWaiter::HeadSeen h;
+  h.queue_path = QueuePath(core_->cfg().chroot, queue);
+  h.pzxid = seen.position;
+  std::vector<std::string> paths;
+  if (seen.entry) {
+    h.entry_path = h.queue_path + "/" + seen.entry->id;
+    // A Head made otherwise may carry a version no node has: it fires at once.
+    h.version = seen.entry->value_version > static_cast<std::uint64_t>(INT32_MAX)
+                    ? -1
+                    : static_cast<std::int64_t>(seen.entry->value_version);
+    h.children = seen.entry->kind == entry_kind::kWrite;  // a downgrade's read entry may sort before it
+    paths.push_back(h.entry_path);
+  }
+  if (!seen.entry || h.children) paths.push_back(h.queue_path);
+  std::sort(paths.begin(), paths.end());
+  auto w = std::make_shared<AsyncWaiter>(std::move(paths), "watching the head of " + std::string(queue),
+                                         [done = std::move(done)](Status s, bool) { done(std::move(s)); });
+  w->head = std::move(h);
+  return StartWait(core_, std::move(w));
 }
 
 void ZkSession::close() noexcept { core_->close(); }

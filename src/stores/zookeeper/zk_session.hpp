@@ -96,6 +96,17 @@ class ZkSession final : public Session {
   Status remove(std::string_view queue, std::string_view id, Clock::time_point deadline) override;
   Result<std::optional<Entry>> find_own(std::string_view queue, std::string_view attempt_id,
                                         Clock::time_point deadline) override;
+  // Published values (docs/election.md §2.1): a node's data, Curator's way.
+  bool keeps_values() const noexcept override { return true; }
+  bool keeps_owners_beside_values() const noexcept override { return false; }
+  Result<Entry> update_entry(std::string_view queue, std::string_view id, const EntryUpdate& update,
+                             Clock::time_point deadline) override;
+  void async_update_entry(std::string_view queue, std::string_view id, const EntryUpdate& update,
+                          Clock::time_point deadline, std::function<void(Result<Entry>)> done) override;
+  void async_read_head(std::string_view queue, const ListOptions& options, Clock::time_point deadline,
+                       std::function<void(Result<Head>)> done) override;
+  std::shared_ptr<void> async_watch_head(std::string_view queue, const Head& seen,
+                                         std::function<void(Status)> done) override;
   void close() noexcept override;
 
  private:
