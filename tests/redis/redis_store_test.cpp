@@ -701,6 +701,28 @@ TEST_F(RedisSessionTest, ValuesAreHashFieldsAndEachCallIsOneScript) {
   EXPECT_LE(server_->CmdInt({"PTTL", stamp}), 60'000);
 }
 
+TEST_F(RedisSessionTest, AsyncUpdatesGoOnTheRequestLoopAndRefuseAGoneEntry) {
+  auto store = MustOpen(url());
+  auto s = MustSession(*store), other = MustSession(*store);
+  ASSERT_TRUE(s && other);
+  auto e = s->append(queue_, Candidate("a"), In(5s));
+  ASSERT_THAT(e.status(), IsOk());
+  Outcome<Result<Entry>> updated;
+  s->async_update_entry(queue_, e->entry.id, {.value = "b", .owner = std::nullopt}, In(5s), updated.Callback());
+  auto u = updated.Get();
+  ASSERT_THAT(u.status(), IsOk());
+  EXPECT_EQ(u->value, std::optional<std::string>("b"));
+  EXPECT_EQ(u->value_version, 2u);
+  EXPECT_EQ(u->token, e->entry.token);
+  Outcome<Result<Entry>> refused;
+  other->async_update_entry(queue_, e->entry.id, {.value = "c", .owner = std::nullopt}, In(5s), refused.Callback());
+  EXPECT_THAT(refused.Get().status(), StatusIs(ErrorCode::kFailedPrecondition));
+  ASSERT_THAT(s->remove(queue_, e->entry.id, In(5s)), IsOk());
+  Outcome<Result<Entry>> gone;
+  s->async_update_entry(queue_, e->entry.id, {.value = "d", .owner = std::nullopt}, In(5s), gone.Callback());
+  EXPECT_THAT(gone.Get().status(), StatusIs(ErrorCode::kFailedPrecondition));
+}
+
 TEST_F(RedisSessionTest, AHeadStampMovesOnEveryHeadChangeAndNeverBack) {
   auto store = MustOpen(url());
   auto s = MustSession(*store);
