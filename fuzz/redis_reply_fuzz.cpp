@@ -1,5 +1,7 @@
 // The redis store decodes the entry lists its scripts return (id, seq, token,
-// kind, attempt [, owner] per entry), from a server that may answer anything.
+// kind, attempt [, owner] [, value version, value] per entry), and the head
+// readings (soonest lease, head stamp, entry), from a server that may answer
+// anything.
 // The input is RESP, parsed by hiredis's reader as the connection does.
 #include <cstddef>
 #include <cstdint>
@@ -23,13 +25,13 @@ void* CreateSmallArray(const redisReadTask* task, N elements) {
   return elements > 4096 ? nullptr : real_create_array(task, elements);
 }
 
-void Check(const redis::Reply& reply, std::size_t from, bool owners) {
-  auto entries = redis::ParseEntries(reply, from, owners);
+void Check(const redis::Reply& reply, std::size_t from, bool owners, bool values) {
+  auto entries = redis::ParseEntries(reply, from, owners, values);
   if (!entries.ok()) {
     DLOCK_FUZZ_CHECK(entries.status().code() == dlock::ErrorCode::kInternal);
     return;
   }
-  const std::size_t width = owners ? 6 : 5;
+  const std::size_t width = 5 + (owners ? 1 : 0) + (values ? 2 : 0);
   DLOCK_FUZZ_CHECK(reply.is_array() && entries->size() * width == reply.size() - from);
   for (std::size_t i = 0; i < entries->size(); ++i) {
     const dlock::Entry& e = (*entries)[i];
@@ -37,8 +39,18 @@ void Check(const redis::Reply& reply, std::size_t from, bool owners) {
     DLOCK_FUZZ_CHECK(e.token.has_value());  // find_own's entry must have one
     DLOCK_FUZZ_CHECK(redis::KnownKind(e.kind) == e.kind);
     DLOCK_FUZZ_CHECK(owners || !e.owner.has_value());
+    DLOCK_FUZZ_CHECK(values || (!e.value.has_value() && e.value_version == 0));
     if (i > 0) DLOCK_FUZZ_CHECK(!dlock::QueueOrder(e, (*entries)[i - 1]));  // the recipes' rules need it
   }
+}
+
+void CheckHead(const redis::Reply& reply, bool owners) {
+  auto read = redis::ParseHead(reply, owners);
+  if (!read.ok()) {
+    DLOCK_FUZZ_CHECK(read.status().code() == dlock::ErrorCode::kInternal);
+    return;
+  }
+  DLOCK_FUZZ_CHECK(!read->head.entry || !read->head.entry->id.empty());
 }
 
 }  // namespace
@@ -55,8 +67,11 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       redisReaderGetReply(reader, &parsed) == REDIS_OK && parsed != nullptr) {
     const redis::Reply reply(static_cast<redisReply*>(parsed));
     for (std::size_t from : {0, 2}) {
-      for (bool owners : {false, true}) Check(reply, from, owners);
+      for (bool owners : {false, true}) {
+        for (bool values : {false, true}) Check(reply, from, owners, values);
+      }
     }
+    for (bool owners : {false, true}) CheckHead(reply, owners);
   }
   redisReaderFree(reader);
   return 0;

@@ -190,7 +190,9 @@ TEST_F(RedisSessionTest, AGivenSequenceOutOfTheScriptsRangeIsRejected) {
   auto store = MustOpen(url());
   auto s = MustSession(*store);
   ASSERT_TRUE(s);
-  for (std::int64_t bad : {std::int64_t{0}, std::int64_t{-1}}) {
+  // 0 sorts before every token, as on the other stores (an entry ahead of
+  // the head, in the conformance suite's head-watch case).
+  for (std::int64_t bad : {std::int64_t{-1}, std::int64_t{1} << 53}) {
     EntrySpec spec = Spec();
     spec.sequence = bad;
     EXPECT_THAT(s->append(queue_, spec, In(5s)).status(), StatusIs(ErrorCode::kInvalidArgument)) << bad;
@@ -482,32 +484,52 @@ TEST_F(RedisSessionTest, CloseDeletesTheSessionKeys) {
   }
 }
 
-TEST_F(RedisSessionTest, WaitIsWokenWhenACrashedHoldersLeaseRunsOut) {
-  // A holder in another process, with a 1s lease, is killed with SIGKILL: it
-  // never releases. The waiter learns it from the lease's expiry.
-  const std::string holder_url = url("?ttl=1s");
+// A holder in another process (dlock_redis_holder) that has appended one
+// entry to `queue` on `url` and waits to be killed.
+struct HolderProcess {
+  pid_t pid = -1;
+  std::string id;    // its entry's
+  std::string said;  // its first line
+};
+
+HolderProcess StartHolder(const std::string& url, const std::string& queue) {
+  HolderProcess h;
   int out[2];
-  ASSERT_EQ(::pipe(out), 0);
-  pid_t child = ::fork();
-  if (child == 0) {
+  if (::pipe(out) != 0) return h;
+  h.pid = ::fork();
+  if (h.pid == 0) {
     ::dup2(out[1], 1);
     ::close(out[0]);
-    ::execl(DLOCK_REDIS_HOLDER, DLOCK_REDIS_HOLDER, holder_url.c_str(), queue_.c_str(), static_cast<char*>(nullptr));
+    ::execl(DLOCK_REDIS_HOLDER, DLOCK_REDIS_HOLDER, url.c_str(), queue.c_str(), static_cast<char*>(nullptr));
     ::_exit(127);
   }
-  ASSERT_GT(child, 0);
   ::close(out[1]);
-  std::string line;
   pollfd p{out[0], POLLIN, 0};
-  while (line.find('\n') == std::string::npos && ::poll(&p, 1, 5000) > 0) {
+  while (h.said.find('\n') == std::string::npos && ::poll(&p, 1, 5000) > 0) {
     char buf[128];
     ssize_t n = ::read(out[0], buf, sizeof buf);
     if (n <= 0) break;
-    line.append(buf, static_cast<std::size_t>(n));
+    h.said.append(buf, static_cast<std::size_t>(n));
   }
   ::close(out[0]);
-  ASSERT_NE(line.find(' '), std::string::npos) << "holder said: " << line;
-  std::string held = line.substr(0, line.find(' '));
+  if (h.said.find(' ') != std::string::npos) h.id = h.said.substr(0, h.said.find(' '));
+  return h;
+}
+
+void Kill(const HolderProcess& h) {
+  if (h.pid <= 0) return;
+  ::kill(h.pid, SIGKILL);
+  int st = 0;
+  ::waitpid(h.pid, &st, 0);
+}
+
+TEST_F(RedisSessionTest, WaitIsWokenWhenACrashedHoldersLeaseRunsOut) {
+  // A holder in another process, with a 1s lease, is killed with SIGKILL: it
+  // never releases. The waiter learns it from the lease's expiry.
+  HolderProcess holder = StartHolder(url("?ttl=1s"), queue_);
+  ASSERT_GT(holder.pid, 0);
+  ASSERT_FALSE(holder.id.empty()) << "holder said: " << holder.said;
+  std::string held = holder.id;
 
   auto store = MustOpen(url("?ttl=60s"));
   auto b = MustSession(*store);
@@ -520,9 +542,7 @@ TEST_F(RedisSessionTest, WaitIsWokenWhenACrashedHoldersLeaseRunsOut) {
   ASSERT_TRUE(Eventually([&] { return server_->NumSub(Channel(queue_)) == 1; }));
   EXPECT_EQ(waiter.wait_for(200ms), std::future_status::timeout);
   auto killed = Now();
-  ::kill(child, SIGKILL);
-  int st = 0;
-  ::waitpid(child, &st, 0);
+  Kill(holder);
   ASSERT_EQ(waiter.wait_for(10s), std::future_status::ready);
   long long after_kill = MsSince(killed);
   EXPECT_THAT(waiter.get(), IsOk());
@@ -614,6 +634,195 @@ TEST_F(RedisSessionTest, SubscriberRecoversFromAKilledConnection) {
   ASSERT_THAT(a->remove(queue_, held->entry.id, In(5s)), IsOk());
   ASSERT_EQ(waiter.wait_for(5s), std::future_status::ready);
   EXPECT_THAT(waiter.get(), IsOk());
+}
+
+// ---------------------------------------------------------------- published values
+//
+// The contract is the conformance suite's ("published values"); these show
+// what it cannot: the layout other clients read, the head stamp, and the
+// wake-ups no script of another client's triggers.
+
+std::string HeadChannel(const std::string& queue) { return "dlock:{" + queue + "}:h"; }
+
+Result<Head> ReadHead(Session& s, const std::string& queue) {
+  Outcome<Result<Head>> read;
+  s.async_read_head(queue, {}, In(5s), read.Callback());
+  return read.Get();
+}
+
+// A head watch's handle and its one outcome.
+struct HeadWatch {
+  std::future<Status> outcome;
+  std::shared_ptr<void> handle;
+  bool fired_within(milliseconds d) { return outcome.wait_for(d) == std::future_status::ready; }
+};
+
+HeadWatch WatchHead(Session& s, const std::string& queue, const Head& seen) {
+  auto p = std::make_shared<std::promise<Status>>();
+  HeadWatch w;
+  w.outcome = p->get_future();
+  w.handle = s.async_watch_head(queue, seen, [p](Status st) { p->set_value(std::move(st)); });
+  return w;
+}
+
+EntrySpec Candidate(std::string value) {
+  EntrySpec spec = Spec(std::string(entry_kind::kCandidate));
+  spec.value = std::move(value);
+  return spec;
+}
+
+TEST_F(RedisSessionTest, ValuesAreHashFieldsAndEachCallIsOneScript) {
+  auto store = MustOpen(url());
+  auto s = MustSession(*store);
+  ASSERT_TRUE(s);
+  auto before = server_->CommandCalls();
+  auto e = s->append(queue_, Candidate("10.0.0.7:8080"), In(5s));
+  ASSERT_THAT(e.status(), IsOk());
+  const std::string key = "dlock:{" + queue_ + "}:e:" + e->entry.id;
+  EXPECT_EQ(server_->CmdStr({"HGET", key, "value"}), "10.0.0.7:8080");
+  EXPECT_EQ(server_->CmdStr({"HGET", key, "vv"}), "1");
+  ASSERT_THAT(s->update_entry(queue_, e->entry.id, {.value = "10.0.0.8:8080", .owner = std::nullopt}, In(5s)).status(),
+              IsOk());
+  EXPECT_EQ(server_->CmdStr({"HGET", key, "value"}), "10.0.0.8:8080");
+  EXPECT_EQ(server_->CmdStr({"HGET", key, "vv"}), "2");
+  auto head = ReadHead(*s, queue_);
+  ASSERT_THAT(head.status(), IsOk());
+  ASSERT_THAT(s->remove(queue_, e->entry.id, In(5s)), IsOk());
+  auto after = server_->CommandCalls();
+  // append, update, read_head, remove: one script each, as before values.
+  EXPECT_EQ(after["evalsha"] - before["evalsha"], 4);
+  // The head stamp goes with the queue's last entry; a reading of the empty
+  // queue makes one that lasts a minute.
+  const std::string stamp = "dlock:{" + queue_ + "}:p";
+  EXPECT_EQ(server_->CmdInt({"EXISTS", "dlock:{" + queue_ + "}:q"}), 0);
+  EXPECT_EQ(server_->CmdInt({"EXISTS", stamp}), 0);
+  ASSERT_THAT(ReadHead(*s, queue_).status(), IsOk());
+  EXPECT_GT(server_->CmdInt({"PTTL", stamp}), 0) << "no expiry on an empty queue's head stamp";
+  EXPECT_LE(server_->CmdInt({"PTTL", stamp}), 60'000);
+}
+
+TEST_F(RedisSessionTest, AsyncUpdatesGoOnTheRequestLoopAndRefuseAGoneEntry) {
+  auto store = MustOpen(url());
+  auto s = MustSession(*store), other = MustSession(*store);
+  ASSERT_TRUE(s && other);
+  auto e = s->append(queue_, Candidate("a"), In(5s));
+  ASSERT_THAT(e.status(), IsOk());
+  Outcome<Result<Entry>> updated;
+  s->async_update_entry(queue_, e->entry.id, {.value = "b", .owner = std::nullopt}, In(5s), updated.Callback());
+  auto u = updated.Get();
+  ASSERT_THAT(u.status(), IsOk());
+  EXPECT_EQ(u->value, std::optional<std::string>("b"));
+  EXPECT_EQ(u->value_version, 2u);
+  EXPECT_EQ(u->token, e->entry.token);
+  Outcome<Result<Entry>> refused;
+  other->async_update_entry(queue_, e->entry.id, {.value = "c", .owner = std::nullopt}, In(5s), refused.Callback());
+  EXPECT_THAT(refused.Get().status(), StatusIs(ErrorCode::kFailedPrecondition));
+  ASSERT_THAT(s->remove(queue_, e->entry.id, In(5s)), IsOk());
+  Outcome<Result<Entry>> gone;
+  s->async_update_entry(queue_, e->entry.id, {.value = "d", .owner = std::nullopt}, In(5s), gone.Callback());
+  EXPECT_THAT(gone.Get().status(), StatusIs(ErrorCode::kFailedPrecondition));
+}
+
+TEST_F(RedisSessionTest, AHeadStampMovesOnEveryHeadChangeAndNeverBack) {
+  auto store = MustOpen(url());
+  auto s = MustSession(*store);
+  ASSERT_TRUE(s);
+  std::int64_t last = -1;
+  auto moved_on = [&](const char* what) {
+    auto head = ReadHead(*s, queue_);
+    EXPECT_THAT(head.status(), IsOk()) << what;
+    if (!head.ok()) return;
+    EXPECT_GT(head->position, last) << what;
+    last = head->position;
+  };
+  moved_on("first reading");
+  auto first = s->append(queue_, Candidate("a"), In(5s));
+  ASSERT_THAT(first.status(), IsOk());
+  moved_on("append to an empty queue");
+  auto second = s->append(queue_, Candidate("b"), In(5s));
+  ASSERT_THAT(second.status(), IsOk());
+  auto head = ReadHead(*s, queue_);
+  ASSERT_THAT(head.status(), IsOk());
+  EXPECT_EQ(head->position, last) << "an entry behind the head changes no head";
+  ASSERT_THAT(s->update_entry(queue_, second->entry.id, {.value = "b2", .owner = std::nullopt}, In(5s)).status(),
+              IsOk());
+  head = ReadHead(*s, queue_);
+  ASSERT_THAT(head.status(), IsOk());
+  EXPECT_EQ(head->position, last) << "an update behind the head changes no head";
+  ASSERT_THAT(s->remove(queue_, first->entry.id, In(5s)), IsOk());
+  moved_on("the head removed");
+  ASSERT_THAT(s->remove(queue_, second->entry.id, In(5s)), IsOk());
+  moved_on("the queue emptied");
+  // Its key gone (expired, or deleted with the last entry), a stamp still
+  // comes out past the old ones.
+  ASSERT_EQ(server_->CmdInt({"DEL", "dlock:{" + queue_ + "}:p"}), 1);
+  ASSERT_THAT(s->append(queue_, Candidate("c"), In(5s)).status(), IsOk());
+  moved_on("append after the stamp's key went");
+}
+
+TEST_F(RedisSessionTest, AHeadWatchIsWokenWhenACrashedHeadsLeaseRunsOut) {
+  // The head's holder, in another process with a 1s lease, is killed: no
+  // script of its runs, and nobody else's but the watcher's own. The watch's
+  // re-check at the lease's end prunes the entry and sees the head go.
+  HolderProcess holder = StartHolder(url("?ttl=1s"), queue_);
+  ASSERT_GT(holder.pid, 0);
+  ASSERT_FALSE(holder.id.empty()) << "holder said: " << holder.said;
+  auto store = MustOpen(url("?ttl=60s"));
+  auto watcher = MustSession(*store);
+  ASSERT_TRUE(watcher);
+  auto seen = ReadHead(*watcher, queue_);
+  ASSERT_THAT(seen.status(), IsOk());
+  ASSERT_TRUE(seen->entry.has_value());
+  ASSERT_EQ(seen->entry->id, holder.id);
+  HeadWatch watch = WatchHead(*watcher, queue_, *seen);
+  ASSERT_TRUE(Eventually([&] { return server_->NumSub(HeadChannel(queue_)) == 1; }));
+  EXPECT_FALSE(watch.fired_within(1500ms)) << "fired while the head's holder was alive and renewing";
+  Kill(holder);
+  ASSERT_TRUE(watch.fired_within(10s)) << "a crashed head's lease ran out (1s) and the watch did not fire";
+  EXPECT_THAT(watch.outcome.get(), IsOk());
+  auto now = ReadHead(*watcher, queue_);
+  ASSERT_THAT(now.status(), IsOk());
+  EXPECT_FALSE(now->entry.has_value());
+}
+
+TEST_F(RedisSessionTest, AHeadWatchFiresAcrossAKilledSubscriberConnection) {
+  auto store = MustOpen(url("?ttl=60s"));
+  auto leader = MustSession(*store), watcher = MustSession(*store);
+  ASSERT_TRUE(leader && watcher);
+  auto led = leader->append(queue_, Candidate("one"), In(5s));
+  ASSERT_THAT(led.status(), IsOk());
+  auto seen = ReadHead(*watcher, queue_);
+  ASSERT_THAT(seen.status(), IsOk());
+  HeadWatch watch = WatchHead(*watcher, queue_, *seen);
+  ASSERT_TRUE(Eventually([&] { return server_->NumSub(HeadChannel(queue_)) == 1; }));
+  // Cut the subscription, then change the head's value at once: the message
+  // may well be lost. The re-subscription re-checks the head.
+  EXPECT_GE(server_->CmdInt({"CLIENT", "KILL", "TYPE", "pubsub"}), 1);
+  ASSERT_THAT(leader->update_entry(queue_, led->entry.id, {.value = "two", .owner = std::nullopt}, In(5s)).status(),
+              IsOk());
+  ASSERT_TRUE(watch.fired_within(10s));
+  EXPECT_THAT(watch.outcome.get(), IsOk());
+}
+
+TEST_F(RedisSessionTest, AHeadWatchDoesNotPoll) {
+  // A live head with a long lease: the watch costs its first check and
+  // nothing more while nothing changes (the re-check waits for the lease).
+  auto store = MustOpen(url("?ttl=60s"));
+  auto leader = MustSession(*store), watcher = MustSession(*store);
+  ASSERT_TRUE(leader && watcher);
+  ASSERT_THAT(leader->append(queue_, Candidate("v"), In(5s)).status(), IsOk());
+  auto seen = ReadHead(*watcher, queue_);
+  ASSERT_THAT(seen.status(), IsOk());
+  auto before = server_->CommandCalls();
+  HeadWatch watch = WatchHead(*watcher, queue_, *seen);
+  ASSERT_TRUE(Eventually([&] { return server_->CommandCalls()["evalsha"] > before["evalsha"]; }))
+      << "the first check, after the subscription";
+  auto settled = server_->CommandCalls();
+  EXPECT_FALSE(watch.fired_within(1500ms));
+  auto later = server_->CommandCalls();
+  EXPECT_EQ(later["evalsha"] - settled["evalsha"], 0) << "scripts run while a head watch waited on a live head";
+  watch.handle.reset();
+  EXPECT_THAT(watch.outcome.get(), StatusIs(ErrorCode::kCancelled));
 }
 
 TEST_F(RedisSessionTest, DatabaseNumberSelectsTheDatabase) {

@@ -6,6 +6,7 @@
 
 #include <charconv>
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <string_view>
 #include <system_error>
@@ -28,11 +29,20 @@ bool ParseNumber(std::string_view s, T& out) {
 std::string KnownKind(std::string_view kind);
 
 // The entries of array reply `r` from element `from` on: per entry the
-// strings id, seq, token, kind, attempt (+ owner if `owners`). On success
-// every entry has a non-empty id, a sequence, a token and a KnownKind, an
-// owner only if `owners` (and it decoded), and the list is in QueueOrder.
-// Anything else is kInternal.
-Result<std::vector<Entry>> ParseEntries(const Reply& r, std::size_t from, bool owners);
+// strings id, seq, token, kind, attempt (+ owner if `owners`) (+ value
+// version and value, nil for none, if `values`). On success every entry has
+// a non-empty id, a sequence, a token and a KnownKind, an owner only if
+// `owners` (and it decoded), and the list is in QueueOrder. Anything else is
+// kInternal.
+Result<std::vector<Entry>> ParseEntries(const Reply& r, std::size_t from, bool owners, bool values = false);
+
+// What the read-head script returns: the head, its stamp as the position,
+// and the soonest lease end among the queue's sessions (-1: none).
+struct HeadReading {
+  Head head;
+  std::int64_t soonest_ttl_ms = -1;
+};
+Result<HeadReading> ParseHead(const Reply& r, bool owners);
 
 }  // namespace dlock::internal::redis
 

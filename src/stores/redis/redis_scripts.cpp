@@ -20,11 +20,39 @@ namespace {
 // is not (appends within one microsecond), the counter stays until the queue
 // empties again.
 //
-// An entry is emitted as 5 strings: id, seq, token, kind, attempt (+ owner).
+// head_changed() marks a change of the queue's head (another entry first,
+// the queue emptied or no longer empty, the head's value changed): it moves
+// the queue's head stamp dlock:{Q}:p on, or deletes it with the queue's
+// last entry (nothing is kept for an empty queue), and publishes on the head
+// channel dlock:{Q}:h[:DB] (named like the removal channel ARGV[2], so no
+// caller passes it). The stamp is a head watch's Head::position, so that a
+// head that came and went between a reading and the watch's check still
+// shows: a reading that finds no stamp makes one (kReadHead), and like
+// tokens a stamp takes the server's clock in microseconds when that is
+// ahead, so a stamp made after one went never repeats it.
+//
+// An entry is emitted as 5 strings: id, seq, token, kind, attempt (+ owner)
+// (+ value version and value, a nil reply when it has none).
 constexpr const char* kPrelude = R"lua(
 local base, chan, zkey = ARGV[1], ARGV[2], KEYS[1]
+local hchan, pkey = base .. 'h' .. string.sub(chan, #base + 2), base .. 'p'
 local function ekey(id) return base .. 'e:' .. id end
 local function mkey(sid) return base .. 's:' .. sid end
+local function next_stamp()
+  local t = redis.call('TIME')
+  local p = math.max(tonumber(redis.call('GET', pkey) or '0') + 1, tonumber(t[1]) * 1000000 + tonumber(t[2]))
+  return string.format('%.0f', p)
+end
+local function head_changed()
+  if redis.call('EXISTS', zkey) == 0 then
+    redis.call('DEL', pkey)
+    redis.call('PUBLISH', hchan, 'empty')
+    return
+  end
+  local ps = next_stamp()
+  redis.call('SET', pkey, ps)
+  redis.call('PUBLISH', hchan, ps)
+end
 local function forget_counter()
   if redis.call('EXISTS', zkey) == 1 then return end
   local n = redis.call('GET', base .. 'n')
@@ -57,10 +85,11 @@ local function prune()
   if #dead > 0 then
     redis.call('PUBLISH', chan, table.concat(dead, ' '))
     forget_counter()
+    if dead[1] == ids[1] then head_changed() end
   end
   return soonest
 end
-local function emit(out, id, owners)
+local function emit(out, id, owners, values)
   local f = redis.call('HMGET', ekey(id), 'seq', 'token', 'kind', 'attempt', 'owner')
   out[#out + 1] = id
   out[#out + 1] = f[1] or '0'
@@ -68,16 +97,22 @@ local function emit(out, id, owners)
   out[#out + 1] = f[3] or ''
   out[#out + 1] = f[4] or ''
   if owners then out[#out + 1] = f[5] or '' end
+  if values then
+    -- Apart: the lock path's readings need not copy values of up to 64 KiB.
+    local v = redis.call('HMGET', ekey(id), 'vv', 'value')
+    out[#out + 1] = v[1] or '1'
+    out[#out + 1] = v[2]
+  end
 end
-local function emit_all(out, owners)
+local function emit_all(out, owners, values)
   local ids = redis.call('ZRANGE', zkey, 0, -1)
-  for i = 1, #ids do emit(out, ids[i], owners) end
+  for i = 1, #ids do emit(out, ids[i], owners, values) end
 end
 )lua";
 
 // KEYS: zset, counter, entry hash, own mirror.
 // ARGV: prefix, channel, id, kind, attempt, session, owner, mirror ttl (ms),
-//       sequence ('' for a new one).
+//       sequence ('' for a new one)[, value].
 // Returns {seq, token, queue...}, or {'fenced'} if find_own has given up on
 // the attempt (see kFindOwn): then it makes nothing. Idempotent: running it
 // again with the same id changes nothing and returns the same entry.
@@ -108,7 +143,7 @@ if redis.call('EXISTS', KEYS[3]) == 1 then
   -- per append): answer as the first time, without a second token.
   local f = redis.call('HMGET', KEYS[3], 'seq', 'token')
   local again = {f[1], f[2]}
-  emit_all(again, false)
+  emit_all(again, false, false)
   return again
 end
 local t = redis.call('TIME')
@@ -119,9 +154,11 @@ local seq = ARGV[9]
 if seq == '' then seq = tok end
 redis.call('ZADD', zkey, 'NX', seq, ARGV[3])
 redis.call('HSET', KEYS[3], 'seq', seq, 'token', tok, 'kind', ARGV[4], 'attempt', ARGV[5],
-           'session', ARGV[6], 'owner', ARGV[7])
+           'session', ARGV[6], 'owner', ARGV[7], 'vv', '1')
+if ARGV[10] then redis.call('HSET', KEYS[3], 'value', ARGV[10]) end
+if redis.call('ZRANK', zkey, ARGV[3]) == 0 then head_changed() end
 local out = {seq, tok}
-emit_all(out, false)
+emit_all(out, false, false)
 return out
 )lua";
 
@@ -130,6 +167,7 @@ return out
 // remover's mirror goes too once it has no entry left in the queue (an
 // append makes it again), and the counter once the queue is empty.
 constexpr const char* kRemove = R"lua(
+local was_head = redis.call('ZRANK', zkey, ARGV[3]) == 0
 local n = redis.call('ZREM', zkey, ARGV[3])
 redis.call('DEL', ekey(ARGV[3]))
 if n == 1 then redis.call('PUBLISH', chan, ARGV[3]) end
@@ -143,14 +181,60 @@ for i = 1, #ids do
 end
 if not mine then redis.call('DEL', mkey(ARGV[4])) end
 forget_counter()
+if was_head then head_changed() end
 return n
 )lua";
 
-// ARGV: prefix, channel, '1' to include owners.
+// ARGV: prefix, channel, '1' to include owners, '1' to include values.
 constexpr const char* kList = R"lua(
 prune()
 local out = {}
-emit_all(out, ARGV[3] == '1')
+emit_all(out, ARGV[3] == '1', ARGV[4] == '1')
+return out
+)lua";
+
+// ARGV: prefix, channel, '1' to include owners. Returns {soonest mirror PTTL
+// (as prune()), head stamp, the head with its value...}: one reading for
+// async_read_head and for a head watch's check (whose fallback re-check
+// prunes a crashed head's entry here). A queue without a stamp gets one;
+// an empty queue's lasts a minute: a later reading that makes a new one
+// differs, which can only wake a watch too often, never too seldom.
+constexpr const char* kReadHead = R"lua(
+local soonest = prune()
+local stamp = redis.call('GET', pkey)
+if not stamp then
+  stamp = next_stamp()
+  if redis.call('EXISTS', zkey) == 1 then
+    redis.call('SET', pkey, stamp)
+  else
+    redis.call('SET', pkey, stamp, 'PX', 60000)
+  end
+end
+local out = {soonest, stamp}
+local head = redis.call('ZRANGE', zkey, 0, 0)
+if head[1] then emit(out, head[1], ARGV[3] == '1', true) end
+return out
+)lua";
+
+// ARGV: prefix, channel, id, session, '1' if a value is given, the value,
+// the owner record ('' to keep it). Changes the session's own live entry in
+// place: never its seq, token or kind. Returns the entry (with owner and
+// value), or {'gone'} if it is not there or not the session's. Sent again
+// after a lost reply it sets the same value once more (a new version).
+constexpr const char* kUpdate = R"lua(
+prune()
+local id = ARGV[3]
+if not redis.call('ZSCORE', zkey, id) or redis.call('HGET', ekey(id), 'session') ~= ARGV[4] then
+  return {'gone'}
+end
+if ARGV[7] ~= '' then redis.call('HSET', ekey(id), 'owner', ARGV[7]) end
+if ARGV[5] == '1' then
+  redis.call('HSET', ekey(id), 'value', ARGV[6])
+  redis.call('HINCRBY', ekey(id), 'vv', 1)
+  if redis.call('ZRANK', zkey, id) == 0 then head_changed() end
+end
+local out = {}
+emit(out, id, true, true)
 return out
 )lua";
 
@@ -174,7 +258,7 @@ for i = 1, #ids do
     local want = tonumber(ARGV[5])
     if redis.call('PTTL', KEYS[2]) < want then redis.call('PEXPIRE', KEYS[2], want) end
     local out = {}
-    emit(out, ids[i], false)
+    emit(out, ids[i], false, false)
     return out
   end
 end
@@ -237,6 +321,8 @@ std::array<std::string, kScriptCount> Build() {
   out[static_cast<int>(ScriptId::kAppend)] = queue(kAppend);
   out[static_cast<int>(ScriptId::kRemove)] = queue(kRemove);
   out[static_cast<int>(ScriptId::kList)] = queue(kList);
+  out[static_cast<int>(ScriptId::kReadHead)] = queue(kReadHead);
+  out[static_cast<int>(ScriptId::kUpdate)] = queue(kUpdate);
   out[static_cast<int>(ScriptId::kFindOwn)] = queue(kFindOwn);
   out[static_cast<int>(ScriptId::kCheckGone)] = queue(kCheckGone);
   out[static_cast<int>(ScriptId::kCloseQueue)] = queue(kCloseQueue);
@@ -257,6 +343,8 @@ std::string_view ScriptName(ScriptId id) {
     case ScriptId::kAppend: return "append";
     case ScriptId::kRemove: return "remove";
     case ScriptId::kList: return "list";
+    case ScriptId::kReadHead: return "read_head";
+    case ScriptId::kUpdate: return "update";
     case ScriptId::kFindOwn: return "find_own";
     case ScriptId::kCheckGone: return "check_gone";
     case ScriptId::kCloseQueue: return "close_queue";

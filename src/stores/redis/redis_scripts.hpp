@@ -5,7 +5,8 @@
 //   dlock:session:SID      STRING, PX ttl. The session's lease; the value is
 //                          a JSON note (host, pid) for people.
 //   dlock:{Q}:q            ZSET member ID, score = the entry's sequence.
-//   dlock:{Q}:e:ID         HASH seq, kind, attempt, session, token, owner.
+//   dlock:{Q}:e:ID         HASH seq, kind, attempt, session, token, owner,
+//                          vv (value version, 1 at first), value (if any).
 //   dlock:{Q}:s:SID        STRING, PX ttl: the session's lease *mirrored into
 //                          this queue*. An entry is live while the mirror of
 //                          its session exists.
@@ -16,6 +17,12 @@
 //                          late append of it makes nothing (kFindOwn).
 //   dlock:{Q}:c[:DB]       pub/sub channel (not a key): the ids of entries
 //                          removed from the queue, space separated.
+//   dlock:{Q}:p            STRING: the head stamp, moved on whenever the
+//                          queue's head changes (kPrelude's head_changed),
+//                          deleted with the queue's last entry; a head
+//                          reading of an empty queue makes one, PX 60s.
+//   dlock:{Q}:h[:DB]       pub/sub channel: the new head stamp, for head
+//                          watches.
 //
 // Why a mirror: every key of one queue carries the hash tag {Q}, so a queue
 // lives in one cluster slot and each script touches one slot. The session key
@@ -40,6 +47,8 @@ enum class ScriptId {
   kAppend,       // KEYS zset, counter, entry, mirror
   kRemove,       // KEYS zset
   kList,         // KEYS zset
+  kReadHead,     // KEYS zset
+  kUpdate,       // KEYS zset
   kFindOwn,      // KEYS zset, mirror
   kCheckGone,    // KEYS zset
   kCloseQueue,   // KEYS zset, mirror

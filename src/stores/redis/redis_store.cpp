@@ -57,6 +57,7 @@
 #include "core/random_id.hpp"
 #include "core/thread_annotations.hpp"
 #include "stores/blocking_wait.hpp"
+#include "stores/entry_value.hpp"
 #include "stores/redis/redis_conn.hpp"
 #include "stores/redis/redis_entries.hpp"
 #include "stores/redis/redis_loop.hpp"
@@ -78,6 +79,7 @@ struct QueueKeys {
   std::string zset;     // dlock:{Q}:q
   std::string counter;  // dlock:{Q}:n
   std::string channel;  // dlock:{Q}:c[:DB]
+  std::string heads;    // dlock:{Q}:h[:DB]
   std::string entry(std::string_view id) const { return base + "e:" + std::string(id); }
   std::string mirror(std::string_view sid) const { return base + "s:" + std::string(sid); }
 };
@@ -89,9 +91,25 @@ QueueKeys KeysFor(std::string_view queue, int db) {
   k.counter = k.base + "n";
   // Pub/sub ignores SELECT: name the database so stores on different
   // databases of one server do not hear each other.
-  k.channel = k.base + "c" + (db != 0 ? ":" + std::to_string(db) : std::string());
+  const std::string db_suffix = db != 0 ? ":" + std::to_string(db) : std::string();
+  k.channel = k.base + "c" + db_suffix;
+  k.heads = k.base + "h" + db_suffix;  // the scripts name it the same way (kPrelude)
   return k;
 }
+
+// A reading's head as a head watch compares it.
+HeadMark MarkOf(const Head& head) {
+  HeadMark m;
+  if (head.entry) {
+    m.id = head.entry->id;
+    m.value_version = head.entry->value_version;
+  }
+  m.position = head.position;
+  return m;
+}
+
+// The update script's answer when the entry is not the session's, or gone.
+bool Gone(const Reply& r) { return r.is_array() && r.size() == 1 && ElementStr(r.element(0)) == "gone"; }
 
 std::string SessionKey(std::string_view sid) { return "dlock:session:" + std::string(sid); }
 
@@ -549,7 +567,8 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
   Result<AppendPlan> plan_append(std::string_view queue, const EntrySpec& spec) {
     if (auto s = ValidateLockName(queue); !s.ok()) return s;
     if (spec.kind.empty()) return InvalidArgumentError("entry kind is empty");
-    if (spec.sequence && (*spec.sequence <= 0 || *spec.sequence >= kMaxSequence)) {
+    if (auto s = CheckEntryValue(spec.value); !s.ok()) return s;
+    if (spec.sequence && (*spec.sequence < 0 || *spec.sequence >= kMaxSequence)) {
       return InvalidArgumentError("entry sequence " + std::to_string(*spec.sequence) + " is out of range");
     }
     if (auto s = usable(true); !s.ok()) return s;
@@ -570,6 +589,7 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
               EncodeOwnerRecord(spec.owner),
               std::to_string(mirror->ms),
               spec.sequence ? std::to_string(*spec.sequence) : std::string()};
+    if (spec.value) p.args.push_back(*spec.value);
     return p;
   }
 
@@ -602,6 +622,8 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
     out.entry.token = token;
     out.entry.attempt_id = spec.attempt_id;
     out.entry.owner = spec.owner;
+    out.entry.value = spec.value;
+    out.entry.value_version = 1;  // as the script sets it
     out.queue = std::move(*queue_now);
     return out;
   }
@@ -692,13 +714,14 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
     if (auto s = ValidateLockName(queue); !s.ok()) return s;
     if (auto s = usable(true); !s.ok()) return s;
     const QueueKeys k = KeysFor(queue, cfg_.endpoint.db);
-    auto r = store_->script(ScriptId::kList, {k.zset}, {k.base, k.channel, options.with_owners ? "1" : "0"},
+    auto r = store_->script(ScriptId::kList, {k.zset},
+                            {k.base, k.channel, options.with_owners ? "1" : "0", options.with_values ? "1" : "0"},
                             store_->io_deadline(deadline));
     if (!r.ok()) {
       on_request_failed(r.status());
       return r.status();
     }
-    return ParseEntries(*r, 0, options.with_owners);
+    return ParseEntries(*r, 0, options.with_owners, options.with_values);
   }
 
   Status remove(std::string_view queue, std::string_view id, Clock::time_point deadline) {
@@ -913,14 +936,15 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
     if (auto s = usable(true); !s.ok()) return done(s);
     const QueueKeys k = KeysFor(queue, cfg_.endpoint.db);
     const bool owners = options.with_owners;
-    store_->async_script(ScriptId::kList, {k.zset}, {k.base, k.channel, owners ? "1" : "0"},
+    const bool values = options.with_values;
+    store_->async_script(ScriptId::kList, {k.zset}, {k.base, k.channel, owners ? "1" : "0", values ? "1" : "0"},
                          store_->io_deadline(deadline), /*wait=*/false,
-                         [anchor = anchor_, owners, done = std::move(done)](Result<CoreScripted> r) {
+                         [anchor = anchor_, owners, values, done = std::move(done)](Result<CoreScripted> r) {
                            if (!r.ok()) {
                              with_core(*anchor, [&](SessionCore& c) { c.on_request_failed(r.status()); });
                              return done(r.status());
                            }
-                           done(ParseEntries(r->reply, 0, owners));
+                           done(ParseEntries(r->reply, 0, owners, values));
                          });
   }
 
@@ -945,6 +969,119 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
           });
           done(r.ok() ? OkStatus() : r.status());
         });
+  }
+
+  // --- Published values (docs/election.md, step 3)
+
+  // What an update sends: checked, ready.
+  struct UpdatePlan {
+    std::string q;
+    std::string id;
+    QueueKeys k;
+    std::vector<std::string> args;
+  };
+  Result<UpdatePlan> plan_update(std::string_view queue, std::string_view id, const EntryUpdate& update) {
+    if (auto s = ValidateLockName(queue); !s.ok()) return s;
+    if (id.empty()) return InvalidArgumentError("entry id is empty");
+    if (auto s = CheckEntryValue(update.value); !s.ok()) return s;
+    if (auto s = usable(true); !s.ok()) return s;
+    UpdatePlan p;
+    p.q = std::string(queue);
+    p.id = std::string(id);
+    p.k = KeysFor(p.q, cfg_.endpoint.db);
+    p.args = {p.k.base,
+              p.k.channel,
+              p.id,
+              sid_,
+              update.value ? "1" : "0",
+              update.value.value_or(std::string()),
+              update.owner ? EncodeOwnerRecord(*update.owner) : std::string()};
+    return p;
+  }
+
+  // What the update script's reply means.
+  static Result<Entry> finish_update(const UpdatePlan& p, const Reply& r) {
+    if (Gone(r)) return FailedPreconditionError("redis store: no live entry " + p.id + " of this session in " + p.q);
+    auto entries = ParseEntries(r, 0, /*owners=*/true, /*values=*/true);
+    if (!entries.ok()) return entries.status();
+    if (entries->size() != 1) return InternalError("redis store: malformed reply to update");
+    return std::move(entries->front());
+  }
+
+  // With wait_replicas, WAIT as a remove does: one that falls short has
+  // still happened on the primary.
+  Result<Entry> update_entry(std::string_view queue, std::string_view id, const EntryUpdate& update,
+                             Clock::time_point deadline) {
+    auto plan = plan_update(queue, id, update);
+    if (!plan.ok()) return plan.status();
+    const auto io = store_->io_deadline(deadline);
+    auto r = store_->pooled(io, [&](Conn& c) -> Result<Reply> {
+      auto s = store_->script_on(c, ScriptId::kUpdate, {plan->k.zset}, plan->args, io, /*wait=*/true);
+      if (!s.ok()) return s.status();
+      return std::move(s->reply);
+    });
+    if (!r.ok()) {
+      on_request_failed(r.status());
+      return r.status();
+    }
+    return finish_update(*plan, *r);
+  }
+
+  void async_update_entry(std::string_view queue, std::string_view id, const EntryUpdate& update,
+                          Clock::time_point deadline, std::function<void(Result<Entry>)> done) {
+    auto plan = plan_update(queue, id, update);
+    if (!plan.ok()) return done(plan.status());
+    auto p = std::make_shared<const UpdatePlan>(std::move(*plan));
+    store_->async_script(ScriptId::kUpdate, {p->k.zset}, p->args, store_->io_deadline(deadline), /*wait=*/true,
+                         [anchor = anchor_, p, done = std::move(done)](Result<CoreScripted> r) {
+                           if (!r.ok()) {
+                             with_core(*anchor, [&](SessionCore& c) { c.on_request_failed(r.status()); });
+                             return done(r.status());
+                           }
+                           done(finish_update(*p, r->reply));
+                         });
+  }
+
+  void async_read_head(std::string_view queue, const ListOptions& options, Clock::time_point deadline,
+                       std::function<void(Result<Head>)> done) {
+    if (auto s = ValidateLockName(queue); !s.ok()) return done(s);
+    if (auto s = usable(true); !s.ok()) return done(s);
+    const QueueKeys k = KeysFor(queue, cfg_.endpoint.db);
+    const bool owners = options.with_owners;
+    store_->async_script(ScriptId::kReadHead, {k.zset}, {k.base, k.channel, owners ? "1" : "0"},
+                         store_->io_deadline(deadline), /*wait=*/false,
+                         [anchor = anchor_, owners, done = std::move(done)](Result<CoreScripted> r) {
+                           if (!r.ok()) {
+                             with_core(*anchor, [&](SessionCore& c) { c.on_request_failed(r.status()); });
+                             return done(r.status());
+                           }
+                           auto read = ParseHead(r->reply, owners);
+                           if (!read.ok()) return done(read.status());
+                           done(std::move(read->head));
+                         });
+  }
+
+  // A Subscriber wait on the queue's head channel: subscribed before its
+  // first check, which compares the head with `seen` (redis_subscriber.hpp).
+  // `done` runs as async_wait_any_gone's does.
+  std::shared_ptr<void> async_watch_head(std::string_view queue, const Head& seen, std::function<void(Status)> done) {
+    Status early = ValidateLockName(queue);
+    if (early.ok()) early = usable(false);
+    if (!early.ok()) {
+      done(std::move(early));
+      return std::make_shared<int>(0);  // nothing to cancel
+    }
+    Subscriber::WaitSpec spec;
+    spec.queue = std::string(queue);
+    const QueueKeys k = KeysFor(spec.queue, cfg_.endpoint.db);
+    spec.channel = k.heads;
+    spec.owner = this;
+    spec.session = [this] { return usable(false); };
+    // Raw `this`: ~RedisSession quiesces the subscriber before the core can go.
+    spec.check = [this, k](const std::string&, const std::vector<std::string>&) { return check_head(k); };
+    spec.head = MarkOf(seen);
+    spec.done = std::move(done);
+    return store_->subscriber().start(std::move(spec));
   }
 
   // Every subscriber hears kClosed, and has returned, before the entries
@@ -1010,6 +1147,23 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
     CheckResult out;
     out.soonest_ttl_ms = ElementInt(r->element(0));
     for (std::size_t i = 2; i < r->size(); ++i) out.gone.emplace_back(ElementStr(r->element(i)));
+    return out;
+  }
+
+  // A head watch's check (on the subscriber thread): the head now, and when
+  // the soonest lease in the queue can end, for the fallback re-check.
+  Result<CheckResult> check_head(const QueueKeys& k) {
+    auto r = store_->script(ScriptId::kReadHead, {k.zset}, {k.base, k.channel, "0"},
+                            store_->io_deadline(cfg_.clock->now() + cfg_.renew_every()));
+    if (!r.ok()) {
+      on_request_failed(r.status());
+      return r.status();
+    }
+    auto read = ParseHead(*r, /*owners=*/false);
+    if (!read.ok()) return read.status();
+    CheckResult out;
+    out.soonest_ttl_ms = read->soonest_ttl_ms;
+    out.head = MarkOf(read->head);
     return out;
   }
 
@@ -1554,6 +1708,23 @@ class RedisSession final : public Session {
   Result<std::optional<Entry>> find_own(std::string_view queue, std::string_view attempt_id,
                                         Clock::time_point deadline) override {
     return core_->find_own(queue, attempt_id, deadline);
+  }
+  bool keeps_values() const noexcept override { return true; }
+  Result<Entry> update_entry(std::string_view queue, std::string_view id, const EntryUpdate& update,
+                             Clock::time_point deadline) override {
+    return core_->update_entry(queue, id, update, deadline);
+  }
+  void async_update_entry(std::string_view queue, std::string_view id, const EntryUpdate& update,
+                          Clock::time_point deadline, std::function<void(Result<Entry>)> done) override {
+    core_->async_update_entry(queue, id, update, deadline, std::move(done));
+  }
+  void async_read_head(std::string_view queue, const ListOptions& options, Clock::time_point deadline,
+                       std::function<void(Result<Head>)> done) override {
+    core_->async_read_head(queue, options, deadline, std::move(done));
+  }
+  std::shared_ptr<void> async_watch_head(std::string_view queue, const Head& seen,
+                                         std::function<void(Status)> done) override {
+    return core_->async_watch_head(queue, seen, std::move(done));
   }
   void close() noexcept override { core_->close(); }
 

@@ -18,6 +18,7 @@ struct Subscriber::Waiter {
   std::vector<std::string> ids;
   std::string own;                                // async_wait_turn's, or empty
   std::shared_ptr<std::atomic<bool>> own_intact;  // set with own
+  std::optional<HeadMark> head;                   // a head watch's: the head it saw
   std::vector<std::string> ahead_left;            // of its `ahead`, those not seen gone yet
   std::vector<std::string> ahead;                 // all of them (again after a re-subscription)
   SessionFn session;
@@ -212,6 +213,17 @@ void Subscriber::mark_gone(Channel& ch, const std::vector<std::string>& gone, co
   for (const auto& w : hit) settle(w, OkStatus());
 }
 
+void Subscriber::mark_head_moved(Channel& ch, const std::optional<HeadMark>& now, const CheckJob* job) {
+  std::vector<std::shared_ptr<Waiter>> moved;
+  for (const auto& w : ch.waiters) {
+    if (!w->head) continue;
+    // A check counts only for the watches it covered (armed before it began).
+    if (job && std::find(job->members.begin(), job->members.end(), w) == job->members.end()) continue;
+    if (!now || *now != *w->head) moved.push_back(w);
+  }
+  for (const auto& w : moved) settle(w, OkStatus());
+}
+
 // --- Waits
 //
 // A wait is a Waiter on its channel. It is settled (its outcome decided, and
@@ -225,6 +237,7 @@ std::shared_ptr<void> Subscriber::start(WaitSpec spec) {
   w->ids = std::move(spec.ids);
   w->own = std::move(spec.own);
   w->own_intact = std::move(spec.own_intact);
+  w->head = std::move(spec.head);
   w->ahead = spec.ahead;
   w->ahead_left = std::move(spec.ahead);
   w->session = std::move(spec.session);
@@ -406,6 +419,7 @@ void Subscriber::after_check(const CheckJob& job, const Result<CheckResult>& r) 
       w->checked_generation = job.generation;
     }
     mark_gone(ch, r->gone, &job);
+    if (r->head) mark_head_moved(ch, r->head, &job);
     ch.next_check = next_check_at(now, r->soonest_ttl_ms);
     // Crossed a re-subscription: look again for what was published meanwhile.
     if (ch.generation != job.generation) ch.next_check = now;
@@ -646,6 +660,7 @@ void Subscriber::dispatch(const std::string& channel, std::string_view payload) 
   std::vector<std::string> ids;
   SplitIds(payload, ids);
   mark_gone(*it->second, ids, nullptr);
+  mark_head_moved(*it->second, std::nullopt, nullptr);
 }
 
 void Subscriber::drop(Link& link) {

@@ -24,6 +24,12 @@
 //
 // Messages published while the subscriber was disconnected are lost, so after
 // every re-subscription the queue is re-checked the same way.
+//
+// Head watches (Session::async_watch_head) are waits of the same kind on the
+// queue's head channel: any message there settles them, and so does a check
+// (the read-head script) that finds a head other than the one they saw. The
+// fallback re-check is what tells them of a crashed head: its prune removes
+// the entry and moves the head on.
 #ifndef DLOCK_SRC_STORES_REDIS_REDIS_SUBSCRIBER_HPP_
 #define DLOCK_SRC_STORES_REDIS_REDIS_SUBSCRIBER_HPP_
 
@@ -48,10 +54,19 @@
 
 namespace dlock::internal::redis {
 
+// A queue's head as a head watch compares it (Session::async_watch_head).
+struct HeadMark {
+  std::string id;  // empty: the queue was empty
+  std::uint64_t value_version = 0;
+  std::int64_t position = 0;  // the queue's head stamp (redis_scripts.hpp)
+  bool operator==(const HeadMark&) const = default;
+};
+
 // What a check of a queue found.
 struct CheckResult {
   std::vector<std::string> gone;     // of the ids asked about
   std::int64_t soonest_ttl_ms = -1;  // smallest lease left among the queue's sessions; -1: none
+  std::optional<HeadMark> head;      // a head watch's check: the head now
 };
 
 struct SubscriberOptions {
@@ -112,6 +127,10 @@ class Subscriber : public std::enable_shared_from_this<Subscriber> {
     std::string own;
     std::vector<std::string> ahead;
     std::shared_ptr<std::atomic<bool>> own_intact;
+    // For Session::async_watch_head, instead of `ids`: the head as the
+    // watcher's reading found it. Any message on `channel` (the queue's head
+    // channel) settles the wait OK, and so does a check that finds another.
+    std::optional<HeadMark> head;
   };
 
   // A Subscriber with its thread running; its owner must call shut_down().
@@ -167,6 +186,8 @@ class Subscriber : public std::enable_shared_from_this<Subscriber> {
   IoClock::time_point next_wait_event(IoClock::time_point io_now) DLOCK_EXCLUDES(mu_);
   // `job`: the check that found `gone` (nullptr: a message).
   void mark_gone(Channel& ch, const std::vector<std::string>& gone, const CheckJob* job) DLOCK_REQUIRES(mu_);
+  // `now`: the head a check found (nullopt: a message on the head channel).
+  void mark_head_moved(Channel& ch, const std::optional<HeadMark>& now, const CheckJob* job) DLOCK_REQUIRES(mu_);
   Clock::time_point next_check_at(Clock::time_point now, std::int64_t soonest_ms) const;
 
   explicit Subscriber(SubscriberOptions options);
