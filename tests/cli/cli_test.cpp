@@ -310,6 +310,98 @@ TEST_P(CliTest, BreakingTheLockStopsTheCommandWithStatus4) {
   EXPECT_TRUE(Eventually([&] { return ::kill(-run, 0) != 0; }, 10s)) << "the command outlived its broken lock";
 }
 
+// ---- dlock elect and dlock leader (issue 16).
+
+TEST_P(CliTest, ElectRunsTheCommandAsLeaderWithItsTermAndResignsWhenItExits) {
+  const std::string env = dir_ + "/env";
+  EXPECT_EQ(RunToEnd({"leader", "--url", url_, name_}), 1) << "no leader yet";
+  EXPECT_EQ(RunToEnd({"elect", "--url", url_, "--value", "10.0.0.1:80", name_, "--", "sh", "-c",
+                      "echo $DLOCK_NAME $DLOCK_TERM $DLOCK_FENCING_TOKEN > " + env + "; exit 7"}),
+            7)
+      << "the command's own status";
+  std::istringstream in(Read(env));
+  std::string name;
+  std::uint64_t term = 0, token = 0;
+  in >> name >> term >> token;
+  EXPECT_EQ(name, name_);
+  EXPECT_GT(term, 0u);
+  EXPECT_EQ(term, token) << "DLOCK_FENCING_TOKEN is the term";
+  EXPECT_EQ(RunToEnd({"leader", "--url", url_, name_}), 1) << "resigned when the command exited";
+  EXPECT_EQ(Entries(), 0u);
+}
+
+TEST_P(CliTest, ASecondElectLeadsWhenTheFirstsCommandEndsAndLeaderShowsEach) {
+  const std::string go = dir_ + "/go";
+  const std::string second_ran = dir_ + "/second";
+  pid_t first = Start({"elect", "--url", url_, "--value", "first", name_, "--", "sh", "-c",
+                       "while [ ! -e " + go + " ]; do sleep 0.05; done"});
+  ASSERT_TRUE(Eventually([&] { return Entries() == 1u; }, 30s));
+  pid_t second =
+      Start({"elect", "--url", url_, "--value", "second", name_, "--", "sh", "-c", "echo $DLOCK_TERM > " + second_ran});
+  ASSERT_TRUE(Eventually([&] { return Entries() == 2u; }, 30s));
+  const std::string out = dir_ + "/leader.json";
+  ASSERT_EQ(RunToEnd({"leader", "--url", url_, "--json", name_}, out), 0);
+  auto j = nlohmann::json::parse(Read(out));
+  EXPECT_EQ(j["state"], "leader");
+  EXPECT_EQ(j["leader"]["value"], "first");
+  const std::uint64_t first_term = j["leader"]["term"].get<std::uint64_t>();
+  EXPECT_FALSE(std::filesystem::exists(second_ran)) << "two leaders";
+  std::ofstream(go).put('\n');
+  EXPECT_EQ(Wait(first), 0);
+  EXPECT_EQ(Wait(second), 0);
+  std::uint64_t second_term = 0;
+  std::istringstream(Read(second_ran)) >> second_term;
+  EXPECT_GT(second_term, first_term);
+}
+
+TEST_P(CliTest, ElectGivesUpAfterItsTimeoutAndLeavesNothing) {
+  Client client = Client::connect(url_);
+  std::optional<Leadership> lead = Election(client, name_).campaign("in-process", 30s);
+  ASSERT_TRUE(lead.has_value());
+  EXPECT_EQ(RunToEnd({"elect", "--url", url_, "--timeout", "300ms", name_, "--", "true"}), 3);
+  EXPECT_EQ(RunToEnd({"elect", "--url", url_, "--timeout", "0s", name_, "--", "true"}), 3);
+  EXPECT_EQ(Entries(), 1u);
+  EXPECT_EQ(RunToEnd({"elect", "--url", url_, name_}), 2) << "no command";
+}
+
+TEST_P(CliTest, BreakingTheLeadersEntryStopsItsCommandWithStatus4) {
+  const std::string started = dir_ + "/started";
+  pid_t elect = Start({"elect", "--url", url_, "--kill-after", "300ms", name_, "--", "sh", "-c",
+                       "touch " + started + "; exec sleep 120"});
+  ASSERT_TRUE(Eventually([&] { return std::filesystem::exists(started); }, 30s));
+  EXPECT_EQ(RunToEnd({"break", "--url", url_, name_}), 0);
+  EXPECT_EQ(Wait(elect), 4);
+  EXPECT_TRUE(Eventually([&] { return ::kill(-elect, 0) != 0; }, 10s)) << "the command outlived its leadership";
+}
+
+TEST_P(CliTest, LeaderWatchPrintsEveryChangeUntilStopped) {
+  const std::string out = dir_ + "/watch";
+  pid_t watch = Start({"leader", "--url", url_, "--watch", "--json", name_}, out);
+  auto lines = [&] {
+    std::vector<nlohmann::json> parsed;
+    std::istringstream in(Read(out));
+    for (std::string line; std::getline(in, line);) parsed.push_back(nlohmann::json::parse(line));
+    return parsed;
+  };
+  ASSERT_TRUE(Eventually([&] { return lines().size() == 1; }, 30s));
+  Client client = Client::connect(url_);
+  std::optional<Leadership> lead = Election(client, name_).campaign("watched", 30s);
+  ASSERT_TRUE(lead.has_value());
+  ASSERT_TRUE(Eventually([&] { return lines().size() == 2; }, 30s));
+  lead->resign();
+  ASSERT_TRUE(Eventually([&] { return lines().size() == 3; }, 30s));
+  ASSERT_EQ(::kill(watch, SIGTERM), 0);
+  EXPECT_EQ(Wait(watch), 0);
+  auto seen = lines();
+  ASSERT_EQ(seen.size(), 3u);
+  EXPECT_EQ(seen[0]["state"], "none");
+  EXPECT_EQ(seen[1]["state"], "leader");
+  EXPECT_EQ(seen[1]["leader"]["value"], "watched");
+  EXPECT_EQ(seen[1]["leader"]["term"], lead->term());
+  EXPECT_EQ(seen[2]["state"], "none");
+  EXPECT_EQ(seen[2]["number"], 3);
+}
+
 // ---- Defects found in review (issue 11), each seen failing before its fix.
 
 // Item 11: --timeout 0 means one try, as for timeout(1)-style tools.

@@ -19,6 +19,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -51,18 +52,22 @@ struct Doc {
 };
 
 constexpr Doc kExitStatuses[] = {
-    {"0", "run: the command exited 0; status: shown; break: removed"},
-    {"1", "break: nothing to remove (or the command's own status 1)"},
+    {"0",
+     "run, elect: the command exited 0; status: shown; leader: there is a leader (--watch: stopped by "
+     "a signal); break: removed"},
+    {"1", "leader: no leader; break: nothing to remove (or the command's own status 1)"},
     {"2", "usage error: a bad option, name, duration or URL; break: several holders, name the ENTRY"},
-    {"3", "run: timed out waiting for the lock (--timeout)"},
-    {"4", "run: the lock was lost while the command ran (it was sent SIGTERM, then SIGKILL after --kill-after)"},
+    {"3", "run, elect: timed out waiting for the lock or leadership (--timeout)"},
+    {"4",
+     "run, elect: the lock or leadership was lost while the command ran (it was sent SIGTERM, then SIGKILL "
+     "after --kill-after), or before it could start"},
     {"5", "the store is unreachable (it never answered before the deadline) or refused the request"},
-    {"6", "run: the command could not be started"},
+    {"6", "run, elect: the command could not be started"},
     {"128+N",
-     "run: the command was killed by signal N; or dlock got signal N while still waiting (nothing is "
+     "run, elect: the command was killed by signal N; or dlock got signal N while still waiting (nothing is "
      "left in the store)"},
 };
-constexpr const char* kExitIntro = "run exits with the command's own status; otherwise:";
+constexpr const char* kExitIntro = "run and elect exit with the command's own status; otherwise:";
 
 constexpr Doc kEnvironment[] = {
     {"DLOCK_URL", "the store, when --url is not given; else file://, the directory /tmp/dlock-UID"},
@@ -75,6 +80,14 @@ constexpr Doc kRunEnvironment[] = {
     {"DLOCK_NAME", "the lock name"},
     {"DLOCK_URL", "the store URL, password removed"},
     {"DLOCK_FENCING_TOKEN", "the hold's fencing token: pass it to resources that refuse stale holders"},
+};
+constexpr Doc kElectEnvironment[] = {
+    {"DLOCK_NAME", "the election's name"},
+    {"DLOCK_URL", "the store URL, password removed"},
+    {"DLOCK_TERM",
+     "the leader's term: it grows with every new leader; pass it to resources that refuse a "
+     "deposed leader"},
+    {"DLOCK_FENCING_TOKEN", "the same number, for scripts written for dlock run"},
 };
 constexpr Doc kStatusColumns[] = {
     {"ROLE", "holder (has the lock, a shared hold or a permit) or waiter; holders first, each in queue order"},
@@ -127,6 +140,13 @@ int ExitFor(const dlock::Status& s) {
     case dlock::ErrorCode::kInvalidArgument: return kUsage;
     default: return kStoreFailed;
   }
+}
+
+// `dlock elect`'s default value: this host and dlock's pid.
+std::string DefaultCandidateValue() {
+  char host[256] = {};
+  if (::gethostname(host, sizeof host - 1) != 0) std::strcpy(host, "localhost");
+  return std::string(host) + ":" + std::to_string(::getpid());
 }
 
 std::string DefaultUrl() {
@@ -192,6 +212,46 @@ struct RunOptions {
   unsigned permits = 0;
   bool shared = false;
   std::vector<std::string> command;
+  // dlock elect: campaign with `value` instead of taking a lock.
+  bool elect = false;
+  std::string value;
+};
+
+// What `run` and `elect` hold while the command runs: a Hold or a
+// Leadership, which have the same states (dlock/election.hpp).
+class Grant {
+ public:
+  template <class Held>
+  explicit Grant(Held held) : held_(std::make_shared<Model<Held>>(std::move(held))) {}
+  dlock::HoldState state() const { return held_->state(); }
+  std::uint64_t token() const { return held_->token(); }
+  std::shared_ptr<void> on_state_change(std::function<void(dlock::HoldState)> fn) const {
+    return held_->on_state_change(std::move(fn));
+  }
+  void release() const { held_->release(); }
+
+ private:
+  struct Concept {
+    virtual ~Concept() = default;
+    virtual dlock::HoldState state() const = 0;
+    virtual std::uint64_t token() const = 0;
+    virtual std::shared_ptr<void> on_state_change(std::function<void(dlock::HoldState)> fn) const = 0;
+    virtual void release() = 0;
+  };
+  template <class Held>
+  struct Model final : Concept {
+    explicit Model(Held h) : held(std::move(h)) {}
+    dlock::HoldState state() const override { return held.state(); }
+    std::uint64_t token() const override { return held.fencing_token(); }
+    std::shared_ptr<void> on_state_change(std::function<void(dlock::HoldState)> fn) const override {
+      return held.on_state_change(std::move(fn));
+    }
+    void release() override { release_held(held); }
+    static void release_held(dlock::Hold& h) { h.release(); }
+    static void release_held(dlock::Leadership& l) { l.resign(); }
+    Held held;
+  };
+  std::shared_ptr<Concept> held_;
 };
 
 // One line on a terminal, rewritten in place.
@@ -216,7 +276,26 @@ class StatusLine {
   bool shown_ = false;
 };
 
+std::string CampaigningText(const dlock::Client& client, const RunOptions& o) {
+  dlock::Election election(client, o.name);
+  auto all = election.participants();
+  std::string text = "dlock: campaigning for " + o.name;
+  if (!all.ok() || all->empty()) return text;
+  std::size_t ahead = 0;
+  for (const auto& p : *all) {
+    if (p.owner && p.owner->pid == ::getpid()) break;
+    ++ahead;
+  }
+  if (ahead < all->size()) text += ", " + std::to_string(ahead) + " ahead";
+  const dlock::LeaderInfo& leader = all->front();
+  text +=
+      "; leader: " + (leader.value.empty() ? std::string("-") : leader.value) + " (term " + std::to_string(leader.term);
+  if (leader.owner) text += ", " + leader.owner->host + " pid " + std::to_string(leader.owner->pid);
+  return text + ")";
+}
+
 std::string WaitingText(const dlock::Client& client, const RunOptions& o) {
+  if (o.elect) return CampaigningText(client, o);
   auto entries = dlock::Inspect(client, o.name);
   if (!entries.ok()) return "dlock: waiting for " + o.name;
   const dlock::EntryInfo* holder = nullptr;
@@ -242,7 +321,10 @@ struct RunPlan {
 };
 
 RunPlan PlanOrDie(const RunOptions& o) {
-  if (o.command.empty()) Die(kUsage, "run: no command given (dlock run NAME -- COMMAND [ARG...])");
+  if (o.command.empty()) {
+    Die(kUsage, o.elect ? "elect: no command given (dlock elect NAME -- COMMAND [ARG...])"
+                        : "run: no command given (dlock run NAME -- COMMAND [ARG...])");
+  }
   if (o.shared && o.permits) Die(kUsage, "run: --shared and --permits cannot be combined");
   if (auto s = dlock::ValidateLockName(o.name); !s.ok()) Die(kUsage, s.message());
   RunPlan plan{o, std::nullopt, DurationOrDie(o.kill_after, "--kill-after")};
@@ -310,13 +392,22 @@ class LockedCommand {
     return without_lock(client);
   }
 
-  std::optional<dlock::Hold> acquire(dlock::Client& client, std::stop_token stop) const {
+  std::optional<Grant> acquire(dlock::Client& client, std::stop_token stop) const {
     const RunOptions& o = plan_.options;
     const auto timeout = plan_.timeout ? dlock::ToTimeout(*plan_.timeout) : dlock::kForever;
-    if (o.permits) return dlock::Semaphore(client, o.name, o.permits).acquire(1, timeout, std::move(stop));
-    if (o.shared) return dlock::ReadWriteLock(client, o.name).acquire_read(timeout, std::move(stop));
-    return dlock::Mutex(client, o.name).acquire(timeout, std::move(stop));
+    if (o.elect) return granted(dlock::Election(client, o.name).campaign(o.value, timeout, std::move(stop)));
+    if (o.permits) return granted(dlock::Semaphore(client, o.name, o.permits).acquire(1, timeout, std::move(stop)));
+    if (o.shared) return granted(dlock::ReadWriteLock(client, o.name).acquire_read(timeout, std::move(stop)));
+    return granted(dlock::Mutex(client, o.name).acquire(timeout, std::move(stop)));
   }
+  template <class Held>
+  static std::optional<Grant> granted(std::optional<Held> held) {
+    if (!held) return std::nullopt;
+    return Grant(std::move(*held));
+  }
+
+  // "the lock NAME" or "the leadership of NAME", for messages.
+  std::string what() const { return (plan_.options.elect ? "the leadership of " : "the lock ") + name_; }
 
   // Reads every queued signal; true if one of them is the first stop signal.
   bool read_stop_signals() {
@@ -362,8 +453,7 @@ class LockedCommand {
     }
     if (hold_->state() != dlock::HoldState::kHeld) {
       hold_->release();
-      return Report(kLockLost,
-                    "the lock " + name_ + " was lost before the command could start (its store session ended)");
+      return Report(kLockLost, what() + " was lost before the command could start (its store session ended)");
     }
     return std::nullopt;
   }
@@ -398,18 +488,19 @@ class LockedCommand {
   }
 
   // The environment with DLOCK_NAME, DLOCK_URL and DLOCK_FENCING_TOKEN of
-  // this hold (replacing inherited ones).
+  // this hold, and DLOCK_TERM for elect (replacing inherited ones).
   std::vector<std::string> environment(const dlock::Client& client) const {
     std::vector<std::string> env;
     for (char** e = environ; *e; ++e) {
       std::string var(*e);
       bool ours = var.rfind("DLOCK_NAME=", 0) == 0 || var.rfind("DLOCK_URL=", 0) == 0 ||
-                  var.rfind("DLOCK_FENCING_TOKEN=", 0) == 0;
+                  var.rfind("DLOCK_FENCING_TOKEN=", 0) == 0 || var.rfind("DLOCK_TERM=", 0) == 0;
       if (!ours) env.push_back(std::move(var));
     }
     env.push_back("DLOCK_NAME=" + name_);
     env.push_back("DLOCK_URL=" + client.url());
-    env.push_back("DLOCK_FENCING_TOKEN=" + std::to_string(hold_->fencing_token()));
+    env.push_back("DLOCK_FENCING_TOKEN=" + std::to_string(hold_->token()));
+    if (plan_.options.elect) env.push_back("DLOCK_TERM=" + std::to_string(hold_->token()));
     return env;
   }
 
@@ -449,8 +540,7 @@ class LockedCommand {
       if (fds[1].revents && !was_lost) {
         was_lost = true;
         lost.drain();
-        std::fprintf(stderr, "dlock: the lock %s was lost (its store session ended); stopping the command\n",
-                     name_.c_str());
+        std::fprintf(stderr, "dlock: %s was lost (its store session ended); stopping the command\n", what().c_str());
         ::kill(child, SIGTERM);
         arm_timer(kill_timer.get(), plan_.kill_after);
       }
@@ -489,7 +579,7 @@ class LockedCommand {
   sigset_t handled_;
   sigset_t original_;
   dlock::internal::UniqueFd signals_;
-  std::optional<dlock::Hold> hold_;
+  std::optional<Grant> hold_;
   int cancelled_by_ = 0;  // the first stop signal
   int child_status_ = 0;
 };
@@ -624,6 +714,112 @@ int Status(const std::string& url, const std::string& name, bool json, bool wide
     PrintStatusTable(name, *entries, wide);
   }
   return 0;
+}
+
+// ---------------------------------------------------------------- leader
+
+std::string Iso8601(std::int64_t unix_ms) {
+  const std::time_t t = static_cast<std::time_t>(unix_ms / 1000);
+  std::tm utc{};
+  gmtime_r(&t, &utc);
+  char out[32];
+  std::strftime(out, sizeof out, "%Y-%m-%dT%H:%M:%SZ", &utc);
+  return out;
+}
+
+// "VALUE  term T  host H  pid P  since 2026-11-25T03:50:00Z (12m ago)".
+std::string LeaderLine(const dlock::LeaderInfo& l) {
+  std::string line = (l.value.empty() ? std::string("-") : l.value) + "  term " + std::to_string(l.term);
+  line += "  host " + (l.owner ? l.owner->host : std::string("-"));
+  line += "  pid " + (l.owner ? std::to_string(l.owner->pid) : std::string("-"));
+  if (l.elected_unix_ms) {
+    line += "  since " + Iso8601(*l.elected_unix_ms) + " (" + HumanDuration(NowUnixMs() - *l.elected_unix_ms) + " ago)";
+  } else if (l.candidate_since_unix_ms) {
+    line += "  candidate since " + Iso8601(*l.candidate_since_unix_ms) + " (" +
+            HumanDuration(NowUnixMs() - *l.candidate_since_unix_ms) + " ago)";
+  } else {
+    line += "  since -";
+  }
+  return line;
+}
+
+nlohmann::json LeaderJson(const dlock::LeaderInfo& l) {
+  auto optional = [](const auto& v) { return v ? nlohmann::json(*v) : nlohmann::json(nullptr); };
+  return {{"value", l.value},
+          {"term", l.term},
+          {"entry", l.entry},
+          {"host", l.owner ? nlohmann::json(l.owner->host) : nlohmann::json(nullptr)},
+          {"pid", l.owner ? nlohmann::json(l.owner->pid) : nlohmann::json(nullptr)},
+          {"elected_unix_ms", optional(l.elected_unix_ms)},
+          {"candidate_since_unix_ms", optional(l.candidate_since_unix_ms)}};
+}
+
+std::string ObservationLine(const dlock::Observation& o) {
+  switch (o.state) {
+    case dlock::LeaderState::kLeader: return LeaderLine(*o.leader);
+    case dlock::LeaderState::kNoLeader: return "no leader";
+    case dlock::LeaderState::kUnknown: break;
+  }
+  std::string line = "unknown (contact with the store lost";
+  if (o.leader) line += "; last leader " + o.leader->value + " term " + std::to_string(o.leader->term);
+  return line + ")";
+}
+
+nlohmann::json ObservationJson(const std::string& name, const std::string& url, const dlock::Observation& o) {
+  return {{"name", name},
+          {"url", url},
+          {"state", std::string(dlock::LeaderStateName(o.state))},
+          {"leader", o.leader ? LeaderJson(*o.leader) : nlohmann::json(nullptr)}};
+}
+
+// `dlock leader --watch`: one line (or JSON object) per report until INT,
+// TERM or HUP. The signals are blocked before the client starts a thread,
+// and taken with sigwait.
+int WatchLeader(const dlock::Client& client, const std::string& name, bool json, const sigset_t& stop) {
+  dlock::Election election(client, name);
+  std::shared_ptr<void> observing;
+  try {
+    observing = election.observe([&](const dlock::Observation& o) {
+      if (json) {
+        nlohmann::json j = ObservationJson(name, client.url(), o);
+        j["number"] = o.number;
+        std::printf("%s\n", j.dump().c_str());
+      } else {
+        std::printf("%s\n", ObservationLine(o).c_str());
+      }
+      std::fflush(stdout);
+    });
+  } catch (const dlock::Error& e) {
+    return Report(ExitFor(e.status()), e.status().to_string());
+  }
+  int sig = 0;
+  sigwait(&stop, &sig);
+  observing.reset();
+  return 0;
+}
+
+int Leader(const std::string& url, const std::string& name, bool json, bool watch) {
+  if (auto s = dlock::ValidateLockName(name); !s.ok()) Die(kUsage, s.message());
+  sigset_t stop;
+  sigemptyset(&stop);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP}) sigaddset(&stop, sig);
+  if (watch) pthread_sigmask(SIG_BLOCK, &stop, nullptr);
+  auto client = ConnectOrDie(url);
+  // One reading first: a store that cannot be read is exit 5, also with --watch.
+  auto leader = dlock::Election(client, name).leader();
+  if (!leader.ok()) return Report(ExitFor(leader.status()), leader.status().to_string());
+  if (watch) return WatchLeader(client, name, json, stop);
+  if (json) {
+    dlock::Observation now;
+    now.state = leader->has_value() ? dlock::LeaderState::kLeader : dlock::LeaderState::kNoLeader;
+    now.leader = *leader;
+    std::printf("%s\n", ObservationJson(name, client.url(), now).dump(2).c_str());
+  } else if (leader->has_value()) {
+    std::printf("%s\n", LeaderLine(**leader).c_str());
+  } else {
+    std::printf("%s: no leader on %s\n", name.c_str(), client.url().c_str());
+  }
+  return leader->has_value() ? 0 : 1;
 }
 
 // ----------------------------------------------------------------- break
@@ -851,8 +1047,9 @@ void PrintBashCompletion(const CLI::App& app, const std::vector<CLI::App*>& comm
 
 int main(int argc, char** argv) {
   const char* app_text =
-      "dlock runs a command while it holds a distributed lock (run), shows who holds and who waits for a "
-      "lock (status), and removes a wedged holder's entry (break). The store is --url, else $DLOCK_URL, "
+      "dlock runs a command while it holds a distributed lock (run) or leads an election (elect), shows the "
+      "leader of an election (leader), shows who holds and who waits for a lock (status), and removes a "
+      "wedged holder's entry (break). The store is --url, else $DLOCK_URL, "
       "else the embedded file:// store: a directory per user on this host.";
   CLI::App app{
       "dlock: distributed locks from the shell.\n"
@@ -886,6 +1083,36 @@ int main(int argc, char** argv) {
   run_cmd->footer("The command gets in its environment:\n" + Indented(kRunEnvironment, 21) +
                   "INT, TERM and HUP go to the command; while still waiting they cancel the wait.\n\n" + exit_help);
 
+  RunOptions elect;
+  elect.elect = true;
+  auto* elect_cmd = app.add_subcommand(
+      "elect", "Campaign to lead the election NAME, run COMMAND while leader, resign when it exits.");
+  elect_cmd->add_option("--url", url, "store URL (default: $DLOCK_URL, else file://)")->type_name("URL");
+  elect_cmd->add_option("--value", elect.value, "the value to publish while leader (default: HOST:PID)")
+      ->type_name("V");
+  elect_cmd->add_option("--timeout", elect.timeout, "give up campaigning after this long (exit 3); 0s: one try")
+      ->type_name("DURATION");
+  elect_cmd->add_option("--kill-after", elect.kill_after, "if leadership is lost: SIGKILL this long after SIGTERM")
+      ->capture_default_str()
+      ->type_name("DURATION");
+  elect_cmd->add_option("NAME", elect.name, "election name, e.g. billing/scheduler")->required();
+  elect_cmd->add_option("COMMAND", elect.command, "the command and its arguments, after --")->required();
+  elect_cmd->footer("The command gets in its environment:\n" + Indented(kElectEnvironment, 21) +
+                    "INT, TERM and HUP go to the command; while still campaigning they cancel the campaign.\n\n" +
+                    exit_help);
+
+  std::string leader_name;
+  bool leader_json = false, leader_watch = false;
+  auto* leader_cmd = app.add_subcommand("leader", "Show the leader of the election NAME (exit 1 if none).");
+  leader_cmd->add_option("--url", url, "store URL (default: $DLOCK_URL, else file://)")->type_name("URL");
+  leader_cmd->add_flag("--json", leader_json,
+                       "one JSON object: {name, url, state: leader|none|unknown, leader: {value, term, entry, host, "
+                       "pid, elected_unix_ms, candidate_since_unix_ms} or null}; one per line with --watch");
+  leader_cmd->add_flag("--watch", leader_watch,
+                       "print the current state, then every change, until INT, TERM or HUP (then exit 0)");
+  leader_cmd->add_option("NAME", leader_name, "election name")->required();
+  leader_cmd->footer(exit_help);
+
   std::string status_name;
   bool json = false, wide = false;
   auto* status_cmd = app.add_subcommand("status", "Show who holds and who waits for NAME, in queue order.");
@@ -903,7 +1130,7 @@ int main(int argc, char** argv) {
   break_cmd->add_option("ENTRY", break_entry,
                         "the entry to remove, as status shows it (whole, shortened with ..., or a unique prefix)");
   break_cmd->footer(exit_help);
-  const std::vector<CLI::App*> commands = {run_cmd, status_cmd, break_cmd};
+  const std::vector<CLI::App*> commands = {run_cmd, elect_cmd, leader_cmd, status_cmd, break_cmd};
 
   try {
     app.parse(argc, argv);
@@ -927,8 +1154,14 @@ int main(int argc, char** argv) {
     run.url = url;
     return Run(run);
   }
+  if (*elect_cmd) {
+    elect.url = url;
+    if (elect.value.empty()) elect.value = DefaultCandidateValue();
+    return Run(elect);
+  }
+  if (*leader_cmd) return Leader(url, leader_name, leader_json, leader_watch);
   if (*status_cmd) return Status(url, status_name, json, wide);
   if (*break_cmd) return Break(url, break_name, break_entry);
-  std::fprintf(stderr, "%s\ndlock: a command is required (run, status or break)\n", app.help().c_str());
+  std::fprintf(stderr, "%s\ndlock: a command is required (run, elect, leader, status or break)\n", app.help().c_str());
   return kUsage;
 }
