@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs what is missing, checks the rules a tool can check
-# (scripts/lint.sh: clang-format, clang -Wthread-safety, clang-tidy), builds
+# (scripts/lint.sh: clang-format, clang-tidy with clang's -Wthread-safety), builds
 # dlock and runs every test: under ASan+UBSan, under TSan, and in the normal
 # build.
 #
