@@ -114,6 +114,10 @@ class DLOCK_EXPORT Leadership {
   // than 64 KiB). Proclaims of one Leadership are applied in the order they
   // were called. The blocking form throws dlock::Error only where
   // Mutex::acquire() would (the callback thread); it returns the rest.
+  // On zk:// a proclaim is a setData on our node, which Curator 5.4's
+  // LeaderLatch does not survive: a latch right behind us takes the data
+  // change for its one-shot watch and then misses our removal (until it
+  // reconnects). Do not proclaim in an election shared with Curator.
   Status proclaim(std::string value, Clock::duration timeout = std::chrono::seconds(10));
   // `done` is called exactly once, on the client's dlock thread.
   void async_proclaim(std::string value, Clock::duration timeout, std::function<void(Status)> done);

@@ -890,6 +890,24 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
     if (early = ValidateLockName(queue); early.ok() && ids.empty()) {
       early = InvalidArgumentError("wait_any_gone needs at least one entry id");
     }
+    return start_wait(queue, std::move(early), std::move(done), [&](Subscriber::WaitSpec& spec, const QueueKeys& k) {
+      spec.channel = k.channel;
+      spec.ids.assign(ids.begin(), ids.end());
+      spec.check = [this, k](const std::string& q, const std::vector<std::string>& which) {
+        return check(q, k, which);
+      };
+      spec.own = std::string(own);
+      spec.ahead.assign(ahead.begin(), ahead.end());
+      spec.own_intact = std::move(own_intact);
+    });
+  }
+
+  // Starts a Subscriber wait on `queue` (redis_subscriber.hpp), or calls
+  // `done` at once with `early`, or with what the session says, if either
+  // is an error. `fill` sets what the kinds of wait differ in: the channel,
+  // the check, what to wait for.
+  std::shared_ptr<void> start_wait(std::string_view queue, Status early, std::function<void(Status)> done,
+                                   const std::function<void(Subscriber::WaitSpec&, const QueueKeys&)>& fill) {
     if (early.ok()) early = usable(false);
     if (!early.ok()) {
       done(std::move(early));
@@ -898,16 +916,12 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
     Subscriber::WaitSpec spec;
     spec.queue = std::string(queue);
     const QueueKeys k = KeysFor(spec.queue, cfg_.endpoint.db);
-    spec.channel = k.channel;
-    spec.ids.assign(ids.begin(), ids.end());
     spec.owner = this;
+    // Raw `this` in `session` and in the checks `fill` sets: ~RedisSession
+    // quiesces the subscriber before the core can go.
     spec.session = [this] { return usable(false); };
-    // Raw `this`: ~RedisSession quiesces the subscriber before the core can go.
-    spec.check = [this, k](const std::string& q, const std::vector<std::string>& which) { return check(q, k, which); };
     spec.done = std::move(done);
-    spec.own = std::string(own);
-    spec.ahead.assign(ahead.begin(), ahead.end());
-    spec.own_intact = std::move(own_intact);
+    fill(spec, k);
     return store_->subscriber().start(std::move(spec));
   }
 
@@ -1065,23 +1079,12 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
   // first check, which compares the head with `seen` (redis_subscriber.hpp).
   // `done` runs as async_wait_any_gone's does.
   std::shared_ptr<void> async_watch_head(std::string_view queue, const Head& seen, std::function<void(Status)> done) {
-    Status early = ValidateLockName(queue);
-    if (early.ok()) early = usable(false);
-    if (!early.ok()) {
-      done(std::move(early));
-      return std::make_shared<int>(0);  // nothing to cancel
-    }
-    Subscriber::WaitSpec spec;
-    spec.queue = std::string(queue);
-    const QueueKeys k = KeysFor(spec.queue, cfg_.endpoint.db);
-    spec.channel = k.heads;
-    spec.owner = this;
-    spec.session = [this] { return usable(false); };
-    // Raw `this`: ~RedisSession quiesces the subscriber before the core can go.
-    spec.check = [this, k](const std::string&, const std::vector<std::string>&) { return check_head(k); };
-    spec.head = MarkOf(seen);
-    spec.done = std::move(done);
-    return store_->subscriber().start(std::move(spec));
+    return start_wait(
+        queue, ValidateLockName(queue), std::move(done), [&](Subscriber::WaitSpec& spec, const QueueKeys& k) {
+          spec.channel = k.heads;
+          spec.check = [this, k](const std::string&, const std::vector<std::string>&) { return check_head(k); };
+          spec.head = MarkOf(seen);
+        });
   }
 
   // Every subscriber hears kClosed, and has returned, before the entries
