@@ -24,9 +24,12 @@
 // On etcd:// the candidates are the keys of Go's concurrency.Election (and
 // `etcdctl elect`) on the same name: they elect one leader together.
 //
-// Thread-safety: every class here is thread-safe. Blocking calls throw
+// Thread-safety: every class here is thread-safe. The calls that wait for
+// leadership or for the store to confirm (campaign(), proclaim()) throw
 // dlock::Error as Mutex::acquire() does, and are refused (kFailedPrecondition)
-// on a dlock callback thread.
+// on a dlock callback thread. leader() and participants() are one reading
+// and may be called anywhere, but on a dlock callback thread they hold that
+// thread (and the client's other callbacks) for that round trip.
 #ifndef DLOCK_ELECTION_HPP_
 #define DLOCK_ELECTION_HPP_
 
@@ -193,7 +196,9 @@ class DLOCK_EXPORT Election {
   // block (rules as Hold::on_state_change). The returned handle
   // unsubscribes when destroyed: no call starts after that, but one already
   // running is not waited for. The subscription keeps the client working.
-  // Throws dlock::Error(kUnimplemented) on a store that keeps no values.
+  // observe() itself never waits for the store. On a store that keeps no
+  // values (none in this repository) it reports kUnknown once and tells
+  // ClientOptions::on_background_error (kUnimplemented).
   [[nodiscard]] std::shared_ptr<void> observe(std::function<void(const Observation&)> fn) const;
 
   const std::string& name() const noexcept { return name_; }

@@ -5,6 +5,7 @@
 // updates that change it, one at a time.
 #include "dlock/election.hpp"
 
+#include <algorithm>
 #include <deque>
 #include <future>
 #include <utility>
@@ -27,6 +28,11 @@ Status NotLeaderError(const std::string& name, const std::string& why) {
   return FailedPreconditionError("not leader of " + name + ": " + why);
 }
 
+Status NotConfirmedError(const std::string& name) {
+  return UnavailableError("the store did not confirm the update of " + name +
+                          "'s value in time; it may or may not be published");
+}
+
 // One update of our own entry (a proclaim, the elected time): sent again
 // after contact comes back, until confirmed, refused or out of time.
 class EntryUpdater : public Operation<EntryUpdater> {
@@ -34,8 +40,8 @@ class EntryUpdater : public Operation<EntryUpdater> {
   using Done = std::function<void(Result<Entry>)>;
 
   EntryUpdater(std::shared_ptr<ClientCore> client, std::shared_ptr<HoldCore> hold, const HeldEntry& entry,
-               EntryUpdate update, Clock::time_point deadline, Done done)
-      : Operation(std::move(client), deadline, {}, nullptr),
+               EntryUpdate update, Clock::time_point deadline, std::stop_token stop, Done done)
+      : Operation(std::move(client), deadline, std::move(stop), nullptr),
         hold_(std::move(hold)),
         entry_(entry),
         update_(std::move(update)),
@@ -58,8 +64,8 @@ class EntryUpdater : public Operation<EntryUpdater> {
 
   void send() {
     if (!leading()) return finish(NotLeaderError(hold_->name(), "the leadership is " + state_text()));
-    // A retry after the deadline would only fail again.
-    if (sent_++ > 0 && expired()) return finish(not_confirmed());
+    // Out of time (it may have waited behind other updates), or stopped.
+    if (expired()) return finish(NotConfirmedError(hold_->name()));
     hold_->session()->async_update_entry(
         entry_.queue, entry_.id, update_, deadline_,
         then<Result<Entry>>([](EntryUpdater& u, Result<Entry> r) { u.on_sent(std::move(r)); }));
@@ -76,16 +82,12 @@ class EntryUpdater : public Operation<EntryUpdater> {
         return recover(hold_->session(), [](EntryUpdater& u, bool connected) {
           if (connected && !u.expired()) return u.pause([](EntryUpdater& v) { v.send(); });
           if (ended(*u.hold_->session())) return u.finish(NotLeaderError(u.hold_->name(), "the session ended"));
-          u.finish(u.not_confirmed());
+          u.finish(NotConfirmedError(u.hold_->name()));
         });
       default: return finish(std::move(sent));
     }
   }
 
-  Status not_confirmed() const {
-    return UnavailableError("the store did not confirm the update of " + hold_->name() +
-                            "'s value in time; it may or may not be published");
-  }
   std::string state_text() const { return std::string(HoldStateName(hold_->state())); }
 
   void abort(const char* what) { finish(InternalError(std::string("updating ") + hold_->name() + ": " + what)); }
@@ -100,7 +102,6 @@ class EntryUpdater : public Operation<EntryUpdater> {
   const HeldEntry entry_;
   const EntryUpdate update_;
   Done done_;
-  int sent_ = 0;
 };
 
 }  // namespace
@@ -131,16 +132,30 @@ class LeadershipCore : public std::enable_shared_from_this<LeadershipCore> {
     return value_;
   }
 
-  // Queues `update`; updates run one at a time, in the order queued, and
-  // `done` is called on the executor.
-  void update(EntryUpdate update, Clock::time_point deadline, std::function<void(Status)> done) DLOCK_EXCLUDES(mu_) {
+  // Queues `update`; updates run one at a time, in the order queued, each
+  // ends by its own deadline (also while it waits its turn), and `done` is
+  // called on the executor. A best-effort update gives way to any other:
+  // dropped if queued, stopped if running.
+  void update(EntryUpdate update, Clock::time_point deadline, std::function<void(Status)> done,
+              bool best_effort = false) DLOCK_EXCLUDES(mu_) {
+    std::shared_ptr<std::stop_source> give_way;
+    bool start = false;
+    std::uint64_t id = 0;
     {
       MutexLock g(mu_);
-      pending_.push_back({std::move(update), deadline, std::move(done)});
-      if (busy_) return;
-      busy_ = true;
+      id = ++queued_;
+      if (!best_effort) {
+        std::erase_if(pending_, [](const Pending& p) { return p.best_effort; });
+        give_way = running_best_effort_;
+      }
+      pending_.push_back({id, std::move(update), deadline, std::move(done), best_effort});
+      start = !std::exchange(busy_, true);
     }
-    run_next();
+    if (give_way) give_way->request_stop();
+    client_->executor().at(deadline, [weak = weak_from_this(), id] {
+      if (auto self = weak.lock()) self->expire_queued(id);
+    });
+    if (start) run_next();
   }
 
   void proclaim(std::string value, Clock::duration timeout, std::function<void(Status)> done) DLOCK_EXCLUDES(mu_) {
@@ -152,16 +167,35 @@ class LeadershipCore : public std::enable_shared_from_this<LeadershipCore> {
   // so, and that is fine too.
   void record_elected(OwnerRecord owner) {
     owner.elected_unix_ms = unix_millis_now();
-    update({.value = std::nullopt, .owner = std::move(owner)},
-           DeadlineAfter(client_->now(), ClientCore::kRequestTimeout), [](const Status&) {});
+    update(
+        {.value = std::nullopt, .owner = std::move(owner)}, DeadlineAfter(client_->now(), ClientCore::kRequestTimeout),
+        [](const Status&) {}, /*best_effort=*/true);
   }
 
  private:
   struct Pending {
+    std::uint64_t id = 0;
     EntryUpdate update;
     Clock::time_point deadline;
     std::function<void(Status)> done;
+    bool best_effort = false;
   };
+
+  // An update whose deadline passed while it waited its turn.
+  void expire_queued(std::uint64_t id) DLOCK_EXCLUDES(mu_) {
+    std::function<void(Status)> done;
+    {
+      MutexLock g(mu_);
+      auto it = std::find_if(pending_.begin(), pending_.end(), [id](const Pending& p) { return p.id == id; });
+      if (it == pending_.end()) return;  // started, or done
+      done = std::move(it->done);
+      pending_.erase(it);
+    }
+    try {
+      done(NotConfirmedError(hold_->name()));
+    } catch (...) {  // the application's; dropped, as dlock/async.hpp says
+    }
+  }
 
   static std::int64_t unix_millis_now() {
     return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
@@ -170,18 +204,24 @@ class LeadershipCore : public std::enable_shared_from_this<LeadershipCore> {
 
   void run_next() DLOCK_EXCLUDES(mu_) {
     Pending next;
+    std::stop_token stop;
     {
       MutexLock g(mu_);
+      running_best_effort_.reset();
       if (pending_.empty()) {
         busy_ = false;
         return;
       }
       next = std::move(pending_.front());
       pending_.pop_front();
+      if (next.best_effort) {
+        running_best_effort_ = std::make_shared<std::stop_source>();
+        stop = running_best_effort_->get_token();
+      }
     }
     std::optional<std::string> value = next.update.value;
     std::make_shared<EntryUpdater>(
-        client_, hold_, hold_->entries().front(), std::move(next.update), next.deadline,
+        client_, hold_, hold_->entries().front(), std::move(next.update), next.deadline, std::move(stop),
         [self = shared_from_this(), value = std::move(value), done = std::move(next.done)](Result<Entry> r) {
           if (r.ok() && value) {
             MutexLock g(self->mu_);
@@ -203,7 +243,10 @@ class LeadershipCore : public std::enable_shared_from_this<LeadershipCore> {
   mutable Mutex mu_;
   std::string value_ DLOCK_GUARDED_BY(mu_);
   std::deque<Pending> pending_ DLOCK_GUARDED_BY(mu_);
+  std::uint64_t queued_ DLOCK_GUARDED_BY(mu_) = 0;  // ids of updates
   bool busy_ DLOCK_GUARDED_BY(mu_) = false;
+  // Set while a best-effort update runs: stopping it lets the next go.
+  std::shared_ptr<std::stop_source> running_best_effort_ DLOCK_GUARDED_BY(mu_);
 };
 
 namespace {

@@ -94,6 +94,13 @@ class ElectionObserver : public std::enable_shared_from_this<ElectionObserver> {
       return retry([](ElectionObserver& o) { o.open_session(); });
     }
     session_ = std::move(opened).value();
+    if (!session_->keeps_values()) {
+      // Nothing to watch, ever: say so once, and stop.
+      report_unknown();
+      core_->report(
+          UnimplementedError("observing " + name_ + ": this store keeps no values, so it cannot be observed"));
+      return new_round();
+    }
     force_ = true;  // a new session: report what it reads, even if unchanged
     std::weak_ptr<ElectionObserver> weak = weak_from_this();
     const std::uint64_t sessions = sessions_;
@@ -272,11 +279,8 @@ std::string_view LeaderStateName(LeaderState state) noexcept {
 }
 
 std::shared_ptr<void> Election::observe(std::function<void(const Observation&)> fn) const {
-  // A store without head watches is refused at once; one that cannot be
-  // reached now is observed anyway (kUnknown until it answers).
-  if (auto session = client_.session(); session.ok() && !(*session)->keeps_values()) {
-    throw Error(UnimplementedError("this store cannot be observed: it keeps no values (" + client_.url() + ")"));
-  }
+  // Nothing here waits for the store (a review finding: a check of the
+  // store's kind opened a session first): the loop finds out.
   auto observer = std::make_shared<internal::ElectionObserver>(client_, name_, std::move(fn));
   observer->start();
   return std::make_shared<internal::ObserverHandle>(std::move(observer));

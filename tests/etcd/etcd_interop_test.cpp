@@ -20,6 +20,7 @@
 #include <cstdlib>
 #include <future>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -320,6 +321,54 @@ TEST_F(EtcdInterop, CandidatesAreGoElectionKeysBothWays) {
   EXPECT_EQ(go2->read_line(5s), "go-2");
   EXPECT_EQ(go2->interrupt_and_wait(), 0);
   (*session)->close();
+}
+
+// The Election recipe and `etcdctl elect` elect one leader together; an
+// observer reports Go's leader with its proposal, and terms grow across both
+// (issue 16).
+TEST_F(EtcdInterop, DlockElectionAndEtcdctlElectOneLeaderTogether) {
+  Election election(*client_, "together");
+  std::mutex mu;
+  std::vector<Observation> seen;
+  std::shared_ptr<void> observing = election.observe([&](const Observation& o) {
+    std::lock_guard<std::mutex> g(mu);
+    seen.push_back(o);
+  });
+  auto reported = [&](std::size_t n) {
+    return testing::Eventually([&] {
+      std::lock_guard<std::mutex> g(mu);
+      return seen.size() >= n;
+    });
+  };
+  ASSERT_TRUE(reported(1)) << "the first report: no leader";
+  std::optional<Leadership> first = election.campaign("dlock-a", 20s);
+  ASSERT_TRUE(first.has_value());
+  auto go = std::make_unique<Child>(
+      std::vector<std::string>{"etcdctl", "--endpoints=" + target_.endpoints, "elect", GoName("together"), "go-b"});
+  EXPECT_EQ(go->read_line(1500ms), "") << "etcdctl elect won while dlock's leader leads";
+  ASSERT_TRUE(reported(2));
+  first->resign();
+  EXPECT_EQ(go->read_line(20s).rfind(GoName("together") + "/", 0), 0u) << "dlock's resignation did not hand over";
+  EXPECT_EQ(go->read_line(5s), "go-b");
+  auto now = election.leader();
+  ASSERT_TRUE(now.ok() && now->has_value()) << now.status().to_string();
+  EXPECT_EQ((*now)->value, "go-b");
+  EXPECT_GT((*now)->term, first->term());
+  ASSERT_TRUE(reported(3));
+
+  auto second = election.campaign_future("dlock-c", 60s);
+  EXPECT_EQ(second.wait_for(1s), std::future_status::timeout) << "dlock leads beside Go's leader";
+  EXPECT_EQ(go->interrupt_and_wait(), 0) << "etcdctl elect resigns on SIGINT";
+  std::optional<Leadership> next = second.get();
+  ASSERT_TRUE(next.has_value());
+  EXPECT_GT(next->term(), (*now)->term);
+  ASSERT_TRUE(reported(4));
+  std::lock_guard<std::mutex> g(mu);
+  ASSERT_GE(seen.size(), 4u);
+  EXPECT_EQ(seen[0].state, LeaderState::kNoLeader);
+  EXPECT_EQ(seen[1].leader->value, "dlock-a");
+  EXPECT_EQ(seen[2].leader->value, "go-b") << "Go's leader, with its proposal";
+  EXPECT_EQ(seen[3].leader->value, "dlock-c");
 }
 
 TEST_F(EtcdInterop, DlockNamesNestWithoutBlockingEachOther) {

@@ -504,6 +504,38 @@ TEST_F(ZkCuratorTest, AHeadWatchFiresWhenTheCuratorLeadersSessionExpires) {
 
 // dlock's Semaphore and Curator's InterProcessSemaphoreV2 share one count of
 // leases (<name>/leases, guarded by the mutex <name>/locks), both ways.
+// The Election recipe and Curator's LeaderLatch on one path elect one leader
+// together, each seeing the other's value as the leader's, and terms grow
+// across both (issue 16).
+TEST_F(ZkCuratorTest, DlockElectionAndCuratorsLatchElectOneLeaderTogether) {
+  auto client = Client::connect(url_);
+  Election election(client, "elect");
+  std::optional<Leadership> first = election.campaign("dlock-a", 10s);
+  ASSERT_TRUE(first.has_value());
+  PeerClient curator(PeerKind::kCurator, hosts_);
+  ASSERT_TRUE(curator.ready());
+  std::string got = curator.call("latch " + Path("elect") + " curator-1");
+  ASSERT_EQ(got.rfind("latched ", 0), 0u) << got;
+  EXPECT_EQ(curator.call("latch-event 0.5"), "none") << "Curator leads beside dlock's leader";
+  EXPECT_EQ(curator.call("latch-leader " + Path("elect")), "leader dlock-a");
+
+  first->resign();
+  EXPECT_EQ(curator.call("latch-event 20"), "leader");
+  auto now = election.leader();
+  ASSERT_TRUE(now.ok() && now->has_value()) << now.status().to_string();
+  EXPECT_EQ((*now)->value, "curator-1");
+  EXPECT_GT((*now)->term, first->term());
+
+  auto second = election.campaign_future("dlock-b", 60s);
+  ASSERT_TRUE(AwaitChildren("elect", 2));
+  EXPECT_EQ(second.wait_for(300ms), std::future_status::timeout) << "dlock leads beside Curator's leader";
+  EXPECT_EQ(curator.call("latch-close"), "closed");
+  std::optional<Leadership> next = second.get();
+  ASSERT_TRUE(next.has_value());
+  EXPECT_GT(next->term(), (*now)->term);
+  EXPECT_EQ(curator.call("latch-leader " + Path("elect")), "leader dlock-b");
+}
+
 TEST_F(ZkCuratorTest, SemaphoreLeasesCountAcrossClients) {
   auto client = Client::connect(url_);
   Semaphore sem(client, "sem", 2);

@@ -438,7 +438,7 @@ class LockedCommand {
                     "store unreachable: " + client.url() + " did not answer" + within + " (nothing was acquired)");
     }
     const std::string after = plan_.timeout ? " after " + FormatDuration(*plan_.timeout) : "";
-    return Report(kTimedOut, "timed out" + after + " waiting for " + name_);
+    return Report(kTimedOut, "timed out" + after + " waiting for " + (plan_.options.elect ? what() : name_));
   }
 
   // The last moment to decide not to start: told to stop, or the lock is no
@@ -540,7 +540,9 @@ class LockedCommand {
       if (fds[1].revents && !was_lost) {
         was_lost = true;
         lost.drain();
-        std::fprintf(stderr, "dlock: %s was lost (its store session ended); stopping the command\n", what().c_str());
+        std::fprintf(stderr,
+                     "dlock: %s was lost (its store session ended, or its entry was removed); stopping the command\n",
+                     what().c_str());
         ::kill(child, SIGTERM);
         arm_timer(kill_timer.get(), plan_.kill_after);
       }
@@ -779,9 +781,11 @@ int WatchLeader(const dlock::Client& client, const std::string& name, bool json,
   dlock::Election election(client, name);
   std::shared_ptr<void> observing;
   try {
-    observing = election.observe([&](const dlock::Observation& o) {
+    // By value: a report already running when the handle goes may finish
+    // after this function has returned (a review finding).
+    observing = election.observe([json, name, url = client.url()](const dlock::Observation& o) {
       if (json) {
-        nlohmann::json j = ObservationJson(name, client.url(), o);
+        nlohmann::json j = ObservationJson(name, url, o);
         j["number"] = o.number;
         std::printf("%s\n", j.dump().c_str());
       } else {
