@@ -152,9 +152,12 @@ class LeadershipCore : public std::enable_shared_from_this<LeadershipCore> {
       start = !std::exchange(busy_, true);
     }
     if (give_way) give_way->request_stop();
-    client_->executor().at(deadline, [weak = weak_from_this(), id] {
-      if (auto self = weak.lock()) self->expire_queued(id);
-    });
+    // No timer for no deadline: it would stay in the executor for good.
+    if (deadline != kNoDeadline) {
+      client_->executor().at(deadline, [weak = weak_from_this(), id] {
+        if (auto self = weak.lock()) self->expire_queued(id);
+      });
+    }
     if (start) run_next();
   }
 
