@@ -162,7 +162,14 @@ def svg(doc):
         ("5. Footprint: resident memory of a client waiting on many locks at once", "MiB",
          [(f'{x["store"]} {x["result"]["locks"]} locks', x["result"]["rss_kb"] / 1024, color(x["impl"]))
           for x in runs if x["label"] == "footprint"]),
+        ("6. Election handover: resign to the next leader told, p50 (lower is better)", "ms",
+         [(f'{x["store"]} {x["impl"]}', x["result"]["handoff_us"]["p50"] / 1000, color(x["impl"]))
+          for x in runs if x["label"] == "handover"]),
+        ("7. Election failover: leader SIGKILLed to the next leader told, p50 (session timeout 2 s)", "ms",
+         [(f'{x["store"]} {x["impl"]}', x["result"]["handoff_us"]["p50"] / 1000, color(x["impl"]))
+          for x in runs if x["label"] == "failover"]),
     ]
+    panels = [p for p in panels if p[2]]  # a run of some scenarios only (--election-only) draws those
     body, y = [], 40
     for title, unit, items in panels:
         s, h = _panel(title, unit, items, y)

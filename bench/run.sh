@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The benchmarks, in one command (see docs/benchmarks.md):
 #
-#   bench/run.sh [--quick] [--only STORE] [--rounds N]
+#   bench/run.sh [--quick] [--only STORE] [--rounds N] [--election]
 #
 # Builds dlock-bench (RelWithDebInfo like scripts/test.sh, in build-bench/,
 # one job, niced), starts private servers the way the tests do
@@ -16,6 +16,8 @@
 # server is started; writes bench/results/STORE.{json,svg} (quick-STORE.*
 # with --quick) and leaves latest.* alone.
 # --rounds N: interleaved rounds of the repeated scenarios (default 3).
+# --election: only the election's failover and handover (dlock, and on zk
+# Curator's LeaderLatch and kazoo's Election); a full run has them too.
 # DLOCK_BENCH_BUILD: the build directory (default build-bench/).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -27,7 +29,8 @@ while [ $# -gt 0 ]; do
     --quick) args+=(--quick) ;;
     --only) only=$2; args+=(--only "$2"); shift ;;
     --rounds) args+=(--rounds "$2"); shift ;;
-    *) echo "usage: bench/run.sh [--quick] [--only STORE] [--rounds N]" >&2; exit 2 ;;
+    --election) args+=(--election-only) ;;
+    *) echo "usage: bench/run.sh [--quick] [--only STORE] [--rounds N] [--election]" >&2; exit 2 ;;
   esac
   shift
 done
@@ -43,7 +46,8 @@ if command -v ccache >/dev/null; then
   launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache)
 fi
 nice cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDLOCK_BUILD_TESTS=OFF "${launcher[@]}" >/dev/null
-nice cmake --build "$build" -j1 --target dlock-bench >/dev/null
+nice cmake --build "$build" -j1 --target dlock-bench dlock-bench-participant >/dev/null
+args+=(--participant "$build/bench/dlock-bench-participant")
 
 # Each server script (tests/servers/*.sh run DIR) starts its server, appends
 # its URL to DLOCK_TEST_URLS, runs the rest of the chain under it, and stops
@@ -57,6 +61,15 @@ if wants zk && grep -q '^DLOCK_ZOOKEEPER_LIBRARY:FILEPATH=/' "$build/CMakeCache.
   ! grep -q '^DLOCK_WITH_ZOOKEEPER:STRING=OFF' "$build/CMakeCache.txt"; then
   zkdir=$(mktemp -d "${TMPDIR:-/tmp}/dlock-bench-zk-XXXXXX")
   chain+=("$root/tests/servers/zookeeper.sh" run "$zkdir")
+  # Curator's LeaderLatch, the election peer, when Debian's
+  # libcurator-recipes-java and a JDK are installed.
+  if command -v javac >/dev/null && [ -f /usr/share/java/curator-recipes.jar ]; then
+    mkdir -p "$build/bench/java"
+    nice javac -nowarn -d "$build/bench/java" -cp /usr/share/java/curator-recipes.jar "$root/bench/peers/CuratorLatch.java"
+    cp="$build/bench/java:/usr/share/java/curator-recipes.jar"
+    [ -f /usr/share/java/slf4j-nop.jar ] && cp="$cp:/usr/share/java/slf4j-nop.jar"
+    args+=(--curator-classpath "$cp")
+  fi
 fi
 # etcd when the etcd:// store is built (its generated API is in the build
 # tree) and Debian's etcd-server is installed; one member, data on disk as

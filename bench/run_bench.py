@@ -5,6 +5,8 @@ that start the servers (tests/servers/*.sh put their URLs in DLOCK_TEST_URLS).
 
   run_bench.py --bench PATH/dlock-bench [--quick] [--only STORE] [--rounds N]
                [--go-mutex PATH/go-mutex] [--out DIR] [--command TEXT]
+               [--participant PATH/dlock-bench-participant] [--curator-classpath CP]
+               [--election-only] [--session-ms MS]
 """
 import argparse
 import datetime
@@ -15,9 +17,11 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+import election  # noqa: E402
 import plot  # noqa: E402
 
 
@@ -93,10 +97,61 @@ class Runner:
     def dlock(self, label, url, scenario, *args, timeout=300):
         return self.run(label, [self.bench, "--url", url, "--scenario", scenario, *map(str, args)], timeout)
 
+    def measure(self, label, impl, fn):
+        """Runs one scenario that run_bench.py drives itself (election.py)."""
+        print(f"  {label}: {impl}", file=sys.stderr)
+        rec = {"label": label, "store": self.store_label, "impl": impl}
+        try:
+            rec["result"] = fn()
+        except Exception as e:  # noqa: BLE001 - recorded, the run goes on
+            rec["error"] = str(e)
+            print(f"    ERROR: {rec['error']}", file=sys.stderr)
+        self.runs.append(rec)
+        return rec
+
     def peer(self, label, script, url, scenario, *args, timeout=300):
         script, *extra = script  # (script, its own arguments...)
         return self.run(label, [sys.executable, os.path.join(HERE, "peers", script), *extra, "--url", url,
                                 "--scenario", scenario, *map(str, args)], timeout)
+
+
+def with_session(url, store, session_ms):
+    """The store URL with a session timeout of session_ms (file:// has none:
+    a session lives as long as its process)."""
+    key = {"zk": "session_timeout", "redis": "ttl", "etcd": "ttl"}.get(store)
+    if not key:
+        return url
+    return url + ("&" if "?" in url else "?") + f"{key}={session_ms}ms"
+
+
+def election_participants(a, url, store):
+    """(impl, argv_of) pairs: argv_of(name) returns the participant i's argv
+    for (i, rounds, hold_ms). Curator's LeaderLatch and kazoo's Election on zk."""
+    ms = a.session_ms
+    out = [("dlock", lambda name: lambda i, n, h: [
+        a.participant, "--url", with_session(url, store, ms), "--name", name, "--value", f"p{i}",
+        "--rounds", str(n), "--hold-ms", str(h)])]
+    if store == "zk":
+        hostport = url[len("zk://"):].split("/")[0].split("?")[0]
+        if a.curator_classpath:
+            out.append(("curator", lambda name: lambda i, n, h: [
+                "java", "-cp", a.curator_classpath, "CuratorLatch", hostport, "/" + name, f"p{i}", str(n), str(h),
+                str(ms)]))
+        out.append(("kazoo", lambda name: lambda i, n, h: [
+            sys.executable, os.path.join(HERE, "peers", "kazoo_election.py"), "--url", url, "--name", "/" + name,
+            "--value", f"p{i}", "--rounds", str(n), "--hold-ms", str(h), "--session-ms", str(ms)]))
+    return out
+
+
+def run_elections(r, a, url, store, quick):
+    """Failover and handover (election.py) for dlock and the peers, the same
+    shapes and session timeout for all."""
+    procs, rounds, hold_ms = (3, 2, 50) if quick else (4, 5, 50)
+    for impl, argv_for in election_participants(a, url, store):
+        tag = f"bench/election-{os.getpid()}-{time.monotonic_ns()}"
+        r.measure("failover", impl, lambda: election.failover(argv_for(tag + "-f"), procs, deadline_s=120))
+        r.measure("handover", impl, lambda: election.handover(argv_for(tag + "-h"), procs, rounds, hold_ms,
+                                                              deadline_s=120))
 
 
 def main():
@@ -108,6 +163,10 @@ def main():
     ap.add_argument("--only", help="one store (mem, file, redis, zk, etcd): writes STORE.json, not latest.json")
     ap.add_argument("--rounds", type=int, help="interleaved rounds of cycles, handoff, contended (default 3)")
     ap.add_argument("--go-mutex", help="the Go peer's binary (bench/peers/go_mutex.go), for etcd")
+    ap.add_argument("--participant", help="dlock-bench-participant, for the election scenarios")
+    ap.add_argument("--curator-classpath", help="CuratorLatch's compiled class and Curator's jars (zk)")
+    ap.add_argument("--election-only", action="store_true", help="only failover and handover")
+    ap.add_argument("--session-ms", type=int, default=2000, help="session timeout of every participant (election)")
     a = ap.parse_args()
 
     q = a.quick
@@ -150,6 +209,10 @@ def main():
             # the table shows the median round.
             shape = lambda sh_: ("--procs", sh_["procs"], "--threads", sh_["threads"],  # noqa: E731
                                  "--hold-us", sh_["hold_us"])
+            if a.participant and multi:
+                run_elections(r, a, url, store, q)
+            if a.election_only:
+                continue
             for _ in range(rounds):
                 r.dlock("cycles", url, "cycles", "--seconds", secs)
                 if store in ("redis", "zk", "file", "etcd"):
@@ -190,6 +253,8 @@ def main():
         "shapes": {"seconds": secs, "cycle_rounds": rounds, "handoff": handoff, "contended": contended,
                    "waiters": {"counts": waiter_counts, "procs": 4, "pool": 10, "hold_us": 20},
                    "footprint_locks": footprint_locks,
+                   "election": {"session_ms": a.session_ms, "procs": 3 if q else 4, "rounds": 2 if q else 5,
+                                "hold_ms": 50},
                    "async_footprint": {"locks": async_locks, "locks_default": async_default_locks,
                                        "on_one": async_on_one}},
         "runs": r.runs,
@@ -199,8 +264,9 @@ def main():
     os.makedirs(a.out, exist_ok=True)
     # A --quick run is a check, not a result: it must not replace the last real run.
     # So must a run of one store (--only): it writes STORE.json.
-    name = a.only or "latest"
-    base = os.path.join(a.out, f"quick-{a.only}" if q and a.only else "quick" if q else name)
+    # So must a run of the election alone (--election-only): election.json.
+    name = "-".join(filter(None, ["election" if a.election_only else None, a.only])) or "latest"
+    base = os.path.join(a.out, f"quick-{name}" if q and name != "latest" else "quick" if q else name)
     with open(base + ".json", "w") as f:
         json.dump(doc, f, indent=1)
     with open(base + ".svg", "w") as f:

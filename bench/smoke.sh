@@ -17,6 +17,22 @@ check() {  # check ARGS...: runs one scenario, fails unless the JSON is clean
   echo "ok: $*"
 }
 
+# The election's failover and handover (bench/election.py) with two
+# dlock-bench-participant processes: each must produce its samples.
+elect() {  # elect URL
+  python3 - "$here" "$(dirname "$bench")/dlock-bench-participant" "$1" <<'PY' || { echo "FAILED: election on $1" >&2; exit 1; }
+import sys
+sys.path.insert(0, sys.argv[1])
+import election
+participant, url = sys.argv[2], sys.argv[3]
+argv = lambda name: lambda i, n, h: [participant, "--url", url, "--name", name, "--value", f"p{i}",
+                                     "--rounds", str(n), "--hold-ms", str(h)]
+assert election.failover(argv("smoke/failover"), 2, deadline_s=120)["count"] == 1
+assert election.handover(argv("smoke/handover"), 2, 2, 10, deadline_s=120)["count"] == 3
+PY
+  echo "ok: election on $1"
+}
+
 run_store() {  # run_store URL [multi-process]
   check --url "$1" --scenario cycles --max-ops 200
   check --url "$1" --scenario contend --procs 2 --threads 2 --max-ops 200
@@ -24,6 +40,7 @@ run_store() {  # run_store URL [multi-process]
   if [ "${2:-}" = multi ]; then
     check --url "$1" --scenario footprint --locks 20
     check --url "$1" --scenario async-footprint --locks 20 --on-one 20
+    elect "$1"
   fi
 }
 

@@ -536,6 +536,66 @@ TEST_F(ZkCuratorTest, DlockElectionAndCuratorsLatchElectOneLeaderTogether) {
   EXPECT_EQ(curator.call("latch-leader " + Path("elect")), "leader dlock-b");
 }
 
+// kazoo's Election is `with Lock(path, identifier)`; its Lock sees dlock's
+// candidates only through extra_lock_patterns, which Election does not
+// expose. With the pattern set on its lock, kazoo and dlock elect one leader
+// together, and each shows the other's value (docs/election.md, 2.1).
+TEST_F(ZkKazooTest, DlockElectionAndKazoosElectionWithTheLatchPatternElectOneLeaderTogether) {
+  auto client = Client::connect(url_);
+  Election election(client, "elect");
+  std::optional<Leadership> first = election.campaign("dlock-a", 10s);
+  ASSERT_TRUE(first.has_value());
+  PeerClient kazoo(PeerKind::kKazoo, hosts_);
+  ASSERT_TRUE(kazoo.ready());
+  EXPECT_EQ(kazoo.call("elect " + Path("elect") + " kazoo-1 0.5 -latch-"), "timeout")
+      << "kazoo leads beside dlock's leader";
+  EXPECT_EQ(kazoo.call("contenders " + Path("elect") + " -latch-"), "contenders dlock-a");
+
+  kazoo.send("elect " + Path("elect") + " kazoo-1 20 -latch-");
+  ASSERT_TRUE(AwaitChildren("elect", 2));
+  EXPECT_EQ(kazoo.read_line(300ms), "") << "kazoo leads beside dlock's leader";
+  first->resign();
+  std::string got = kazoo.read_line(20s);
+  ASSERT_EQ(got.rfind("elected ", 0), 0u) << got;
+  auto now = election.leader();
+  ASSERT_TRUE(now.ok() && now->has_value()) << now.status().to_string();
+  EXPECT_EQ((*now)->value, "kazoo-1");
+  EXPECT_GT((*now)->term, first->term());
+
+  auto second = election.campaign_future("dlock-b", 60s);
+  ASSERT_TRUE(AwaitChildren("elect", 2));
+  EXPECT_EQ(second.wait_for(300ms), std::future_status::timeout) << "dlock leads beside kazoo's leader";
+  EXPECT_EQ(kazoo.call("contenders " + Path("elect") + " -latch-"), "contenders kazoo-1,dlock-b");
+  EXPECT_EQ(kazoo.call("release"), "released");
+  std::optional<Leadership> next = second.get();
+  ASSERT_TRUE(next.has_value());
+  EXPECT_GT(next->term(), (*now)->term);
+}
+
+// Pins the hazard docs/election.md documents: kazoo's plain Election counts
+// only kazoo's own nodes, so it leads beside dlock's leader; dlock, which
+// counts every contender, still waits for kazoo's.
+TEST_F(ZkKazooTest, PlainKazooElectionIgnoresDlockButDlockWaitsForIt) {
+  auto client = Client::connect(url_);
+  Election election(client, "elect");
+  std::optional<Leadership> first = election.campaign("dlock-a", 10s);
+  ASSERT_TRUE(first.has_value());
+  PeerClient kazoo(PeerKind::kKazoo, hosts_);
+  ASSERT_TRUE(kazoo.ready());
+  std::string got = kazoo.call("elect " + Path("elect") + " kazoo-1 10 -");
+  ASSERT_EQ(got.rfind("elected ", 0), 0u) << got << " (kazoo now sees dlock's candidates: update the docs)";
+  first->resign();
+
+  auto second = election.campaign_future("dlock-b", 60s);
+  ASSERT_TRUE(AwaitChildren("elect", 2));
+  EXPECT_EQ(second.wait_for(300ms), std::future_status::timeout) << "dlock leads beside kazoo's leader";
+  auto now = election.leader();
+  ASSERT_TRUE(now.ok() && now->has_value()) << now.status().to_string();
+  EXPECT_EQ((*now)->value, "kazoo-1");
+  EXPECT_EQ(kazoo.call("release"), "released");
+  EXPECT_TRUE(second.get().has_value());
+}
+
 TEST_F(ZkCuratorTest, SemaphoreLeasesCountAcrossClients) {
   auto client = Client::connect(url_);
   Semaphore sem(client, "sem", 2);

@@ -235,6 +235,11 @@ class PrivateServer {
 //                           -> "done ROUNDS"
 //   exit
 // kazoo only: ephemeral PATH (an EPHEMERAL_SEQUENTIAL node) -> "created PATH".
+// kazoo only: elect PATH IDENT TIMEOUT PATTERNS: waits to lead an Election
+//                           (PATTERNS "-": kazoo's plain Election; else its
+//                           lock's extra_lock_patterns, comma-separated)
+//                           -> "elected NODE" | "timeout"; "release" resigns
+//             contenders PATH PATTERNS -> "contenders ID,ID,..." (Election.contenders())
 // Curator only: semaphore PATH MAX TIMEOUT (a lease of InterProcessSemaphoreV2)
 //                           -> "acquired NODE" | "timeout".
 enum class PeerKind { kKazoo, kCurator };
@@ -343,6 +348,12 @@ patterns = {"lock": ["-lock-", "__WRIT__"], "write": ["-lock-", "__WRIT__", "__R
 def new_lock(kind, path):
     cls = {"lock": Lock, "read": ReadLock, "write": WriteLock}[kind]
     return cls(zk, path, "kazoo-" + kind, extra_lock_patterns=patterns[kind])
+def new_election(path, ident, patterns):
+    # kazoo's Election does not expose extra_lock_patterns: set its lock.
+    election = zk.Election(path, ident)
+    if patterns != "-":
+        election.lock = zk.Lock(path, ident, extra_lock_patterns=patterns.split(","))
+    return election
 def append(ledger, line):
     # One write(2) on an O_APPEND file: lines of concurrent writers never mix.
     fd = os.open(ledger, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
@@ -386,6 +397,19 @@ for line in sys.stdin:
                 lock.release()
             done += 1
         print("done", done)
+    elif cmd == "elect":
+        held = new_election(words[1], words[2], words[4]).lock  # what Election.run holds while its function runs
+        try:
+            got = held.acquire(timeout=float(words[3]))
+        except LockTimeout:
+            got = False
+        if got:
+            print("elected", held.node)
+        else:
+            held = None
+            print("timeout")
+    elif cmd == "contenders":
+        print("contenders", ",".join(new_election(words[1], "", words[2]).contenders()))
     elif cmd == "ephemeral":
         print("created", zk.create(words[1], b"kazoo", ephemeral=True, sequence=True, makepath=True))
     elif cmd == "exit":
