@@ -68,7 +68,9 @@ struct LeaderInfo {
   // When it was told it leads, if it recorded it (dlock participants write
   // it just after they are told, so it may be missing for a moment).
   std::optional<std::int64_t> elected_unix_ms;
-  // When its entry was made, where known (a dlock participant's record).
+  // When its entry was made, where known: a dlock participant's record, or
+  // the store's own time of the entry (zk: the node's ctime, so also for
+  // Curator's and kazoo's participants).
   std::optional<std::int64_t> candidate_since_unix_ms;
 };
 

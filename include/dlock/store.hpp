@@ -115,6 +115,11 @@ struct Entry {
   // Changes whenever the value does (never goes back for one entry); its
   // starting number is the store's. Set where `value` may be.
   std::uint64_t value_version = 0;
+  // The store's own wall-clock time of the entry's making, where it keeps one
+  // and the reading fetched it (zk: the node's ctime, in a listing with
+  // owners or values and in read_head), so entries of other clients have one
+  // too. 0: unknown (the owner record's acquired_unix_ms is dlock's own).
+  std::int64_t created_unix_ms = 0;
 };
 
 // Queue order: by sequence, then by id.

@@ -114,7 +114,11 @@ LeaderInfo LeaderInfoOf(const Entry& e) {
   info.entry = e.id;
   info.owner = e.owner;
   if (e.owner && e.owner->elected_unix_ms != 0) info.elected_unix_ms = e.owner->elected_unix_ms;
-  if (e.owner && e.owner->acquired_unix_ms != 0) info.candidate_since_unix_ms = e.owner->acquired_unix_ms;
+  if (e.owner && e.owner->acquired_unix_ms != 0) {
+    info.candidate_since_unix_ms = e.owner->acquired_unix_ms;
+  } else if (e.created_unix_ms != 0) {
+    info.candidate_since_unix_ms = e.created_unix_ms;  // another client's entry, or zk's candidates
+  }
   return info;
 }
 

@@ -38,6 +38,16 @@ EntrySpec Spec(std::string kind) {
   return s;
 }
 
+// A wall-clock time of this test's making (the server runs on this machine).
+void ExpectRecentUnixMs(std::optional<std::int64_t> unix_ms) {
+  ASSERT_TRUE(unix_ms.has_value());
+  const std::int64_t now =
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+          .count();
+  EXPECT_LE(*unix_ms, now + 1000);
+  EXPECT_GE(*unix_ms, now - 600'000);
+}
+
 // A "timeout" answer from a peer means its acquire waited the full time.
 bool Acquired(const std::string& answer) { return answer.rfind("acquired ", 0) == 0; }
 
@@ -525,6 +535,7 @@ TEST_F(ZkCuratorTest, DlockElectionAndCuratorsLatchElectOneLeaderTogether) {
   ASSERT_TRUE(now.ok() && now->has_value()) << now.status().to_string();
   EXPECT_EQ((*now)->value, "curator-1");
   EXPECT_GT((*now)->term, first->term());
+  ExpectRecentUnixMs((*now)->candidate_since_unix_ms);  // the node's ctime: Curator keeps no time
 
   auto second = election.campaign_future("dlock-b", 60s);
   ASSERT_TRUE(AwaitChildren("elect", 2));
@@ -561,6 +572,7 @@ TEST_F(ZkKazooTest, DlockElectionAndKazoosElectionWithTheLatchPatternElectOneLea
   ASSERT_TRUE(now.ok() && now->has_value()) << now.status().to_string();
   EXPECT_EQ((*now)->value, "kazoo-1");
   EXPECT_GT((*now)->term, first->term());
+  ExpectRecentUnixMs((*now)->candidate_since_unix_ms);
 
   auto second = election.campaign_future("dlock-b", 60s);
   ASSERT_TRUE(AwaitChildren("elect", 2));

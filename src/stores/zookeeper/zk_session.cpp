@@ -2032,6 +2032,7 @@ using Found = Result<std::optional<Entry>>;
 void ReadNodeData(Entry& e, const Slot& s, const ListOptions& options) {
   e.token = static_cast<std::uint64_t>(s.stat.czxid);
   e.value_version = static_cast<std::uint64_t>(s.stat.version);
+  e.created_unix_ms = s.stat.ctime;
   std::optional<std::string> value;
   std::optional<OwnerRecord> owner;
   if (e.kind != entry_kind::kCandidate) {
@@ -2329,6 +2330,7 @@ class AppendOp final : public Rounds<Result<Appended>> {
     if (!spec_.value && spec_.kind != entry_kind::kCandidate) out_.entry.owner = spec_.owner;
     out_.entry.value = spec_.value;
     out_.entry.value_version = static_cast<std::uint64_t>(stat.version);
+    out_.entry.created_unix_ms = stat.ctime;
     // Without the snapshot (if children of unknown shape cannot be checked
     // now) the recipe lists the queue itself: the append stands either way.
     if (listed_rc_ != ZOK || std::find(listed_names_.begin(), listed_names_.end(), name) == listed_names_.end()) {
