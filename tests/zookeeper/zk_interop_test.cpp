@@ -608,6 +608,31 @@ TEST_F(ZkKazooTest, PlainKazooElectionIgnoresDlockButDlockWaitsForIt) {
   EXPECT_TRUE(second.get().has_value());
 }
 
+// Pins what docs/election.md (2.1) says of Curator's LeaderSelector: it is
+// an InterProcessMutex on the election's path (the driver's "lock" is that
+// mutex), which sorts dlock's -latch- nodes by their whole name, behind its
+// own, and so leads beside a dlock leader; dlock, which orders every
+// contender by sequence, waits for it.
+TEST_F(ZkCuratorTest, CuratorsLeaderSelectorIgnoresDlockCandidatesButDlockWaitsForIt) {
+  auto client = Client::connect(url_);
+  Election election(client, "elect");
+  std::optional<Leadership> first = election.campaign("dlock-a", 10s);
+  ASSERT_TRUE(first.has_value());
+  PeerClient curator(PeerKind::kCurator, hosts_);
+  ASSERT_TRUE(curator.ready());
+  std::string got = curator.call("lock lock " + Path("elect") + " 10");
+  ASSERT_TRUE(Acquired(got)) << got << " (Curator's mutex now sees dlock's candidates: update the docs)";
+  first->resign();
+
+  auto second = election.campaign_future("dlock-b", 60s);
+  ASSERT_TRUE(AwaitChildren("elect", 2));
+  EXPECT_EQ(second.wait_for(300ms), std::future_status::timeout) << "dlock leads beside Curator's holder";
+  EXPECT_EQ(curator.call("release"), "released");
+  std::optional<Leadership> next = second.get();
+  ASSERT_TRUE(next.has_value());
+  EXPECT_GT(next->term(), first->term());
+}
+
 TEST_F(ZkCuratorTest, SemaphoreLeasesCountAcrossClients) {
   auto client = Client::connect(url_);
   Semaphore sem(client, "sem", 2);

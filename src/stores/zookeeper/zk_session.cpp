@@ -2498,9 +2498,18 @@ class UpdateOp final : public Rounds<Result<Entry>> {
   Entry entry_;
 };
 
-// read_head: getChildren (with the queue znode's stat: its pzxid is the
-// reading's position), an exists() per child of unknown shape, then getData
-// of the first entry; if that entry went in between, again.
+// read_head: sync, getChildren (with the queue znode's stat: its pzxid is
+// the reading's position), an exists() per child of unknown shape, then
+// getData of the first entry; if that entry went in between, again.
+//
+// The sync (pipelined with the getChildren, answered in order) makes the
+// reading as fresh as the leader when it is sent. Without it a reading on a
+// new session could be older than one already reported: a new handle has
+// seen no zxid, so it may connect to a follower that lags behind the one the
+// last session read from, and an observer would report a stale leader after
+// its session was replaced. It also lets leader() see a change that another
+// process was told of before the call. (As for FindOwnOp: no test, the
+// proxies cannot delay one follower's commits.)
 class ReadHeadOp final : public Rounds<Result<Head>> {
  public:
   ReadHeadOp(Core& c, std::string base, ListOptions options) : c_(c), base_(std::move(base)), options_(options) {
@@ -2510,7 +2519,8 @@ class ReadHeadOp final : public Rounds<Result<Head>> {
   std::shared_ptr<Batch> first() override {
     stage_ = Stage::kChildren;
     auto b = c_.new_batch();
-    b->what = "getChildren " + base_;
+    b->what = "sync and getChildren " + base_;
+    AddSync(*b, base_);
     AddChildrenStat(*b, base_);
     return b;
   }
@@ -2534,11 +2544,13 @@ class ReadHeadOp final : public Rounds<Result<Head>> {
   static constexpr int kMaxRounds = 100;  // each one saw a head go
 
   Next on_children(Batch& b) {
-    if (b[0].rc == ZNONODE) return Result<Head>(Head{});  // no queue znode: empty, position 0
-    if (b[0].rc != ZOK) return Result<Head>(c_.error(b[0].rc, "getChildren", base_));
+    // A sync of a path that does not exist is answered ZOK all the same.
+    if (b[0].rc != ZOK) return Result<Head>(c_.error(b[0].rc, "sync", base_));
+    if (b[1].rc == ZNONODE) return Result<Head>(Head{});  // no queue znode: empty, position 0
+    if (b[1].rc != ZOK) return Result<Head>(c_.error(b[1].rc, "getChildren", base_));
     head_ = Head{};
-    head_.position = b[0].stat.pzxid;
-    parsed_ = ParseChildren(b[0].names);
+    head_.position = b[1].stat.pzxid;
+    parsed_ = ParseChildren(b[1].names);
     if (parsed_.unsure.empty()) return with_entries(std::move(parsed_.entries));
     stage_ = Stage::kResolve;
     return ResolveBatch(c_, base_, parsed_);
