@@ -374,6 +374,28 @@ TEST_P(CliTest, BreakingTheLeadersEntryStopsItsCommandWithStatus4) {
   EXPECT_TRUE(Eventually([&] { return ::kill(-elect, 0) != 0; }, 10s)) << "the command outlived its leadership";
 }
 
+// A leader paused past its session (dlock alone: its command keeps running)
+// is no longer leader: another `dlock elect` leads, and once resumed the
+// paused one stops its command with SIGTERM and exits 4.
+TEST_P(CliTest, LostLeadershipStopsTheCommandWithSigtermAndStatus4) {
+  if (GetParam() == "file") GTEST_SKIP() << "a file:// session lives as long as its process: it cannot be lost";
+  const std::string started = dir_ + "/started";
+  const std::string termed = dir_ + "/termed";
+  // The command notes SIGTERM and exits; --kill-after leaves it the time to.
+  pid_t elect =
+      Start({"elect", "--url", url_, "--kill-after", "20s", name_, "--", "sh", "-c",
+             "trap 'touch " + termed + "; exit 0' TERM; touch " + started + "; while :; do sleep 0.05; done"});
+  ASSERT_TRUE(Eventually([&] { return std::filesystem::exists(started); }, 30s));
+  ASSERT_EQ(::kill(elect, SIGSTOP), 0);
+  // Once the paused session expires, another candidate leads.
+  EXPECT_EQ(RunToEnd({"elect", "--url", url_, "--timeout", "120s", name_, "--", "true"}), 0);
+  EXPECT_FALSE(std::filesystem::exists(termed)) << "stopped before it was resumed";
+  ASSERT_EQ(::kill(elect, SIGCONT), 0);
+  EXPECT_EQ(Wait(elect), 4);
+  EXPECT_TRUE(std::filesystem::exists(termed)) << "the command was not sent SIGTERM";
+  EXPECT_TRUE(Eventually([&] { return ::kill(-elect, 0) != 0; }, 10s)) << "the command outlived its leadership";
+}
+
 TEST_P(CliTest, LeaderWatchPrintsEveryChangeUntilStopped) {
   const std::string out = dir_ + "/watch";
   pid_t watch = Start({"leader", "--url", url_, "--watch", "--json", name_}, out);

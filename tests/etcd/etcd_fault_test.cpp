@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <fstream>
 #include <future>
+#include <mutex>
 #include <string>
 #include <thread>
 
@@ -266,6 +267,59 @@ TEST(EtcdFaults, AHeadWatchFromACompactedRevisionFiresAtOnce) {
   ASSERT_EQ(outcome.wait_for(20s), std::future_status::ready) << "a compacted start waited from the present";
   EXPECT_THAT(outcome.get(), IsOk());
   handle.reset();
+}
+
+// An observer cut off from etcd (issue 16, "no stale leader after a
+// reconnect"): it says kUnknown while cut off; the leader changes meanwhile;
+// once contact is back it reads again and reports the new leader, never the
+// old one again.
+TEST(EtcdFaults, AnObserverCutOffSaysUnknownThenReportsTheLeaderNowNeverTheOldOne) {
+  PrivateEtcd etcd;
+  ASSERT_TRUE(etcd.ok()) << "could not start etcd";
+  testing::TcpProxy proxy(std::stoi(etcd.port(0)));
+  // A lease that outlives the cut, so that contact comes back on the same session.
+  Client watcher = Client::connect("etcd://" + proxy.hosts() + "/observed?ttl=30s&connect_timeout=2s");
+  Client direct = Client::connect(etcd.url("/observed?ttl=10s"));
+  std::mutex mu;
+  std::vector<Observation> seen;
+  auto reports = [&] {
+    std::lock_guard<std::mutex> g(mu);
+    return seen;
+  };
+  std::optional<Leadership> old_leader = Election(direct, "e").campaign("old", 30s);
+  ASSERT_TRUE(old_leader.has_value());
+  std::shared_ptr<void> observing = Election(watcher, "e").observe([&](const Observation& o) {
+    std::lock_guard<std::mutex> g(mu);
+    seen.push_back(o);
+  });
+  ASSERT_TRUE(testing::Eventually([&] { return reports().size() == 1; }, 30s));
+  ASSERT_EQ(reports()[0].state, LeaderState::kLeader);
+
+  proxy.partition();
+  proxy.drop_all();  // the stream ends at once; redialling hangs in the partition
+  ASSERT_TRUE(testing::Eventually([&] { return reports().size() == 2; }, 60s)) << "never said unknown";
+  EXPECT_EQ(reports()[1].state, LeaderState::kUnknown);
+  old_leader->resign();  // while the observer cannot see it
+  std::optional<Leadership> new_leader = Election(direct, "e").campaign("new", 30s);
+  ASSERT_TRUE(new_leader.has_value());
+  proxy.heal();
+  proxy.drop_all();  // make the client redial now
+
+  ASSERT_TRUE(testing::Eventually(
+      [&] {
+        auto r = reports();
+        return r.back().state == LeaderState::kLeader && r.back().leader->term == new_leader->term();
+      },
+      60s))
+      << "never reported the new leader";
+  auto r = reports();
+  for (std::size_t i = 2; i < r.size(); ++i) {
+    EXPECT_NE(r[i].state, LeaderState::kUnknown) << "report " << i;
+    if (r[i].state == LeaderState::kLeader) {
+      EXPECT_EQ(r[i].leader->term, new_leader->term()) << "report " << i << " names a superseded leader";
+      EXPECT_EQ(r[i].leader->value, "new");
+    }
+  }
 }
 
 TEST(EtcdAuth, TokensAreRenewedAndBadCredentialsRefused) {
