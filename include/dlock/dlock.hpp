@@ -19,6 +19,7 @@
 #include "dlock/election.hpp"
 #include "dlock/hold.hpp"
 #include "dlock/inspect.hpp"
+#include "dlock/leader_latch.hpp"
 #include "dlock/mem_store.hpp"
 #include "dlock/mutex.hpp"
 #include "dlock/read_write_lock.hpp"

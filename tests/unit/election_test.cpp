@@ -5,6 +5,7 @@
 // that is stale, a campaign that leaves its entry behind.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <coroutine>
@@ -371,6 +372,239 @@ TEST_P(ElectionTest, NoReportStartsAfterTheObserverIsLetGo) {
   EXPECT_EQ(dropped.size(), 1u) << "a report after the handle was destroyed";
 }
 
+// --- LeaderLatch (docs/election.md §1.1, step 9).
+
+// One clock for the latches of a test: a counter read inside the callbacks,
+// so "told" orderings across latches are compared, never durations.
+struct LatchRecord {
+  LatchEvent event;
+  std::uint64_t term;
+  std::uint64_t at;
+};
+
+class LatchEvents {
+ public:
+  explicit LatchEvents(std::atomic<std::uint64_t>* clock) : clock_(clock) {}
+  std::function<void(LatchEvent, std::uint64_t)> fn() {
+    return [this](LatchEvent e, std::uint64_t term) {
+      std::lock_guard<std::mutex> g(mu_);
+      seen_.push_back({e, term, clock_->fetch_add(1)});
+      cv_.notify_all();
+    };
+  }
+  // Waits (bounded far beyond what any store needs) for at least `n` events.
+  std::vector<LatchRecord> at_least(std::size_t n) {
+    std::unique_lock<std::mutex> g(mu_);
+    cv_.wait_for(g, 60s, [&] { return seen_.size() >= n; });
+    return seen_;
+  }
+  std::vector<LatchRecord> all() { return at_least(0); }
+
+ private:
+  std::atomic<std::uint64_t>* clock_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<LatchRecord> seen_;
+};
+
+std::string Describe(const std::vector<LatchRecord>& events) {
+  std::string out;
+  for (const LatchRecord& r : events) {
+    out += r.event == LatchEvent::kBecameLeader ? "became " : "no-longer ";
+    out += std::to_string(r.term) + " @" + std::to_string(r.at) + "; ";
+  }
+  return out;
+}
+
+// Events alternate, starting with kBecameLeader, and "no longer" names the
+// term that "became" did.
+void ExpectAlternating(const std::vector<LatchRecord>& events) {
+  for (std::size_t i = 0; i < events.size(); ++i) {
+    const LatchEvent want = i % 2 == 0 ? LatchEvent::kBecameLeader : LatchEvent::kNoLongerLeader;
+    EXPECT_EQ(events[i].event, want) << "event " << i << ": " << Describe(events);
+    if (i % 2 == 1) {
+      EXPECT_EQ(events[i].term, events[i - 1].term) << Describe(events);
+    }
+  }
+}
+
+TEST_P(ElectionTest, ALatchSaysWhenItLeadsAndCloseHandsOverAtOnce) {
+  const std::string name = UniqueName("latch");
+  std::atomic<std::uint64_t> clock{0};
+  LatchEvents a_events(&clock);
+  LatchEvents b_events(&clock);
+  LeaderLatch a(NewClient(), name, "a");
+  LeaderLatch b(NewClient(), name, "b");
+  auto a_sub = a.on_change(a_events.fn());
+  auto b_sub = b.on_change(b_events.fn());
+  EXPECT_FALSE(a.has_leadership()) << "not started";
+  a.start();
+  a.start();  // idempotent: one participant
+  ASSERT_TRUE(a.await_leadership(60s));
+  ASSERT_TRUE(a.term().has_value());
+  const std::uint64_t a_term = *a.term();
+  ASSERT_EQ(a_events.at_least(1).size(), 1u);
+  b.start();
+  ASSERT_TRUE(Eventually([&] { return Entries(name) == 2; })) << "b waits its turn as a candidate";
+  EXPECT_FALSE(b.await_leadership(0s)) << "b leads while a does";
+  EXPECT_FALSE(b.term().has_value());
+  auto led = Election(NewClient(), name).leader();
+  ASSERT_TRUE(led.ok() && led->has_value()) << led.status().to_string();
+  EXPECT_EQ((*led)->value, "a");
+
+  a.close();
+  EXPECT_FALSE(a.has_leadership()) << "false from the moment close() returns";
+  EXPECT_FALSE(a.term().has_value());
+  std::vector<LatchRecord> told_a = a_events.all();
+  ASSERT_EQ(told_a.size(), 2u) << "kNoLongerLeader before close() returns: " << Describe(told_a);
+  ExpectAlternating(told_a);
+  EXPECT_EQ(told_a[0].term, a_term);
+
+  ASSERT_TRUE(b.await_leadership(60s)) << "close() hands over";
+  std::vector<LatchRecord> told_b = b_events.at_least(1);
+  ASSERT_EQ(told_b.size(), 1u) << Describe(told_b);
+  EXPECT_GT(told_b[0].term, a_term);
+  EXPECT_GT(told_b[0].at, told_a[1].at) << "b was told it leads before a was told it no longer does";
+  a.close();  // idempotent
+  b.close();
+  ASSERT_TRUE(Eventually([&] { return Entries(name) == 0; })) << "a closed latch leaves nothing";
+  EXPECT_FALSE(b.await_leadership(60s)) << "closed: returns at once, false";
+}
+
+TEST_P(ElectionTest, LatchesOnThreadsLeadOneAtATimeAndTermsGrow) {
+  const std::string name = UniqueName("latch-ledger");
+  constexpr int kLatches = 3;
+  constexpr int kRounds = 3;
+  std::atomic<std::uint64_t> clock{0};
+  std::mutex mu;
+  std::vector<std::vector<LatchRecord>> ledgers;  // one per latch made
+  std::vector<std::jthread> threads;
+  std::atomic<int> won{0};
+  for (int t = 0; t < kLatches; ++t) {
+    threads.emplace_back([&, t] {
+      Client client = NewClient();
+      for (int round = 0; round < kRounds; ++round) {
+        LatchEvents events(&clock);
+        {
+          LeaderLatch latch(client, name, "t" + std::to_string(t));
+          auto sub = latch.on_change(events.fn());
+          latch.start();
+          // The event may come a moment after has_leadership() is true.
+          if (latch.await_leadership(120s) && events.at_least(1).size() == 1) won.fetch_add(1);
+          std::this_thread::sleep_for(1ms);
+          latch.close();  // hands over; `sub` goes first at the end of the block
+        }
+        std::lock_guard<std::mutex> g(mu);
+        ledgers.push_back(events.all());
+      }
+    });
+  }
+  threads.clear();
+  ASSERT_EQ(won.load(), kLatches * kRounds);
+  std::vector<std::pair<LatchRecord, LatchRecord>> terms;  // (became, no longer)
+  for (const auto& ledger : ledgers) {
+    ASSERT_EQ(ledger.size(), 2u) << Describe(ledger);
+    ExpectAlternating(ledger);
+    terms.emplace_back(ledger[0], ledger[1]);
+  }
+  std::sort(terms.begin(), terms.end(), [](const auto& x, const auto& y) { return x.first.at < y.first.at; });
+  for (std::size_t i = 1; i < terms.size(); ++i) {
+    EXPECT_LT(terms[i - 1].second.at, terms[i].first.at) << "two latches led at once (term " << i << ")";
+    EXPECT_GT(terms[i].first.term, terms[i - 1].first.term) << "terms grow in order of leadership";
+  }
+  EXPECT_TRUE(Eventually([&] { return Entries(name) == 0; }));
+}
+
+TEST_P(ElectionTest, ALatchClosedFromItsOwnCallbackHandsOver) {
+  const std::string name = UniqueName("latch-self-close");
+  std::atomic<std::uint64_t> clock{0};
+  LatchEvents events(&clock);
+  auto latch = std::make_shared<LeaderLatch>(NewClient(), name, "a");
+  auto record = events.fn();
+  auto sub = latch->on_change([&latch, record](LatchEvent e, std::uint64_t term) {
+    record(e, term);
+    if (e == LatchEvent::kBecameLeader) latch->close();
+  });
+  LeaderLatch next(NewClient(), name, "b");
+  latch->start();
+  std::vector<LatchRecord> told = events.at_least(2);
+  ASSERT_EQ(told.size(), 2u) << Describe(told);
+  ExpectAlternating(told);
+  EXPECT_FALSE(latch->has_leadership());
+  next.start();
+  EXPECT_TRUE(next.await_leadership(60s)) << "the self-closed latch handed over";
+  latch.reset();
+
+  // Destroyed from inside its own callback.
+  LatchEvents second(&clock);
+  auto owned = std::make_shared<std::unique_ptr<LeaderLatch>>(std::make_unique<LeaderLatch>(NewClient(), name, "c"));
+  std::promise<void> destroyed;
+  auto record2 = second.fn();
+  auto sub2 = (*owned)->on_change([owned, record2, &destroyed](LatchEvent e, std::uint64_t term) {
+    record2(e, term);
+    if (e == LatchEvent::kBecameLeader && *owned) {
+      owned->reset();
+      destroyed.set_value();
+    }
+  });
+  (*owned)->start();
+  next.close();
+  ASSERT_EQ(destroyed.get_future().wait_for(60s), std::future_status::ready);
+  told = second.at_least(2);
+  ASSERT_EQ(told.size(), 2u) << Describe(told);
+  ExpectAlternating(told);
+  EXPECT_TRUE(Eventually([&] { return Entries(name) == 0; }));
+}
+
+TEST_P(ElectionTest, ALatchCampaignsAgainAfterItsEntryIsBroken) {
+  const std::string name = UniqueName("latch-broken");
+  std::atomic<std::uint64_t> clock{0};
+  LatchEvents events(&clock);
+  LeaderLatch latch(NewClient(), name, "a");
+  auto sub = latch.on_change(events.fn());
+  latch.start();
+  ASSERT_TRUE(latch.await_leadership(60s));
+  const std::uint64_t first = *latch.term();
+  ASSERT_EQ(events.at_least(1).size(), 1u) << "told before the entry is broken";
+  auto info = Election(NewClient(), name).leader();
+  ASSERT_TRUE(info.ok() && info->has_value());
+  Client op = NewClient();
+  ASSERT_TRUE(op.remove_entry(name, (*info)->entry).ok());
+  std::vector<LatchRecord> told = events.at_least(3);
+  ASSERT_EQ(told.size(), 3u) << Describe(told);
+  ExpectAlternating(told);
+  EXPECT_GT(told[2].term, first) << "a new entry, a new term";
+  ASSERT_TRUE(latch.await_leadership(60s));
+  EXPECT_EQ(latch.term(), std::optional<std::uint64_t>(told[2].term));
+}
+
+TEST_P(ElectionTest, ALatchProclaimsForItsTermAndForLaterCampaigns) {
+  const std::string name = UniqueName("latch-proclaim");
+  LeaderLatch a(NewClient(), name, "a1");
+  LeaderLatch b(NewClient(), name, "b1");
+  a.start();
+  ASSERT_TRUE(a.await_leadership(60s));
+  const std::uint64_t term = *a.term();
+  ASSERT_TRUE(a.proclaim("a2").ok());
+  Election election(NewClient(), name);
+  auto led = election.leader();
+  ASSERT_TRUE(led.ok() && led->has_value());
+  EXPECT_EQ((*led)->value, "a2");
+  EXPECT_EQ((*led)->term, term) << "a proclaim is not a new term";
+
+  b.start();
+  ASSERT_TRUE(Eventually([&] { return Entries(name) == 2; }));
+  EXPECT_TRUE(b.proclaim("b2").ok()) << "not leader: kept for its win";
+  EXPECT_EQ(b.value(), "b2");
+  a.close();
+  ASSERT_TRUE(b.await_leadership(60s));
+  EXPECT_TRUE(Eventually([&] {
+    auto now = election.leader();
+    return now.ok() && now->has_value() && (*now)->value == "b2";
+  })) << "the value proclaimed while waiting is the new term's";
+  EXPECT_THROW(b.proclaim(std::string("\xff")), Error);
+}
+
 INSTANTIATE_TEST_SUITE_P(Stores, ElectionTest, ::testing::ValuesIn(testing::StoreSpecs()),
                          [](const auto& p) { return testing::SpecName(p.param, p.index); });
 
@@ -587,6 +821,227 @@ TEST(ElectionMemTest, TheLeaderRecordsWhenItWasElected) {
   ASSERT_TRUE(info->owner.has_value());
   EXPECT_EQ(info->owner->pid, static_cast<std::int64_t>(::getpid()));
   EXPECT_EQ(info->value, "v1") << "the owner update keeps the value";
+}
+
+// --- LeaderLatch, mem:// only: faults injected at exact points.
+
+std::string LatchSession(const Client& c) { return c.session().value()->id(); }
+
+TEST(ElectionMemTest, ALatchGivesLeadershipUpWhileSuspendedAndTakesItBackWithTheSameTerm) {
+  auto store = MemStore::create();
+  Client a = Client::with_store(store);
+  std::atomic<std::uint64_t> clock{0};
+  LatchEvents events(&clock);
+  LeaderLatch latch(a, UniqueName("latch-suspended"), "a");
+  auto sub = latch.on_change(events.fn());
+  latch.start();
+  ASSERT_TRUE(latch.await_leadership(60s));
+  const std::uint64_t term = *latch.term();
+  ASSERT_EQ(events.at_least(1).size(), 1u) << "told before the suspension";
+  const std::string session = LatchSession(a);
+  store->suspend(session);
+  EXPECT_FALSE(latch.has_leadership()) << "suspended is not leader, from the moment the session says so";
+  std::vector<LatchRecord> told = events.at_least(2);
+  ASSERT_EQ(told.size(), 2u) << Describe(told);
+  store->resume(session);
+  ASSERT_TRUE(latch.await_leadership(60s));
+  told = events.at_least(3);
+  ASSERT_EQ(told.size(), 3u) << Describe(told);
+  ExpectAlternating(told);
+  EXPECT_EQ(told[2].term, term) << "the same term: no new campaign";
+  EXPECT_EQ(store->entry_count(), 1u);
+}
+
+TEST(ElectionMemTest, ALatchThatCountsSuspendedAsLeaderSaysNothingUntilLost) {
+  auto store = MemStore::create();
+  Client a = Client::with_store(store);
+  Client b = Client::with_store(store);
+  const std::string name = UniqueName("latch-suspended-leads");
+  std::atomic<std::uint64_t> clock{0};
+  LatchEvents a_events(&clock);
+  LatchEvents b_events(&clock);
+  LeaderLatch latch(a, name, "a", {.suspended_is_not_leader = false});
+  LeaderLatch other(b, name, "b");
+  auto sub = latch.on_change(a_events.fn());
+  auto other_sub = other.on_change(b_events.fn());
+  latch.start();
+  ASSERT_TRUE(latch.await_leadership(60s));
+  const std::uint64_t term = *latch.term();
+  ASSERT_EQ(a_events.at_least(1).size(), 1u) << "told before the expiry";
+  other.start();
+  ASSERT_TRUE(Eventually([&] { return store->entry_count() == 2; }));
+  const std::string session = LatchSession(a);
+  store->suspend(session);
+  EXPECT_TRUE(latch.has_leadership()) << "nobody else can lead until the session expires";
+  store->resume(session);
+  store->suspend(session);
+  store->expire(session);
+  EXPECT_FALSE(latch.has_leadership());
+  ASSERT_TRUE(other.await_leadership(60s));
+  std::vector<LatchRecord> told_b = b_events.at_least(1);
+  std::vector<LatchRecord> told_a = a_events.at_least(2);
+  ASSERT_GE(told_a.size(), 2u) << Describe(told_a);
+  ASSERT_EQ(told_b.size(), 1u) << Describe(told_b);
+  EXPECT_EQ(told_a[0].term, term);
+  EXPECT_EQ(told_a[1].event, LatchEvent::kNoLongerLeader) << Describe(told_a);
+  EXPECT_LT(told_a[1].at, told_b[0].at) << "the expired leader is told before the next leads";
+  EXPECT_GT(told_b[0].term, term);
+  // a campaigns again, on a new session, behind b.
+  ASSERT_TRUE(Eventually([&] { return store->entry_count() == 2; }));
+  other.close();
+  ASSERT_TRUE(latch.await_leadership(60s));
+  told_a = a_events.at_least(3);
+  ASSERT_EQ(told_a.size(), 3u) << Describe(told_a);
+  ExpectAlternating(told_a);
+  EXPECT_GT(told_a[2].term, told_b[0].term);
+}
+
+// has_leadership() reads the session, not what the listeners were told: a
+// listener that has not returned holds back the next event, never the truth.
+TEST(ElectionMemTest, ALatchIsNotLeaderOnceItsSessionEndsEvenBeforeItsListenerIsTold) {
+  auto store = MemStore::create();
+  Client a = Client::with_store(store);
+  LeaderLatch latch(a, UniqueName("latch-deadline"), "a", {.suspended_is_not_leader = false});
+  std::mutex mu;
+  std::condition_variable cv;
+  bool entered = false;
+  bool let_go = false;
+  std::vector<LatchEvent> told;
+  auto sub = latch.on_change([&](LatchEvent e, std::uint64_t) {
+    std::unique_lock<std::mutex> g(mu);
+    told.push_back(e);
+    entered = true;
+    cv.notify_all();
+    cv.wait_for(g, 60s, [&] { return let_go; });  // blocks, as no listener should
+  });
+  latch.start();
+  {
+    std::unique_lock<std::mutex> g(mu);
+    ASSERT_TRUE(cv.wait_for(g, 60s, [&] { return entered; }));
+  }
+  EXPECT_TRUE(latch.has_leadership());
+  store->expire(LatchSession(a));
+  EXPECT_FALSE(latch.has_leadership()) << "true after the session ended, while the listener was still busy";
+  EXPECT_FALSE(latch.term().has_value());
+  {
+    std::lock_guard<std::mutex> g(mu);
+    EXPECT_EQ(told.size(), 1u) << "the listener is still in its first call";
+    let_go = true;
+    cv.notify_all();
+  }
+  ASSERT_TRUE(Eventually([&] {
+    std::lock_guard<std::mutex> g(mu);
+    return told.size() >= 2;
+  }));
+  std::lock_guard<std::mutex> g(mu);
+  EXPECT_EQ(told[1], LatchEvent::kNoLongerLeader);
+}
+
+// The same before any dlock listener of the session has been told: one of
+// the application's, ahead of them, holds the expiry back.
+TEST(ElectionMemTest, ALatchIsNotLeaderOnceItsSessionEndsEvenBeforeTheSessionsListenersRun) {
+  auto store = MemStore::create();
+  Client a = Client::with_store(store);
+  std::shared_ptr<Session> session = a.session().value();
+  std::atomic<bool> expired{false};
+  std::atomic<bool> let_go{false};
+  auto ahead = session->subscribe([&](SessionState s) {
+    if (s != SessionState::kLost) return;
+    expired = true;
+    for (int i = 0; i < 60000 && !let_go; ++i) std::this_thread::sleep_for(1ms);
+  });
+  LeaderLatch latch(a, UniqueName("latch-session-first"), "a", {.suspended_is_not_leader = false});
+  latch.start();
+  ASSERT_TRUE(latch.await_leadership(60s));
+  std::jthread expirer([&] { store->expire(session->id()); });
+  ASSERT_TRUE(Eventually([&] { return expired.load(); }, 60s));
+  EXPECT_FALSE(latch.has_leadership()) << "true while the session had ended";
+  EXPECT_FALSE(latch.term().has_value());
+  let_go = true;
+}
+
+TEST(ElectionMemTest, ALatchsDestructorWaitsForItsListenerRunningOnAnotherThread) {
+  auto store = MemStore::create();
+  Client a = Client::with_store(store);
+  auto latch = std::make_unique<LeaderLatch>(a, UniqueName("latch-destroy"), "a");
+  std::atomic<std::uint64_t> clock{0};
+  std::atomic<std::uint64_t> listener_returned{0};
+  std::atomic<std::uint64_t> destructor_returned{0};
+  std::atomic<bool> entered{false};
+  std::atomic<bool> let_go{false};
+  auto sub = latch->on_change([&](LatchEvent e, std::uint64_t) {
+    if (e != LatchEvent::kBecameLeader) return;
+    entered = true;
+    for (int i = 0; i < 60000 && !let_go; ++i) std::this_thread::sleep_for(1ms);
+    listener_returned = clock.fetch_add(1) + 1;
+  });
+  latch->start();
+  ASSERT_TRUE(Eventually([&] { return entered.load(); }, 60s));
+  std::jthread destroyer([&] {
+    latch.reset();
+    destructor_returned = clock.fetch_add(1) + 1;
+  });
+  // Give the destructor a head start, so that it would return first if it
+  // did not wait (the assertion below holds either way when it does).
+  for (int i = 0; i < 50 && destructor_returned == 0; ++i) std::this_thread::sleep_for(1ms);
+  let_go = true;
+  destroyer.join();
+  ASSERT_NE(listener_returned.load(), 0u);
+  EXPECT_LT(listener_returned.load(), destructor_returned.load()) << "the destructor returned under a running listener";
+  EXPECT_TRUE(Eventually([&] { return store->entry_count() == 0; }));
+}
+
+TEST(ElectionMemTest, ALatchRetriesFailedCampaignsAndReportsThem) {
+  auto store = MemStore::create();
+  std::mutex mu;
+  std::vector<Status> reported;
+  ClientOptions options;
+  options.on_background_error = [&](const Status& s) {
+    std::lock_guard<std::mutex> g(mu);
+    reported.push_back(s);
+  };
+  Client a = Client::with_store(store, options);
+  store->fail_next("append", PermissionDeniedError("injected"), 3);
+  LeaderLatch latch(a, UniqueName("latch-retry"), "a");
+  latch.start();
+  ASSERT_TRUE(latch.await_leadership(60s)) << "a latch never stops by itself";
+  std::lock_guard<std::mutex> g(mu);
+  EXPECT_GE(reported.size(), 3u);
+}
+
+TEST(ElectionMemTest, AwaitLeadershipEndsByTimeoutStopAndCloseAndIsRefusedOnADlockThread) {
+  testing::ManualWorld w;
+  const std::string name = UniqueName("latch-await");
+  LeaderLatch leader(w.a, name, "a");
+  leader.start();
+  ASSERT_TRUE(Eventually([&] { return leader.has_leadership(); }, 60s));
+  LeaderLatch waiting(w.b, name, "b");
+  waiting.start();
+  auto timed = std::async(std::launch::async, [&] { return waiting.await_leadership(5s); });
+  EXPECT_EQ(timed.wait_for(20ms), std::future_status::timeout) << "returned before its (hand-moved) deadline";
+  w.clock->advance(6s);
+  ASSERT_EQ(timed.wait_for(60s), std::future_status::ready);
+  EXPECT_FALSE(timed.get());
+  std::stop_source stop;
+  auto stopped = std::async(std::launch::async, [&] { return waiting.await_leadership(kForever, stop.get_token()); });
+  stop.request_stop();
+  ASSERT_EQ(stopped.wait_for(60s), std::future_status::ready);
+  EXPECT_FALSE(stopped.get());
+  auto closed = std::async(std::launch::async, [&] { return waiting.await_leadership(); });
+  waiting.close();
+  ASSERT_EQ(closed.wait_for(60s), std::future_status::ready);
+  EXPECT_FALSE(closed.get());
+
+  auto refused = std::make_shared<std::promise<bool>>();
+  Election(w.a, UniqueName("other")).async_campaign("x", 10s, {}, [&, refused](Result<std::optional<Leadership>>) {
+    try {
+      leader.await_leadership(0s);
+      refused->set_value(false);
+    } catch (const Error& e) {
+      refused->set_value(e.code() == ErrorCode::kFailedPrecondition);
+    }
+  });
+  EXPECT_TRUE(refused->get_future().get()) << "a blocking wait on the dlock thread";
 }
 
 }  // namespace
