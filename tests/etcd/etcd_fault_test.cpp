@@ -23,6 +23,7 @@
 #include "dlock/dlock.hpp"
 #include "etcd/private_etcd.hpp"
 #include "support/etcd_server.hpp"
+#include "support/observer_cut.hpp"
 #include "support/poll.hpp"
 #include "support/state_log.hpp"
 #include "support/status_matchers.hpp"
@@ -280,46 +281,7 @@ TEST(EtcdFaults, AnObserverCutOffSaysUnknownThenReportsTheLeaderNowNeverTheOldOn
   // A lease that outlives the cut, so that contact comes back on the same session.
   Client watcher = Client::connect("etcd://" + proxy.hosts() + "/observed?ttl=30s&connect_timeout=2s");
   Client direct = Client::connect(etcd.url("/observed?ttl=10s"));
-  std::mutex mu;
-  std::vector<Observation> seen;
-  auto reports = [&] {
-    std::lock_guard<std::mutex> g(mu);
-    return seen;
-  };
-  std::optional<Leadership> old_leader = Election(direct, "e").campaign("old", 30s);
-  ASSERT_TRUE(old_leader.has_value());
-  std::shared_ptr<void> observing = Election(watcher, "e").observe([&](const Observation& o) {
-    std::lock_guard<std::mutex> g(mu);
-    seen.push_back(o);
-  });
-  ASSERT_TRUE(testing::Eventually([&] { return reports().size() == 1; }, 30s));
-  ASSERT_EQ(reports()[0].state, LeaderState::kLeader);
-
-  proxy.partition();
-  proxy.drop_all();  // the stream ends at once; redialling hangs in the partition
-  ASSERT_TRUE(testing::Eventually([&] { return reports().size() == 2; }, 60s)) << "never said unknown";
-  EXPECT_EQ(reports()[1].state, LeaderState::kUnknown);
-  old_leader->resign();  // while the observer cannot see it
-  std::optional<Leadership> new_leader = Election(direct, "e").campaign("new", 30s);
-  ASSERT_TRUE(new_leader.has_value());
-  proxy.heal();
-  proxy.drop_all();  // make the client redial now
-
-  ASSERT_TRUE(testing::Eventually(
-      [&] {
-        auto r = reports();
-        return r.back().state == LeaderState::kLeader && r.back().leader->term == new_leader->term();
-      },
-      60s))
-      << "never reported the new leader";
-  auto r = reports();
-  for (std::size_t i = 2; i < r.size(); ++i) {
-    EXPECT_NE(r[i].state, LeaderState::kUnknown) << "report " << i;
-    if (r[i].state == LeaderState::kLeader) {
-      EXPECT_EQ(r[i].leader->term, new_leader->term()) << "report " << i << " names a superseded leader";
-      EXPECT_EQ(r[i].leader->value, "new");
-    }
-  }
+  testing::ExpectAnObserverCutOffReportsTheLeaderNowNeverTheOldOne(watcher, direct, proxy);
 }
 
 TEST(EtcdAuth, TokensAreRenewedAndBadCredentialsRefused) {

@@ -27,6 +27,7 @@
 #include "dlock/store.hpp"
 #include "redis/redis_server.hpp"
 #include "redis/redis_test_util.hpp"
+#include "support/observer_cut.hpp"
 #include "support/status_matchers.hpp"
 #include "support/tcp_proxy.hpp"
 #include "support/threads.hpp"
@@ -1082,46 +1083,7 @@ TEST(RedisFaults, AnObserverCutOffSaysUnknownThenReportsTheLeaderNowNeverTheOldO
   // one would be read afresh too).
   Client watcher = Client::connect("redis://" + proxy.hosts() + "?ttl=6s&connect_timeout=1s");
   Client direct = Client::connect(server->url("?ttl=10s"));
-  std::mutex mu;
-  std::vector<Observation> seen;
-  auto reports = [&] {
-    std::lock_guard<std::mutex> g(mu);
-    return seen;
-  };
-  std::optional<Leadership> old_leader = Election(direct, "e").campaign("old", 30s);
-  ASSERT_TRUE(old_leader.has_value());
-  std::shared_ptr<void> observing = Election(watcher, "e").observe([&](const Observation& o) {
-    std::lock_guard<std::mutex> g(mu);
-    seen.push_back(o);
-  });
-  ASSERT_TRUE(Eventually([&] { return reports().size() == 1; }, 30s));
-  ASSERT_EQ(reports()[0].state, LeaderState::kLeader);
-
-  proxy.partition();
-  proxy.drop_all();  // the connections end at once; redialling hangs in the partition
-  ASSERT_TRUE(Eventually([&] { return reports().size() == 2; }, 60s)) << "never said unknown";
-  EXPECT_EQ(reports()[1].state, LeaderState::kUnknown);
-  old_leader->resign();  // while the observer cannot see it
-  std::optional<Leadership> new_leader = Election(direct, "e").campaign("new", 30s);
-  ASSERT_TRUE(new_leader.has_value());
-  proxy.heal();
-  proxy.drop_all();  // make the client redial now
-
-  ASSERT_TRUE(Eventually(
-      [&] {
-        auto r = reports();
-        return r.back().state == LeaderState::kLeader && r.back().leader->term == new_leader->term();
-      },
-      60s))
-      << "never reported the new leader";
-  auto r = reports();
-  for (std::size_t i = 2; i < r.size(); ++i) {
-    EXPECT_NE(r[i].state, LeaderState::kUnknown) << "report " << i;
-    if (r[i].state == LeaderState::kLeader) {
-      EXPECT_EQ(r[i].leader->term, new_leader->term()) << "report " << i << " names a superseded leader";
-      EXPECT_EQ(r[i].leader->value, "new");
-    }
-  }
+  testing::ExpectAnObserverCutOffReportsTheLeaderNowNeverTheOldOne(watcher, direct, proxy);
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include <mutex>
 #include <random>
 
+#include "support/observer_cut.hpp"
 #include "zookeeper/zk_test_support.hpp"
 
 namespace dlock {
@@ -222,46 +223,7 @@ TEST(ZkFaultTest, AnObserverCutOffSaysUnknownThenReportsTheLeaderNowNeverTheOldO
   // A session that outlives the cut, so that the reconnect is the same one.
   Client watcher = Client::connect("zk://" + proxy.hosts() + chroot + "?session_timeout=20s");
   Client direct = Client::connect("zk://" + hosts + chroot);
-  std::mutex mu;
-  std::vector<Observation> seen;
-  auto reports = [&] {
-    std::lock_guard<std::mutex> g(mu);
-    return seen;
-  };
-  std::optional<Leadership> old_leader = Election(direct, "e").campaign("old", 30s);
-  ASSERT_TRUE(old_leader.has_value());
-  std::shared_ptr<void> observing = Election(watcher, "e").observe([&](const Observation& o) {
-    std::lock_guard<std::mutex> g(mu);
-    seen.push_back(o);
-  });
-  ASSERT_TRUE(testing::Eventually([&] { return reports().size() == 1; }, 30s));
-  ASSERT_EQ(reports()[0].state, LeaderState::kLeader);
-
-  proxy.partition();
-  proxy.reset();  // the connection drops; redialling hangs in the partition
-  ASSERT_TRUE(testing::Eventually([&] { return reports().size() == 2; }, 30s)) << "never said unknown";
-  EXPECT_EQ(reports()[1].state, LeaderState::kUnknown);
-  old_leader->resign();  // while the observer cannot see it
-  std::optional<Leadership> new_leader = Election(direct, "e").campaign("new", 30s);
-  ASSERT_TRUE(new_leader.has_value());
-  proxy.heal();
-  proxy.reset();  // make the client redial now
-
-  ASSERT_TRUE(testing::Eventually(
-      [&] {
-        auto r = reports();
-        return r.back().state == LeaderState::kLeader && r.back().leader->term == new_leader->term();
-      },
-      60s))
-      << "never reported the new leader";
-  auto r = reports();
-  for (std::size_t i = 2; i < r.size(); ++i) {
-    EXPECT_NE(r[i].state, LeaderState::kUnknown) << "report " << i;
-    if (r[i].state == LeaderState::kLeader) {
-      EXPECT_EQ(r[i].leader->term, new_leader->term()) << "report " << i << " names a superseded leader";
-      EXPECT_EQ(r[i].leader->value, "new");
-    }
-  }
+  testing::ExpectAnObserverCutOffReportsTheLeaderNowNeverTheOldOne(watcher, direct, proxy);
 }
 
 }  // namespace
