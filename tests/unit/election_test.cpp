@@ -605,7 +605,7 @@ TEST_P(ElectionTest, ALatchProclaimsForItsTermAndForLaterCampaigns) {
   EXPECT_THROW(b.proclaim(std::string("\xff")), Error);
 }
 
-// Review (not run: written at the deadline). A value proclaimed while
+// Review (fails 3/3 on mem, RelWithDebInfo). A value proclaimed while
 // waiting is sent by on_campaign() only after follow() has told the
 // listeners; a proclaim made once the latch leads (await_leadership() wakes
 // before that) is queued first, and the older value overwrites it.
