@@ -20,7 +20,14 @@
 // clock, so it is false from the moment the leadership is uncertain (with
 // LatchOptions::suspended_is_not_leader) or lost, even before a dlock thread
 // has told the listeners. Listeners are called one at a time: a listener that
-// blocks holds back the next event, never has_leadership().
+// blocks holds back the next event, never has_leadership(). So the event
+// comes in time only if listeners return quickly; has_leadership() is the
+// answer that never comes late.
+//
+// After a loss the latch campaigns again with a new entry at once; if the
+// store could not be reached to remove the old entry, that one stays ahead
+// of the new one until the store expires the old session (as any waiter's
+// would), so for that while the latch has two entries.
 //
 // Campaign failures (the store down, a refused request) are reported to
 // ClientOptions::on_background_error and retried with a backoff (100 ms
@@ -82,7 +89,8 @@ class DLOCK_EXPORT LeaderLatch {
   // Hold::release()). has_leadership() reads false from the call on. Waits
   // for a listener running on another thread (see the destructor); from
   // inside a listener, the rest happens right after that listener returns.
-  // Never throws. Idempotent.
+  // Never throws. Idempotent. Two latches whose listeners close each other
+  // can deadlock (each close() waits for the other's running listener).
   void close() noexcept;
 
   // True while this latch leads: won and kHeld (or kUncertain, without

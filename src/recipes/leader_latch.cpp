@@ -175,22 +175,34 @@ class LatchCore : public std::enable_shared_from_this<LatchCore> {
     }
     if (!got->has_value()) return retry_later(generation);  // stopped: closed (retry_later sees it)
     auto leadership = std::make_shared<Leadership>(std::move(**got));
-    std::string wanted;
-    bool current = false;
-    {
-      MutexLock g(mu_);
-      current = !closed_ && generation == generation_;
-      if (current) {
-        leadership_ = leadership;
-        failures_ = 0;
-        wanted = value_;
-      }
-    }
-    if (!current) return leadership->resign();
+    if (!publish(generation, value, leadership)) return leadership->resign();
     wake_waiters();
     follow(generation, leadership);
-    // A proclaim made while this campaign waited its turn.
-    if (wanted != value) leadership->async_proclaim(std::move(wanted), ClientCore::kRequestTimeout, [](Status) {});
+  }
+
+  // Makes a won leadership the latch's, once the value proclaimed while it
+  // waited (if any) is queued on it: a proclaim() that sees the leadership
+  // queues behind that one, so the latest value is the term's. Queued
+  // outside mu_ (an update may complete inline and change the leadership's
+  // state, whose listener takes mu_), so the value is checked again under
+  // it. False if the campaign is stale (closed, or superseded).
+  bool publish(std::uint64_t generation, std::string queued, const std::shared_ptr<Leadership>& leadership)
+      DLOCK_EXCLUDES(mu_) {
+    while (true) {
+      std::string wanted;
+      {
+        MutexLock g(mu_);
+        if (closed_ || generation != generation_) return false;
+        if (value_ == queued) {
+          leadership_ = leadership;
+          failures_ = 0;
+          return true;
+        }
+        wanted = value_;
+      }
+      leadership->async_proclaim(wanted, ClientCore::kRequestTimeout, [](Status) {});
+      queued = std::move(wanted);
+    }
   }
 
   // Listens to the won leadership's state, then reads it once: it may have

@@ -605,11 +605,14 @@ TEST_P(ElectionTest, ALatchProclaimsForItsTermAndForLaterCampaigns) {
   EXPECT_THROW(b.proclaim(std::string("\xff")), Error);
 }
 
-// Review (fails 3/3 on mem, RelWithDebInfo). A value proclaimed while
-// waiting is sent by on_campaign() only after follow() has told the
-// listeners; a proclaim made once the latch leads (await_leadership() wakes
-// before that) is queued first, and the older value overwrites it.
-TEST_P(ElectionTest, ReviewALaterProclaimIsNotOverwrittenByOneMadeWhileWaiting) {
+// From the review of step 9 (failed 3 of 3 on mem before the fix): a value
+// proclaimed while waiting was sent by on_campaign() only after follow() had
+// told the listeners, so a proclaim made once the latch led (await_leadership()
+// wakes before that) was queued first and the older value overwrote it. The
+// listener's pause widens the window; the pause before the reading lets a
+// late update land (with the fix there is none: the test cannot fail on a
+// slow machine, only miss the bug).
+TEST_P(ElectionTest, ALaterProclaimIsNotOverwrittenByOneMadeWhileWaiting) {
   const std::string name = UniqueName("latch-proclaim-race");
   LeaderLatch a(NewClient(), name, "a");
   LeaderLatch b(NewClient(), name, "b0");
