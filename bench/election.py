@@ -16,7 +16,6 @@ every process of the machine makes their stamps comparable:
 - handover: PROCS participants lead ROUNDS terms of HOLD_MS each and resign;
   the time from a RESIGN line to the next LEADER line is one sample.
 """
-import math
 import os
 import queue
 import signal
@@ -24,18 +23,13 @@ import subprocess
 import threading
 import time
 
-
-def percentile(values, p):
-    """Nearest rank; None when there are no values."""
-    if not values:
-        return None
-    s = sorted(values)
-    return s[max(0, math.ceil(p / 100 * len(s)) - 1)]
+from peers import common  # bench/ is on the path of every caller
 
 
 def summary(samples_ns, started_ns):
     us = [x / 1000 for x in samples_ns]
-    return {"handoff_us": {"p50": percentile(us, 50), "p90": percentile(us, 90), "max": max(us) if us else None},
+    return {"handoff_us": {"p50": common.percentile(us, 50) if us else None,
+                           "p90": common.percentile(us, 90) if us else None, "max": max(us) if us else None},
             "times_ms": [round(x / 1000, 3) for x in us],
             "count": len(us),
             "total_seconds": (time.monotonic_ns() - started_ns) / 1e9}

@@ -106,6 +106,17 @@ class ZkInterop : public ::testing::Test {
     EXPECT_THAT(waited, IsOk());
   }
 
+  // A dlock participant campaigns in the election "elect" behind the peer's
+  // leader and does not lead while that one does; `let_go` ends the peer's
+  // term; `led` is what the campaign then returns.
+  void CampaignBehindPeer(Election& election, const std::function<void()>& let_go, std::optional<Leadership>& led) {
+    auto second = election.campaign_future("dlock-b", 60s);
+    ASSERT_TRUE(AwaitChildren("elect", 2));
+    EXPECT_EQ(second.wait_for(300ms), std::future_status::timeout) << "dlock leads beside the peer's leader";
+    let_go();
+    led = second.get();
+  }
+
   PeerKind peer_ = PeerKind::kKazoo;
   std::string hosts_, chroot_, url_;
   std::shared_ptr<Store> store_;
@@ -512,8 +523,6 @@ TEST_F(ZkCuratorTest, AHeadWatchFiresWhenTheCuratorLeadersSessionExpires) {
   EXPECT_EQ(head->entry->id, a->entry.id);
 }
 
-// dlock's Semaphore and Curator's InterProcessSemaphoreV2 share one count of
-// leases (<name>/leases, guarded by the mutex <name>/locks), both ways.
 // The Election recipe and Curator's LeaderLatch on one path elect one leader
 // together, each seeing the other's value as the leader's, and terms grow
 // across both (issue 16).
@@ -537,11 +546,9 @@ TEST_F(ZkCuratorTest, DlockElectionAndCuratorsLatchElectOneLeaderTogether) {
   EXPECT_GT((*now)->term, first->term());
   ExpectRecentUnixMs((*now)->candidate_since_unix_ms);  // the node's ctime: Curator keeps no time
 
-  auto second = election.campaign_future("dlock-b", 60s);
-  ASSERT_TRUE(AwaitChildren("elect", 2));
-  EXPECT_EQ(second.wait_for(300ms), std::future_status::timeout) << "dlock leads beside Curator's leader";
-  EXPECT_EQ(curator.call("latch-close"), "closed");
-  std::optional<Leadership> next = second.get();
+  std::optional<Leadership> next;
+  CampaignBehindPeer(
+      election, [&] { EXPECT_EQ(curator.call("latch-close"), "closed"); }, next);
   ASSERT_TRUE(next.has_value());
   EXPECT_GT(next->term(), (*now)->term);
   EXPECT_EQ(curator.call("latch-leader " + Path("elect")), "leader dlock-b");
@@ -574,12 +581,14 @@ TEST_F(ZkKazooTest, DlockElectionAndKazoosElectionWithTheLatchPatternElectOneLea
   EXPECT_GT((*now)->term, first->term());
   ExpectRecentUnixMs((*now)->candidate_since_unix_ms);
 
-  auto second = election.campaign_future("dlock-b", 60s);
-  ASSERT_TRUE(AwaitChildren("elect", 2));
-  EXPECT_EQ(second.wait_for(300ms), std::future_status::timeout) << "dlock leads beside kazoo's leader";
-  EXPECT_EQ(kazoo.call("contenders " + Path("elect") + " -latch-"), "contenders kazoo-1,dlock-b");
-  EXPECT_EQ(kazoo.call("release"), "released");
-  std::optional<Leadership> next = second.get();
+  std::optional<Leadership> next;
+  CampaignBehindPeer(
+      election,
+      [&] {
+        EXPECT_EQ(kazoo.call("contenders " + Path("elect") + " -latch-"), "contenders kazoo-1,dlock-b");
+        EXPECT_EQ(kazoo.call("release"), "released");
+      },
+      next);
   ASSERT_TRUE(next.has_value());
   EXPECT_GT(next->term(), (*now)->term);
 }
@@ -598,14 +607,17 @@ TEST_F(ZkKazooTest, PlainKazooElectionIgnoresDlockButDlockWaitsForIt) {
   ASSERT_EQ(got.rfind("elected ", 0), 0u) << got << " (kazoo now sees dlock's candidates: update the docs)";
   first->resign();
 
-  auto second = election.campaign_future("dlock-b", 60s);
-  ASSERT_TRUE(AwaitChildren("elect", 2));
-  EXPECT_EQ(second.wait_for(300ms), std::future_status::timeout) << "dlock leads beside kazoo's leader";
-  auto now = election.leader();
-  ASSERT_TRUE(now.ok() && now->has_value()) << now.status().to_string();
-  EXPECT_EQ((*now)->value, "kazoo-1");
-  EXPECT_EQ(kazoo.call("release"), "released");
-  EXPECT_TRUE(second.get().has_value());
+  std::optional<Leadership> next;
+  CampaignBehindPeer(
+      election,
+      [&] {
+        auto now = election.leader();
+        ASSERT_TRUE(now.ok() && now->has_value()) << now.status().to_string();
+        EXPECT_EQ((*now)->value, "kazoo-1");
+        EXPECT_EQ(kazoo.call("release"), "released");
+      },
+      next);
+  EXPECT_TRUE(next.has_value());
 }
 
 // Pins what docs/election.md (2.1) says of Curator's LeaderSelector: it is
@@ -624,15 +636,15 @@ TEST_F(ZkCuratorTest, CuratorsLeaderSelectorIgnoresDlockCandidatesButDlockWaitsF
   ASSERT_TRUE(Acquired(got)) << got << " (Curator's mutex now sees dlock's candidates: update the docs)";
   first->resign();
 
-  auto second = election.campaign_future("dlock-b", 60s);
-  ASSERT_TRUE(AwaitChildren("elect", 2));
-  EXPECT_EQ(second.wait_for(300ms), std::future_status::timeout) << "dlock leads beside Curator's holder";
-  EXPECT_EQ(curator.call("release"), "released");
-  std::optional<Leadership> next = second.get();
+  std::optional<Leadership> next;
+  CampaignBehindPeer(
+      election, [&] { EXPECT_EQ(curator.call("release"), "released"); }, next);
   ASSERT_TRUE(next.has_value());
   EXPECT_GT(next->term(), first->term());
 }
 
+// dlock's Semaphore and Curator's InterProcessSemaphoreV2 share one count of
+// leases (<name>/leases, guarded by the mutex <name>/locks), both ways.
 TEST_F(ZkCuratorTest, SemaphoreLeasesCountAcrossClients) {
   auto client = Client::connect(url_);
   Semaphore sem(client, "sem", 2);

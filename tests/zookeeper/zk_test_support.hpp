@@ -359,6 +359,15 @@ def append(ledger, line):
     fd = os.open(ledger, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     os.write(fd, (line + "\n").encode())
     os.close(fd)
+def take(lock, timeout, said):
+    # Acquires within `timeout` seconds: prints `said` and the node, and
+    # returns the lock to hold; or prints "timeout" and returns None.
+    try:
+        got = lock.acquire(timeout=timeout)
+    except LockTimeout:
+        got = False
+    print(said, lock.node) if got else print("timeout")
+    return lock if got else None
 held = None
 for line in sys.stdin:
     words = line.split()
@@ -366,16 +375,7 @@ for line in sys.stdin:
         continue
     cmd = words[0]
     if cmd == "lock":
-        held = new_lock(words[1], words[2])
-        try:
-            got = held.acquire(timeout=float(words[3]))
-        except LockTimeout:
-            got = False
-        if got:
-            print("acquired", held.node)
-        else:
-            held = None
-            print("timeout")
+        held = take(new_lock(words[1], words[2]), float(words[3]), "acquired")
     elif cmd == "release":
         held.release()
         held = None
@@ -398,16 +398,8 @@ for line in sys.stdin:
             done += 1
         print("done", done)
     elif cmd == "elect":
-        held = new_election(words[1], words[2], words[4]).lock  # what Election.run holds while its function runs
-        try:
-            got = held.acquire(timeout=float(words[3]))
-        except LockTimeout:
-            got = False
-        if got:
-            print("elected", held.node)
-        else:
-            held = None
-            print("timeout")
+        # The lock Election.run holds while its function runs.
+        held = take(new_election(words[1], words[2], words[4]).lock, float(words[3]), "elected")
     elif cmd == "contenders":
         print("contenders", ",".join(new_election(words[1], "", words[2]).contenders()))
     elif cmd == "ephemeral":
