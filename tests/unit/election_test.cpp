@@ -465,6 +465,13 @@ TEST_P(ElectionTest, ALatchSaysWhenItLeadsAndCloseHandsOverAtOnce) {
   ASSERT_EQ(told_b.size(), 1u) << Describe(told_b);
   EXPECT_GT(told_b[0].term, a_term);
   EXPECT_GT(told_b[0].at, told_a[1].at) << "b was told it leads before a was told it no longer does";
+  {
+    LeaderLatch waiting(NewClient(), name, "c");
+    waiting.start();
+    ASSERT_TRUE(Eventually([&] { return Entries(name) == 2; })) << "c waits its turn";
+  }  // closed while campaigning: its entry goes
+  ASSERT_TRUE(Eventually([&] { return Entries(name) == 1; }));
+  EXPECT_TRUE(b.has_leadership());
   a.close();  // idempotent
   b.close();
   ASSERT_TRUE(Eventually([&] { return Entries(name) == 0; })) << "a closed latch leaves nothing";
