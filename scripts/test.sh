@@ -53,7 +53,12 @@ if [ $quick -eq 0 ]; then
   stamp lint
   scripts/lint.sh build-clang || status=1
   [ $discard -eq 0 ] || rm -rf build-clang
-  run_suite build-asan -DCMAKE_BUILD_TYPE=Debug -DDLOCK_SANITIZE=address,undefined || status=1
+  # Without ASan's instrumentation of globals: with GCC it pads UBSan's own
+  # per-check data as well, which made every test binary 150 MB (5 GB for
+  # the tree; 2.2 MB instead of 3.2 MB per object). dlock has no global
+  # state for it to guard; heap, stack and use-after-free checks stay.
+  run_suite build-asan -DCMAKE_BUILD_TYPE=Debug -DDLOCK_SANITIZE=address,undefined \
+    -DCMAKE_CXX_FLAGS=--param=asan-globals=0 || status=1
   TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
     run_suite build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDLOCK_SANITIZE=thread || status=1
 fi

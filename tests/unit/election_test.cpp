@@ -31,32 +31,37 @@ std::string UniqueName(const std::string& base) {
   return "test/election/" + base + "-" + std::to_string(::getpid()) + "-" + std::to_string(counter++);
 }
 
-// Collects an observer's reports.
+// Collects an observer's reports. The observer's function shares them, as
+// election.hpp asks: a report already running when the handle goes is not
+// waited for, and may come after this object is gone (seen under TSan).
 class Reports {
  public:
   std::function<void(const Observation&)> fn() {
-    return [this](const Observation& o) {
-      std::lock_guard<std::mutex> g(mu_);
-      seen_.push_back(o);
-      cv_.notify_all();
+    return [shared = shared_](const Observation& o) {
+      std::lock_guard<std::mutex> g(shared->mu);
+      shared->seen.push_back(o);
+      shared->cv.notify_all();
     };
   }
   // Waits (a bounded time, far beyond what any store needs) until there are
   // at least `n` reports; returns them all.
   std::vector<Observation> at_least(std::size_t n) {
-    std::unique_lock<std::mutex> g(mu_);
-    cv_.wait_for(g, 60s, [&] { return seen_.size() >= n; });
-    return seen_;
+    std::unique_lock<std::mutex> g(shared_->mu);
+    shared_->cv.wait_for(g, 60s, [&] { return shared_->seen.size() >= n; });
+    return shared_->seen;
   }
   std::size_t size() {
-    std::lock_guard<std::mutex> g(mu_);
-    return seen_.size();
+    std::lock_guard<std::mutex> g(shared_->mu);
+    return shared_->seen.size();
   }
 
  private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::vector<Observation> seen_;
+  struct Shared {
+    std::mutex mu;
+    std::condition_variable cv;
+    std::vector<Observation> seen;
+  };
+  std::shared_ptr<Shared> shared_ = std::make_shared<Shared>();
 };
 
 std::string Describe(const std::vector<Observation>& reports) {
