@@ -173,14 +173,22 @@ void ClientCore::close_session() noexcept {
   if (session) session->close();
 }
 
+std::shared_ptr<Session> ClientCore::live_locked() const {
+  if (!session_) return nullptr;
+  const SessionState s = session_->state();
+  return s == SessionState::kConnected || s == SessionState::kSuspended ? session_ : nullptr;
+}
+
+std::shared_ptr<Session> ClientCore::live_session() const {
+  MutexLock g(mu_);
+  return live_locked();
+}
+
 void ClientCore::async_session(Clock::time_point deadline, std::function<void(Result<std::shared_ptr<Session>>)> done) {
   std::shared_ptr<Session> live;
   {
     MutexLock g(mu_);
-    if (session_) {
-      SessionState s = session_->state();
-      if (s == SessionState::kConnected || s == SessionState::kSuspended) live = session_;
-    }
+    live = live_locked();
     if (!live) {
       openers_.emplace_back(deadline, std::move(done));
       if (opener_running_) return;
@@ -351,40 +359,73 @@ void ClientCore::forget_attempt(const std::shared_ptr<Session>& session, const s
 
 // ---------------------------------------------------------------- LocalLine
 
-LocalLine::Ticket LocalLine::join(Executor& executor, std::function<void()> enter) {
-  const Ticket ticket = ++next_;
-  line_.emplace_back(ticket, std::move(enter));
-  if (!busy_) admit_next(executor);
-  return ticket;
+LocalLine::Ticket LocalLine::new_ticket() {
+  MutexLock g(mu_);
+  return ++next_;
 }
 
-bool LocalLine::abandon(Executor& executor, Ticket ticket) {
-  const std::size_t removed = line_.remove_if([&](const auto& waiter) { return waiter.first == ticket; });
-  if (!busy_) admit_next(executor);
-  return removed > 0;
+void LocalLine::join(Ticket ticket, std::function<void()> enter) {
+  std::function<void()> admitted;
+  {
+    MutexLock g(mu_);
+    line_.emplace_back(ticket, std::move(enter));
+    admitted = admit_next();
+  }
+  if (admitted) admitted();
 }
 
-void LocalLine::leave(Executor& executor) {
-  busy_ = false;
-  admit_next(executor);
+bool LocalLine::abandon(Ticket ticket) {
+  std::function<void()> admitted;
+  std::function<void()> removed;  // destroyed without mu_: it may own anything
+  {
+    MutexLock g(mu_);
+    for (auto it = line_.begin(); it != line_.end(); ++it) {
+      if (it->first != ticket) continue;
+      removed = std::move(it->second);
+      line_.erase(it);
+      break;
+    }
+    admitted = admit_next();
+  }
+  if (admitted) admitted();
+  return static_cast<bool>(removed);
 }
 
-void LocalLine::admit_next(Executor& executor) {
-  if (line_.empty()) return;
+void LocalLine::leave() {
+  std::function<void()> admitted;
+  {
+    MutexLock g(mu_);
+    busy_ = false;
+    admitted = admit_next();
+  }
+  if (admitted) admitted();
+}
+
+bool LocalLine::idle() const noexcept {
+  MutexLock g(mu_);
+  return !busy_ && line_.empty();
+}
+
+std::function<void()> LocalLine::admit_next() {
+  if (busy_ || line_.empty()) return nullptr;
   busy_ = true;
-  executor.post(std::move(line_.front().second));
+  std::function<void()> enter = std::move(line_.front().second);
   line_.pop_front();
+  return enter;
 }
 
 std::shared_ptr<LocalLine> ClientCore::line(const std::string& queue) {
+  MutexLock g(lines_mu_);
   auto& slot = lines_[queue];
   if (!slot) slot = std::make_shared<LocalLine>();
   return slot;
 }
 
 void ClientCore::drop_line(const std::string& queue, std::shared_ptr<LocalLine> line) noexcept {
+  MutexLock g(lines_mu_);
   auto it = lines_.find(queue);
-  // The map's reference and ours mean nobody else has it.
+  // The map's reference and ours mean nobody else has it (another reference
+  // is only made under lines_mu_).
   if (it != lines_.end() && it->second == line && line.use_count() == 2 && line->idle()) lines_.erase(it);
 }
 

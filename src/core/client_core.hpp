@@ -47,27 +47,33 @@ class LocalGate {
 // A per-process, per-queue FIFO of acquisitions, blocking and asynchronous
 // alike: at most one of them at a time has a *waiting* entry in the store, so
 // a process never adds more than one waiter per lock to the store's queue,
-// while store-level order stays FIFO. Used on the executor thread only, so it
-// needs no lock.
+// while store-level order stays FIFO. Thread-safe: the steps of blocking
+// acquisitions run on their callers' threads.
 class LocalLine {
  public:
   using Ticket = std::uint64_t;
-  // Queues `enter`, which the executor runs when it is this caller's turn
-  // (posted, never inside join()).
-  Ticket join(Executor& executor, std::function<void()> enter);
+  Ticket new_ticket() DLOCK_EXCLUDES(mu_);
+  // Queues `enter` under `ticket`, called when it is this caller's turn
+  // (maybe inside this call, or inside another caller's leave()): it must
+  // only post the caller's next step, never run it.
+  void join(Ticket ticket, std::function<void()> enter) DLOCK_EXCLUDES(mu_);
   // Leaves the line before having been let in: true. False if the caller
-  // was let in already (its `enter` is posted): it must leave() then.
-  bool abandon(Executor& executor, Ticket ticket);
+  // was let in already (its `enter` was called), or has not joined yet (it
+  // will be let in): it must leave() once in.
+  bool abandon(Ticket ticket) DLOCK_EXCLUDES(mu_);
   // The one inside leaves; the next one enters.
-  void leave(Executor& executor);
-  bool idle() const noexcept { return !busy_ && line_.empty(); }
+  void leave() DLOCK_EXCLUDES(mu_);
+  bool idle() const noexcept DLOCK_EXCLUDES(mu_);
 
  private:
-  void admit_next(Executor& executor);
+  // Takes the next one in, if nobody is inside: its `enter`, to be called
+  // once mu_ is released.
+  std::function<void()> admit_next() DLOCK_REQUIRES(mu_);
 
-  bool busy_ = false;
-  Ticket next_ = 0;
-  std::list<std::pair<Ticket, std::function<void()>>> line_;
+  mutable Mutex mu_;
+  bool busy_ DLOCK_GUARDED_BY(mu_) = false;
+  Ticket next_ DLOCK_GUARDED_BY(mu_) = 0;
+  std::list<std::pair<Ticket, std::function<void()>>> line_ DLOCK_GUARDED_BY(mu_);
 };
 
 // A client's engine. Two kinds of references lead to it:
@@ -101,6 +107,9 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
   // The live session, or a new one if there is none or it ended.
   Result<std::shared_ptr<Session>> session(Clock::time_point deadline) DLOCK_EXCLUDES(open_mu_, mu_);
   SessionState session_state() const DLOCK_EXCLUDES(mu_);
+  // The session, if there is one that has not ended (connected or
+  // suspended); null otherwise. Never opens one, never blocks.
+  std::shared_ptr<Session> live_session() const DLOCK_EXCLUDES(mu_);
   void close_session() noexcept DLOCK_EXCLUDES(mu_);
 
   // The live session or a new one, to `done` on the executor thread; a new
@@ -130,9 +139,9 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
                       const std::string& attempt_id) noexcept DLOCK_EXCLUDES(mu_);
 
   // The local line of `queue`, shared while anyone uses it; hand it back
-  // with drop_line() so idle lines do not pile up. Executor thread only.
-  std::shared_ptr<LocalLine> line(const std::string& queue);
-  void drop_line(const std::string& queue, std::shared_ptr<LocalLine> line) noexcept;
+  // with drop_line() so idle lines do not pile up.
+  std::shared_ptr<LocalLine> line(const std::string& queue) DLOCK_EXCLUDES(lines_mu_);
+  void drop_line(const std::string& queue, std::shared_ptr<LocalLine> line) noexcept DLOCK_EXCLUDES(lines_mu_);
 
   std::string new_attempt_id();
   OwnerRecord owner(std::string thread) const;
@@ -157,6 +166,7 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
   // Retries `p` on the executor's timer until it is done or its session ends.
   void retry_later(Pending p) noexcept DLOCK_EXCLUDES(mu_);
   void open_sessions() DLOCK_EXCLUDES(mu_);
+  std::shared_ptr<Session> live_locked() const DLOCK_REQUIRES(mu_);
 
   // Constant after construction.
   const std::shared_ptr<Store> store_;
@@ -175,8 +185,8 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
   // holds a reference to this object while it works.
   std::jthread opener_thread_ DLOCK_GUARDED_BY(mu_);
   bool opener_running_ DLOCK_GUARDED_BY(mu_) = false;
-  // Executor thread only.
-  std::map<std::string, std::shared_ptr<LocalLine>> lines_;
+  Mutex lines_mu_;
+  std::map<std::string, std::shared_ptr<LocalLine>> lines_ DLOCK_GUARDED_BY(lines_mu_);
   // Last: stopped first, before anything its tasks use goes.
   std::unique_ptr<Executor> executor_;
 };

@@ -48,8 +48,28 @@ class Acquisition : public Operation<Acquisition> {
         req_(std::move(request)),
         done_(std::move(done)) {}
 
+  // On the calling thread. Our place in the process's line is taken here,
+  // not in a step: one thread's acquisitions queue in the order it made
+  // them, blocking and asynchronous alike, wherever their steps run. Once
+  // begin() is posted, fields are the steps' (an interrupt may run at once):
+  // the join works on copies.
   void start() {
-    client_->executor().post(step([](Acquisition& self) { self.begin(); }));
+    std::shared_ptr<LocalLine> line;
+    std::function<void()> enter;
+    if (req_.use_gate) {
+      line_ = line = client_->line(req_.queue);
+      ticket_ = line->new_ticket();
+      enter = then(Step([](Acquisition& a) { a.entered_line(); }));
+    }
+    const LocalLine::Ticket ticket = ticket_;
+    post(step([](Acquisition& self) { self.begin(); }));
+    if (!line) return;
+    try {
+      line->join(ticket, std::move(enter));  // entered_line() comes after begin()
+    } catch (const std::exception& e) {      // out of memory: never a waiter left in no line
+      keep(std::current_exception());
+      post(step([what = std::string(e.what())](Acquisition& a) { a.abort(what.c_str()); }));
+    }
   }
 
  private:
@@ -60,11 +80,9 @@ class Acquisition : public Operation<Acquisition> {
   void begin() {
     arm();
     if (!req_.use_gate) return start_pass(true);
-    line_ = client_->line(req_.queue);
-    ticket_ = line_->join(client_->executor(), step([](Acquisition& a) { a.entered_line(); }));
     // In the line: a deadline or stop leaves it.
     on_interrupt_ = [this] {
-      if (!line_->abandon(client_->executor(), ticket_)) return;  // let in meanwhile: entered_line() follows
+      if (!line_->abandon(ticket_)) return;  // let in (or about to join): entered_line() follows
       drop_line();
       finish(std::optional<Acquired>());
     };
@@ -81,7 +99,7 @@ class Acquisition : public Operation<Acquisition> {
   void finish(AcquireOutcome outcome) {
     disarm();
     wait_.reset();
-    if (inside_line_) line_->leave(client_->executor());
+    if (inside_line_) line_->leave();
     drop_line();
     AcquireDone done = std::move(done_);
     try {
@@ -122,14 +140,17 @@ class Acquisition : public Operation<Acquisition> {
     on_interrupt_ = [this, first] {
       if (!first || stopped()) finish(std::optional<Acquired>());
     };
+    // The usual case: the client's session is there, no need to ask for it.
+    if (std::shared_ptr<Session> live = client_->live_session()) return on_session(std::move(live));
     // Weakly: until it finishes, arm() keeps this alive; after that, a
     // reference here would keep the client alive for as long as the open
     // takes, after the caller has let go of everything.
     std::weak_ptr<Acquisition> weak = weak_from_this();
     client_->async_session(deadline, [weak](Result<std::shared_ptr<Session>> opened) {
-      // Already on the executor.
+      // On the executor, which need not be where the steps run.
       if (auto self = weak.lock()) {
-        self->step([opened = std::move(opened)](Acquisition& a) mutable { a.on_session(std::move(opened)); })();
+        self->post(
+            self->step([opened = std::move(opened)](Acquisition& a) mutable { a.on_session(std::move(opened)); }));
       }
     });
   }
@@ -351,7 +372,7 @@ class Acquisition : public Operation<Acquisition> {
   // caller told "timed out" finds nothing of its own left in the store).
   void give_up(PassEnd end = PassEnd::kGaveUp) {
     std::shared_ptr<Session> session = std::exchange(placed_, nullptr);
-    client_->remove_async(session, req_.queue, entry_.id, step([end](Acquisition& a) { a.pass_ended(end); }));
+    client_->remove_async(session, req_.queue, entry_.id, then(Step([end](Acquisition& a) { a.pass_ended(end); })));
   }
   PassEnd fail(Status s) {
     error_ = std::move(s);

@@ -11,7 +11,6 @@
 
 #include <exception>
 #include <functional>
-#include <future>
 #include <memory>
 #include <optional>
 #include <stop_token>
@@ -21,6 +20,7 @@
 #include "core/client_core.hpp"
 #include "core/hold_core.hpp"
 #include "dlock/store.hpp"
+#include "recipes/caller_steps.hpp"
 
 namespace dlock::internal {
 
@@ -36,11 +36,6 @@ using GrantRule = std::function<Verdict(const std::vector<Entry>& queue, std::si
 Verdict ExclusiveRule(const std::vector<Entry>& queue, std::size_t ours);
 // No exclusive entry (anything but "read") ahead. Waits for the nearest one.
 Verdict SharedRule(const std::vector<Entry>& queue, std::size_t ours);
-
-// Where an exception thrown inside the engine (std::bad_alloc, at worst) is
-// kept, so that a blocking caller rethrows it as it is; asynchronous callers
-// get it as an InternalError.
-using FailureSink = std::shared_ptr<std::exception_ptr>;
 
 struct AcquireRequest {
   std::string queue;
@@ -74,16 +69,18 @@ struct Acquired {
 using AcquireOutcome = Result<std::optional<Acquired>>;
 using AcquireDone = std::function<void(AcquireOutcome)>;
 
-// Starts acquiring. `done` runs exactly once, on the client's executor
-// thread, never inside this call, with: the granted entry (the caller owns
+// Starts acquiring. `done` runs exactly once, never inside this call, on the
+// client's executor thread (or, with request.failure, on the blocking
+// caller's own), with: the granted entry (the caller owns
 // it), nullopt (the deadline passed, `stop` was requested, or try_only found
 // the lock taken; nothing of ours is left in the store), or an error (the
 // store failed in a way waiting cannot fix).
 void StartAcquire(const std::shared_ptr<ClientCore>& client, AcquireRequest request, AcquireDone done);
 
-// Blocks until `start(done, failure)` has called `done`, and rethrows what
-// the engine left in `failure`; refused on the executor thread of `client`.
-// Shared by every blocking recipe call.
+// Blocks until `start(done, caller)` has called `done`, running the steps of
+// what it started on this thread meanwhile, and rethrows what the engine
+// left in `caller->failure`; refused on the executor thread of `client`
+// (whose timers it needs). Shared by every blocking recipe call.
 template <class T>
 Result<T> WaitFor(ClientCore& client, const std::function<void(std::function<void(Result<T>)>, FailureSink)>& start);
 
@@ -93,13 +90,24 @@ Result<T> WaitFor(ClientCore& client, const std::function<void(std::function<voi
     return FailedPreconditionError(
         "a blocking lock call on a dlock callback thread would wait for itself; use async_acquire there");
   }
-  auto outcome = std::make_shared<std::promise<Result<T>>>();
-  std::future<Result<T>> future = outcome->get_future();
-  auto failure = std::make_shared<std::exception_ptr>();
-  start([outcome](Result<T> r) { outcome->set_value(std::move(r)); }, failure);
-  Result<T> got = future.get();
-  if (*failure) std::rethrow_exception(*failure);
-  return got;
+  auto caller = std::make_shared<BlockingCaller>(client.shared_from_this());
+  auto outcome = std::make_shared<std::optional<Result<T>>>();
+  try {
+    start(
+        [outcome, caller](Result<T> r) {
+          outcome->emplace(std::move(r));  // before finish(): run() reads it after
+          caller->steps.finish();
+        },
+        caller);
+  } catch (...) {  // what it queued goes to the executor: no operation is left unrun
+    caller->steps.finish();
+    caller->steps.run();
+    throw;
+  }
+  caller->steps.run();
+  if (caller->failure) std::rethrow_exception(caller->failure);
+  if (!*outcome) return InternalError("a blocking call ended without an outcome");
+  return std::move(**outcome);
 }
 
 // Thread label for owner records: "thread <id>".

@@ -48,7 +48,7 @@ class EntryUpdater : public Operation<EntryUpdater> {
         done_(std::move(done)) {}
 
   void start() {
-    client_->executor().post(step([](EntryUpdater& u) {
+    post(step([](EntryUpdater& u) {
       u.arm();
       u.send();
     }));
@@ -290,7 +290,7 @@ void StartCampaign(const Client& client, const std::string& name, const std::str
                    leadership = MakeLeadership(*client, name, **got, std::move(value));
                  } catch (const std::exception& e) {
                    // The HoldCore, if it was made, released the entry as it went.
-                   if (failure && !*failure) *failure = std::current_exception();
+                   if (failure && !failure->failure) failure->failure = std::current_exception();
                    client.reset();
                    return done(InternalError("making the leadership of " + name + ": " + e.what()));
                  }

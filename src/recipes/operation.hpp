@@ -1,7 +1,9 @@
 // Internal: what every asynchronous recipe operation shares. An operation is
-// a state machine on the client's executor thread: each step starts one
-// asynchronous store call (or a wait, or a pause) whose completion posts the
-// next step, so an operation's fields need no lock. The only other way in is
+// a state machine whose steps run one at a time: on the client's executor
+// thread, or, for a blocking caller, on the caller's own thread while it
+// waits (CallerSteps). Each step starts one asynchronous store call (or a
+// wait, or a pause) whose completion posts the next step, so an operation's
+// fields need no lock. The only other way in is
 // interrupt(), run when the deadline passes or `stop` is requested; it cuts
 // short what the current step armed in on_interrupt_ (a wait, a pause, a
 // recovery, a place in a local line), never a store request: each request
@@ -20,6 +22,7 @@
 
 #include "core/client_core.hpp"
 #include "dlock/store.hpp"
+#include "recipes/caller_steps.hpp"
 
 namespace dlock::internal {
 
@@ -35,13 +38,12 @@ class Operation : public std::enable_shared_from_this<Self> {
  protected:
   using Step = std::function<void(Self&)>;
 
-  Operation(std::shared_ptr<ClientCore> client, Clock::time_point deadline, std::stop_token stop,
-            std::shared_ptr<std::exception_ptr> failure)
+  Operation(std::shared_ptr<ClientCore> client, Clock::time_point deadline, std::stop_token stop, FailureSink caller)
       : client_(client->shared_from_this()),
         user_(std::move(client)),
         deadline_(deadline),
         stop_(std::move(stop)),
-        failure_(std::move(failure)) {}
+        caller_(std::move(caller)) {}
   ~Operation() = default;
 
   Self& self() { return static_cast<Self&>(*this); }
@@ -62,18 +64,28 @@ class Operation : public std::enable_shared_from_this<Self> {
     };
   }
 
+  // Queues a task where this operation's steps run (never runs it here).
+  void post(std::function<void()> task) {
+    if (caller_) return caller_->steps.post(std::move(task));
+    client_->executor().post(std::move(task));
+  }
+
   // A completion for the store (called on any thread): posts `fn(result)`.
   template <class T>
   std::function<void(T)> then(std::function<void(Self&, T)> fn) {
     return [op = this->shared_from_this(), fn = std::move(fn)](T result) {
-      op->client_->executor().post(
-          op->step([fn, result = std::make_shared<T>(std::move(result))](Self& s) { fn(s, std::move(*result)); }));
+      op->post(op->step([fn, result = std::make_shared<T>(std::move(result))](Self& s) { fn(s, std::move(*result)); }));
     };
+  }
+  // The same for a completion without a result, such as ClientCore's
+  // (which run on the executor, not necessarily where the steps run).
+  std::function<void()> then(Step fn) {
+    return [op = this->shared_from_this(), task = step(std::move(fn))] { op->post(task); };
   }
 
   // Keeps the first exception for a blocking caller (acquire.hpp, FailureSink).
   void keep(std::exception_ptr e) {
-    if (failure_ && !*failure_) *failure_ = std::move(e);
+    if (caller_ && !caller_->failure) caller_->failure = std::move(e);
   }
 
   // Arms the deadline timer and the stop callback, and keeps the operation
@@ -83,7 +95,7 @@ class Operation : public std::enable_shared_from_this<Self> {
     keep_alive_ = this->shared_from_this();
     std::weak_ptr<Self> weak = this->weak_from_this();
     auto interrupt = [weak] {
-      if (auto op = weak.lock()) op->client_->executor().post(op->step([](Self& s) { s.interrupt(); }));
+      if (auto op = weak.lock()) op->post(op->step([](Self& s) { s.interrupt(); }));
     };
     if (deadline_ != kNoDeadline) deadline_timer_ = client_->executor().at(deadline_, interrupt);
     stop_callback_.emplace(stop_, interrupt);
@@ -129,11 +141,11 @@ class Operation : public std::enable_shared_from_this<Self> {
     std::weak_ptr<Self> weak = this->weak_from_this();
     recovery_ = session->subscribe([weak, resolve](SessionState state) {
       if (state == SessionState::kSuspended) return;
-      if (auto op = weak.lock()) op->client_->executor().post(op->step(resolve));
+      if (auto op = weak.lock()) op->post(op->step(resolve));
     });
     on_interrupt_ = [this, resolve] { resolve(self()); };
     // A change between the look above and the subscription.
-    if (session->state() != SessionState::kSuspended) client_->executor().post(step(resolve));
+    if (session->state() != SessionState::kSuspended) post(step(resolve));
   }
 
   // Retry pacing for requests that fail at once although the session says
@@ -148,7 +160,7 @@ class Operation : public std::enable_shared_from_this<Self> {
     };
     const Clock::time_point until = std::min(deadline_, DeadlineAfter(client_->now(), backoff_));
     backoff_ = std::min<Clock::duration>(backoff_ * 2, std::chrono::milliseconds(500));
-    client_->executor().at(until, step(resume));
+    client_->executor().at(until, then(Step(resume)));
     on_interrupt_ = [this, resume] { resume(self()); };
   }
 
@@ -161,7 +173,7 @@ class Operation : public std::enable_shared_from_this<Self> {
   bool finished_ = false;
   std::function<void()> on_interrupt_;  // what a deadline or stop cuts short now
   std::shared_ptr<void> recovery_;      // the session subscription of a recovery in progress
-  const std::shared_ptr<std::exception_ptr> failure_;
+  const FailureSink caller_;            // a blocking caller's, or null
 
  private:
   std::shared_ptr<Self> keep_alive_;  // from arm() to disarm()

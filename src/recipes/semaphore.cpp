@@ -50,11 +50,18 @@ class SemaphoreAcquisition : public internal::Operation<SemaphoreAcquisition> {
         permits_(permits),
         done_(std::move(done)) {}
 
+  // On the calling thread. The first round's acquirers' lock is asked for
+  // here, not in a step, so that one thread's acquisitions queue in the
+  // order it made them (as Acquisition::start); arm() goes first, and
+  // round() touches nothing arm() or an interrupt does.
   void start() {
-    client_->executor().post(step([](SemaphoreAcquisition& s) {
-      s.arm();
-      s.round();
-    }));
+    post(step([](SemaphoreAcquisition& s) { s.arm(); }));
+    try {
+      round();
+    } catch (const std::exception& e) {  // out of memory: never an operation without an outcome
+      keep(std::current_exception());
+      post(step([what = std::string(e.what())](SemaphoreAcquisition& s) { s.abort(what.c_str()); }));
+    }
   }
 
  private:
@@ -190,12 +197,13 @@ class SemaphoreAcquisition : public internal::Operation<SemaphoreAcquisition> {
     if (!mine_.empty()) {
       HeldEntry e = mine_.back();
       mine_.pop_back();
-      return client_->remove_async(session_, leases_, e.id,
-                                   step([next = std::move(next)](SemaphoreAcquisition& s) { s.give_back(next); }));
+      return client_->remove_async(
+          session_, leases_, e.id,
+          then(Step([next = std::move(next)](SemaphoreAcquisition& s) { s.give_back(next); })));
     }
     if (!gate_entry_.empty()) {
       return client_->remove_async(session_, gate_.queue, std::exchange(gate_entry_, {}),
-                                   step([next = std::move(next)](SemaphoreAcquisition& s) { next(s); }));
+                                   then(Step([next = std::move(next)](SemaphoreAcquisition& s) { next(s); })));
     }
     next(*this);
   }
@@ -256,7 +264,7 @@ namespace {
 // Semaphore is gone.
 void StartSemaphore(const Client& client, const std::string& name, std::uint32_t permits, std::uint32_t count,
                     Clock::duration timeout, std::stop_token stop, bool try_only, AcquireCallback done,
-                    std::shared_ptr<std::exception_ptr> failure) {
+                    internal::FailureSink failure) {
   try_only = try_only || timeout <= Clock::duration::zero();  // one try, as for a TimedLockable
   if (count == 0 || count > permits) {
     throw Error(InvalidArgumentError("cannot take " + std::to_string(count) + " of the " + std::to_string(permits) +
@@ -274,7 +282,7 @@ void StartSemaphore(const Client& client, const std::string& name, std::uint32_t
 }  // namespace
 
 void Semaphore::start(std::uint32_t count, Clock::duration timeout, std::stop_token stop, bool try_only,
-                      AcquireCallback done, std::shared_ptr<std::exception_ptr> failure) {
+                      AcquireCallback done, std::shared_ptr<internal::BlockingCaller> failure) {
   StartSemaphore(client_, name_, permits_, count, timeout, std::move(stop), try_only, std::move(done),
                  std::move(failure));
 }

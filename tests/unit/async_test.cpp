@@ -216,6 +216,24 @@ TEST_P(AsyncTest, AsyncAndBlockingWaitersOfOneProcessQueueTogetherInOrder) {
   EXPECT_FALSE(second_granted.load()) << "the blocking waiter overtook the asynchronous one ahead of it";
   first.ReleaseKept();
   second.join();
+  // Round 3: one thread makes an asynchronous acquire, then a blocking one.
+  // The blocking one's steps run on that thread, the other's on dlock's
+  // executor; their places in the line follow the calls all the same.
+  ma.lock();
+  Outcomes third(1);
+  std::atomic<bool> fourth_granted{false};
+  std::thread fourth([&] {
+    mb.async_acquire(kPrompt, {}, third.Callback(0, /*keep=*/true));
+    auto h = mb.acquire(kPrompt);
+    EXPECT_TRUE(h);
+    fourth_granted = true;
+  });
+  ASSERT_TRUE(Eventually([&] { return Entries(name) == 2u; }, kPrompt));
+  ma.unlock();
+  ASSERT_TRUE(third.AllCame());
+  EXPECT_FALSE(fourth_granted.load()) << "the blocking acquire overtook the asynchronous one made before it";
+  third.ReleaseKept();
+  fourth.join();
   EXPECT_TRUE(Eventually([&] { return Entries(name) == 0u; }, kPrompt));
 }
 

@@ -1,0 +1,68 @@
+// Internal: the steps of a blocking call, run by the calling thread itself.
+//
+// A blocking lock call is the asynchronous acquisition waited for (WaitFor,
+// acquire.hpp). If its steps ran on the client's executor, every store
+// completion would cross two threads to reach the caller (store thread ->
+// executor -> caller, and the same on the way out); run by the caller, who
+// waits anyway, it crosses one. Timers (deadlines, pauses) stay on the
+// executor, which posts what they start here.
+#ifndef DLOCK_SRC_RECIPES_CALLER_STEPS_HPP_
+#define DLOCK_SRC_RECIPES_CALLER_STEPS_HPP_
+
+#include <condition_variable>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <memory>
+
+#include "core/client_core.hpp"
+#include "core/thread_annotations.hpp"
+
+namespace dlock::internal {
+
+// A queue of tasks that one thread runs while it waits for an outcome. Until
+// the outcome is there, posted tasks run on that thread, one at a time, in
+// the order they were posted; from then on (closed), what is still queued and
+// everything posted later goes to the client's executor, in the same order,
+// so an operation's later steps (a clean-up after a grant nobody waits for
+// any more) still run one at a time. Thread-safe.
+class CallerSteps {
+ public:
+  explicit CallerSteps(std::shared_ptr<ClientCore> client) : client_(std::move(client)) {}
+  CallerSteps(const CallerSteps&) = delete;
+  CallerSteps& operator=(const CallerSteps&) = delete;
+
+  void post(std::function<void()> task) DLOCK_EXCLUDES(mu_);
+  // The outcome is there: run() returns (on any thread; once).
+  void finish() DLOCK_EXCLUDES(mu_);
+  // Runs posted tasks on this thread until finish(), then closes. A task
+  // that throws is dropped, as the executor drops one.
+  void run() DLOCK_EXCLUDES(mu_);
+
+ private:
+  const std::shared_ptr<ClientCore> client_;  // for its executor, once closed
+  Mutex mu_;
+  std::condition_variable_any cv_;
+  std::deque<std::function<void()>> tasks_ DLOCK_GUARDED_BY(mu_);
+  bool finished_ DLOCK_GUARDED_BY(mu_) = false;
+  bool closed_ DLOCK_GUARDED_BY(mu_) = false;
+};
+
+// What a blocking caller lends the engine: the thread that runs its
+// operations' steps, and a place for the first exception thrown inside the
+// engine (std::bad_alloc, at worst), which the caller rethrows as it is
+// (asynchronous callers get kInternal instead).
+struct BlockingCaller {
+  explicit BlockingCaller(std::shared_ptr<ClientCore> client) : steps(std::move(client)) {}
+  CallerSteps steps;
+  std::exception_ptr failure;  // set on the thread that runs the steps, read by the caller after run()
+};
+
+// How the engine's functions take a blocking caller: the operations started
+// for it run their steps on its thread and keep an exception for it there.
+// Null for asynchronous callers, whose steps run on the executor.
+using FailureSink = std::shared_ptr<BlockingCaller>;
+
+}  // namespace dlock::internal
+
+#endif  // DLOCK_SRC_RECIPES_CALLER_STEPS_HPP_
