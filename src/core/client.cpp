@@ -365,17 +365,17 @@ LocalLine::Ticket LocalLine::new_ticket() {
 }
 
 void LocalLine::join(Ticket ticket, std::function<void()> enter) {
-  std::function<void()> admitted;
+  std::optional<Waiter> next;
   {
     MutexLock g(mu_);
     line_.emplace_back(ticket, std::move(enter));
-    admitted = admit_next();
+    next = admit_next();
   }
-  if (admitted) admitted();
+  let_in(std::move(next));
 }
 
 bool LocalLine::abandon(Ticket ticket) {
-  std::function<void()> admitted;
+  std::optional<Waiter> next;
   std::function<void()> removed;  // destroyed without mu_: it may own anything
   {
     MutexLock g(mu_);
@@ -385,20 +385,20 @@ bool LocalLine::abandon(Ticket ticket) {
       line_.erase(it);
       break;
     }
-    admitted = admit_next();
+    next = admit_next();
   }
-  if (admitted) admitted();
+  let_in(std::move(next));
   return static_cast<bool>(removed);
 }
 
 void LocalLine::leave() {
-  std::function<void()> admitted;
+  std::optional<Waiter> next;
   {
     MutexLock g(mu_);
     busy_ = false;
-    admitted = admit_next();
+    next = admit_next();
   }
-  if (admitted) admitted();
+  let_in(std::move(next));
 }
 
 bool LocalLine::idle() const noexcept {
@@ -406,12 +406,23 @@ bool LocalLine::idle() const noexcept {
   return !busy_ && line_.empty();
 }
 
-std::function<void()> LocalLine::admit_next() {
-  if (busy_ || line_.empty()) return nullptr;
+std::optional<LocalLine::Waiter> LocalLine::admit_next() {
+  if (busy_ || line_.empty()) return std::nullopt;
   busy_ = true;
-  std::function<void()> enter = std::move(line_.front().second);
+  Waiter next = std::move(line_.front());
   line_.pop_front();
-  return enter;
+  return next;
+}
+
+void LocalLine::let_in(std::optional<Waiter> next) {
+  if (!next) return;
+  try {
+    next->second();
+  } catch (...) {
+    MutexLock g(mu_);
+    busy_ = false;
+    line_.push_front(std::move(*next));
+  }
 }
 
 std::shared_ptr<LocalLine> ClientCore::line(const std::string& queue) {

@@ -9,6 +9,7 @@
 #include <list>
 #include <map>
 #include <memory>
+#include <optional>
 #include <stop_token>
 #include <string>
 #include <thread>
@@ -66,14 +67,19 @@ class LocalLine {
   bool idle() const noexcept DLOCK_EXCLUDES(mu_);
 
  private:
-  // Takes the next one in, if nobody is inside: its `enter`, to be called
-  // once mu_ is released.
-  std::function<void()> admit_next() DLOCK_REQUIRES(mu_);
+  using Waiter = std::pair<Ticket, std::function<void()>>;
+  // Takes the next one in, if nobody is inside: to be let_in() once mu_ is
+  // released.
+  std::optional<Waiter> admit_next() DLOCK_REQUIRES(mu_);
+  // Calls its `enter`. If that fails (out of memory), the waiter goes back
+  // to the front of the line, for the next join() or leave() to let in, or
+  // its own deadline to take out: never stranded as the one inside.
+  void let_in(std::optional<Waiter> next) DLOCK_EXCLUDES(mu_);
 
   mutable Mutex mu_;
   bool busy_ DLOCK_GUARDED_BY(mu_) = false;
   Ticket next_ DLOCK_GUARDED_BY(mu_) = 0;
-  std::list<std::pair<Ticket, std::function<void()>>> line_ DLOCK_GUARDED_BY(mu_);
+  std::list<Waiter> line_ DLOCK_GUARDED_BY(mu_);
 };
 
 // A client's engine. Two kinds of references lead to it:
