@@ -44,7 +44,6 @@ namespace dlock {
 
 namespace internal {
 class SemaphoreMutexCore;
-struct BlockingCaller;
 }  // namespace internal
 
 class DLOCK_EXPORT Semaphore {
@@ -76,10 +75,6 @@ class DLOCK_EXPORT Semaphore {
 
  private:
   std::optional<Lease> acquire_impl(std::uint32_t count, Clock::duration timeout, std::stop_token stop, bool try_only);
-  // `caller`: a blocking caller, whose thread runs the acquisition's steps
-  // and who rethrows an exception thrown inside the engine as it is.
-  void start(std::uint32_t count, Clock::duration timeout, std::stop_token stop, bool try_only, AcquireCallback done,
-             std::shared_ptr<internal::BlockingCaller> caller = nullptr);
 
   Client client_;
   std::string name_;

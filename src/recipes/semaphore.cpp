@@ -260,7 +260,7 @@ std::optional<Lease> Semaphore::acquire(std::uint32_t count, Clock::duration tim
 
 namespace {
 
-// What Semaphore::start does, from copies: an awaitable may start after its
+// Starts a semaphore acquisition from copies: an awaitable may start after its
 // Semaphore is gone.
 void StartSemaphore(const Client& client, const std::string& name, std::uint32_t permits, std::uint32_t count,
                     Clock::duration timeout, std::stop_token stop, bool try_only, AcquireCallback done,
@@ -281,15 +281,9 @@ void StartSemaphore(const Client& client, const std::string& name, std::uint32_t
 
 }  // namespace
 
-void Semaphore::start(std::uint32_t count, Clock::duration timeout, std::stop_token stop, bool try_only,
-                      AcquireCallback done, std::shared_ptr<internal::BlockingCaller> failure) {
-  StartSemaphore(client_, name_, permits_, count, timeout, std::move(stop), try_only, std::move(done),
-                 std::move(failure));
-}
-
 void Semaphore::async_acquire(std::uint32_t count, Clock::duration timeout, std::stop_token stop,
                               AcquireCallback done) {
-  start(count, timeout, std::move(stop), false, std::move(done));
+  StartSemaphore(client_, name_, permits_, count, timeout, std::move(stop), false, std::move(done), nullptr);
 }
 
 AcquireAwaitable Semaphore::async_acquire(std::uint32_t count, Clock::duration timeout, std::stop_token stop) {
@@ -301,15 +295,17 @@ AcquireAwaitable Semaphore::async_acquire(std::uint32_t count, Clock::duration t
 
 std::future<std::optional<Lease>> Semaphore::acquire_future(std::uint32_t count, Clock::duration timeout,
                                                             std::stop_token stop) {
-  return internal::FutureOf(
-      [&](AcquireCallback done) { start(count, timeout, std::move(stop), false, std::move(done)); });
+  return internal::FutureOf([&](AcquireCallback done) {
+    StartSemaphore(client_, name_, permits_, count, timeout, std::move(stop), false, std::move(done), nullptr);
+  });
 }
 
 std::optional<Lease> Semaphore::acquire_impl(std::uint32_t count, Clock::duration timeout, std::stop_token stop,
                                              bool try_only) {
   Result<std::optional<Lease>> got = internal::WaitFor<std::optional<Lease>>(
       *internal::CoreOf(client_), [&](AcquireCallback done, internal::FailureSink failure) {
-        start(count, timeout, std::move(stop), try_only, std::move(done), std::move(failure));
+        StartSemaphore(client_, name_, permits_, count, timeout, std::move(stop), try_only, std::move(done),
+                       std::move(failure));
       });
   if (!got.ok()) throw Error(got.status());
   return std::move(got).value();
