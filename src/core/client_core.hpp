@@ -59,8 +59,7 @@ class LocalLine {
   // only post the caller's next step, never run it.
   void join(Ticket ticket, std::function<void()> enter) DLOCK_EXCLUDES(mu_);
   // Leaves the line before having been let in: true. False if the caller
-  // was let in already (its `enter` was called), or has not joined yet (it
-  // will be let in): it must leave() once in.
+  // was let in already (its `enter` was called): it must leave() then.
   bool abandon(Ticket ticket) DLOCK_EXCLUDES(mu_);
   // The one inside leaves; the next one enters.
   void leave() DLOCK_EXCLUDES(mu_);

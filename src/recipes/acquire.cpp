@@ -50,25 +50,26 @@ class Acquisition : public Operation<Acquisition> {
 
   // On the calling thread. Our place in the process's line is taken here,
   // not in a step: one thread's acquisitions queue in the order it made
-  // them, blocking and asynchronous alike, wherever their steps run. Once
-  // begin() is posted, fields are the steps' (an interrupt may run at once):
-  // the join works on copies.
+  // them, blocking and asynchronous alike, wherever their steps run. It is
+  // taken before begin() is posted, so that a deadline or stop (armed in
+  // begin()) always finds us in the line or let in, never not yet there
+  // (review: an interrupt spent before the join left the acquire waiting
+  // behind a local waiter for as long as that one waited). Being let in may
+  // then come before begin(): each of the two looks for the other. Once
+  // anything is posted, fields are the steps': the calling thread works on
+  // copies.
   void start() {
-    std::shared_ptr<LocalLine> line;
-    std::function<void()> enter;
-    if (req_.use_gate) {
-      line_ = line = client_->line(req_.queue);
-      ticket_ = line->new_ticket();
-      enter = then(Step([](Acquisition& a) { a.entered_line(); }));
-    }
-    const LocalLine::Ticket ticket = ticket_;
-    post(step([](Acquisition& self) { self.begin(); }));
-    if (!line) return;
+    if (!req_.use_gate) return post(step([](Acquisition& self) { self.begin(); }));
+    std::shared_ptr<LocalLine> line = client_->line(req_.queue);
+    const LocalLine::Ticket ticket = line->new_ticket();
+    line_ = line;
+    ticket_ = ticket;
+    line->join(ticket, then(Step([](Acquisition& a) { a.entered_line(); })));
     try {
-      line->join(ticket, std::move(enter));  // entered_line() comes after begin()
-    } catch (const std::exception& e) {      // out of memory: never a waiter left in no line
-      keep(std::current_exception());
-      post(step([what = std::string(e.what())](Acquisition& a) { a.abort(what.c_str()); }));
+      post(step([](Acquisition& self) { self.begin(); }));
+    } catch (...) {  // out of memory: the place goes (entered_line(), if posted, finds no begin())
+      if (!line->abandon(ticket)) line->leave();
+      throw;
     }
   }
 
@@ -78,11 +79,12 @@ class Acquisition : public Operation<Acquisition> {
   // ------------------------------------------------------------ lifetime
 
   void begin() {
+    begun_ = true;
     arm();
-    if (!req_.use_gate) return start_pass(true);
+    if (!req_.use_gate || inside_line_) return start_pass(true);
     // In the line: a deadline or stop leaves it.
     on_interrupt_ = [this] {
-      if (!line_->abandon(ticket_)) return;  // let in (or about to join): entered_line() follows
+      if (!line_->abandon(ticket_)) return;  // let in meanwhile: entered_line() follows
       drop_line();
       finish(std::optional<Acquired>());
     };
@@ -91,6 +93,7 @@ class Acquisition : public Operation<Acquisition> {
   void entered_line() {
     inside_line_ = true;
     on_interrupt_ = nullptr;
+    if (!begun_) return;  // let in at once, before begin() ran: begin() starts the pass
     // Let in before the deadline (or at once): the first pass is made, as
     // any timeout allows one try.
     start_pass(true);
@@ -386,6 +389,7 @@ class Acquisition : public Operation<Acquisition> {
 
   std::shared_ptr<LocalLine> line_;
   LocalLine::Ticket ticket_ = 0;
+  bool begun_ = false;
   bool inside_line_ = false;
 
   std::shared_ptr<Session> session_;  // this pass's

@@ -237,6 +237,79 @@ TEST_P(AsyncTest, AsyncAndBlockingWaitersOfOneProcessQueueTogetherInOrder) {
   EXPECT_TRUE(Eventually([&] { return Entries(name) == 0u; }, kPrompt));
 }
 
+// Review of 23b0ae1: an acquire's place in the process's line is taken on
+// the calling thread after begin() is posted. If the stop (or deadline)
+// interrupt runs on the executor before that join, abandon() finds nothing,
+// the interrupt is spent, and the acquire then waits in the line behind the
+// local waiter inside for as long as that one waits: stop no longer cancels.
+TEST_P(AsyncTest, ReviewAStopRequestedBeforeTheAcquireEndsItEvenBehindALocalWaiter) {
+  Client a = NewClient();
+  Client b = NewClient();
+  const std::string name = UniqueName("stop-before-join");
+  Mutex ma(a, name);
+  Mutex mb(b, name);
+  ma.lock();                                                       // another process holds it
+  std::thread blocked([&] { EXPECT_TRUE(mb.acquire(kPrompt)); });  // inside b's line, waiting in the store
+  ASSERT_TRUE(Eventually([&] { return Entries(name) == 2u; }, kPrompt));
+  constexpr std::size_t kThreads = 6;
+  constexpr std::size_t kEach = 2000;
+  Outcomes outcomes(kThreads * kEach);
+  std::vector<std::thread> callers;
+  for (std::size_t t = 0; t < kThreads; ++t) {
+    callers.emplace_back([&, t] {
+      for (std::size_t i = 0; i < kEach; ++i) {
+        std::stop_source stopped;
+        stopped.request_stop();
+        mb.async_acquire(kForever, stopped.get_token(), outcomes.Callback(t * kEach + i));
+      }
+    });
+  }
+  for (auto& th : callers) th.join();
+  const bool all_came = Eventually([&] { return outcomes.Order().size() == kThreads * kEach; }, 5s);
+  const std::size_t came = outcomes.Order().size();
+  ma.unlock();  // lets the blocked waiter in, and with it whatever waits behind it
+  blocked.join();
+  EXPECT_TRUE(all_came) << (kThreads * kEach - came) << " of " << kThreads * kEach
+                        << " acquires with a stop requested before the call were still waiting after 5 s "
+                           "(behind a local waiter that waits for good)";
+  ASSERT_TRUE(outcomes.AllCame());
+  EXPECT_EQ(outcomes.Holds(), 0);
+  EXPECT_TRUE(Eventually([&] { return Entries(name) == 0u; }, kPrompt));
+}
+
+// The same with a deadline: an asynchronous acquire whose (1 ns) timeout
+// passes while it waits in the process's line behind a local waiter must
+// end at once, not when that waiter ends. (A timeout <= 0 is a try, which
+// never joins the line.)
+TEST_P(AsyncTest, ReviewATinyTimeoutAcquireBehindALocalWaiterEndsAtOnce) {
+  Client a = NewClient();
+  Client b = NewClient();
+  const std::string name = UniqueName("zero-before-join");
+  Mutex ma(a, name);
+  Mutex mb(b, name);
+  ma.lock();
+  std::thread blocked([&] { EXPECT_TRUE(mb.acquire(kPrompt)); });
+  ASSERT_TRUE(Eventually([&] { return Entries(name) == 2u; }, kPrompt));
+  constexpr std::size_t kThreads = 6;
+  constexpr std::size_t kEach = 2000;
+  Outcomes outcomes(kThreads * kEach);
+  std::vector<std::thread> callers;
+  for (std::size_t t = 0; t < kThreads; ++t) {
+    callers.emplace_back([&, t] {
+      for (std::size_t i = 0; i < kEach; ++i) mb.async_acquire(1ns, {}, outcomes.Callback(t * kEach + i));
+    });
+  }
+  for (auto& th : callers) th.join();
+  const bool all_came = Eventually([&] { return outcomes.Order().size() == kThreads * kEach; }, 5s);
+  const std::size_t came = outcomes.Order().size();
+  ma.unlock();
+  blocked.join();
+  EXPECT_TRUE(all_came) << (kThreads * kEach - came) << " of " << kThreads * kEach
+                        << " acquires with a 1 ns timeout were still waiting after 5 s behind a local waiter";
+  ASSERT_TRUE(outcomes.AllCame());
+  EXPECT_TRUE(Eventually([&] { return Entries(name) == 0u; }, kPrompt));
+}
+
 TEST_P(AsyncTest, ATimeoutOrAStopEndsTheAcquireAndLeavesNothingInTheStore) {
   Client a = NewClient();
   Client b = NewClient();
