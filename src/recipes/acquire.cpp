@@ -65,10 +65,16 @@ class Acquisition : public Operation<Acquisition> {
     line_ = line;
     ticket_ = ticket;
     line->join(ticket, then(Step([](Acquisition& a) { a.entered_line(); })));
+    // Only line_ may count once the steps can run: drop_line() forgets an
+    // idle line only if nobody else has a reference (review: a copy held
+    // here while a quick acquisition ended on the executor kept an idle
+    // line in the client's map).
+    line.reset();
     try {
       post(step([](Acquisition& self) { self.begin(); }));
-    } catch (...) {  // out of memory: the place goes (entered_line(), if posted, finds no begin())
-      if (!line->abandon(ticket)) line->leave();
+    } catch (
+        ...) {  // out of memory: the place goes (entered_line(), if posted, finds no begin() and leaves line_ alone)
+      if (!line_->abandon(ticket)) line_->leave();
       throw;
     }
   }
