@@ -32,6 +32,7 @@
 
 #include "dlock/dlock.hpp"
 #include "support/interop_ledger.hpp"
+#include "support/observation_reports.hpp"
 #include "support/poll.hpp"
 #include "support/status_matchers.hpp"
 
@@ -328,18 +329,9 @@ TEST_F(EtcdInterop, CandidatesAreGoElectionKeysBothWays) {
 // (issue 16).
 TEST_F(EtcdInterop, DlockElectionAndEtcdctlElectOneLeaderTogether) {
   Election election(*client_, "together");
-  std::mutex mu;
-  std::vector<Observation> seen;
-  std::shared_ptr<void> observing = election.observe([&](const Observation& o) {
-    std::lock_guard<std::mutex> g(mu);
-    seen.push_back(o);
-  });
-  auto reported = [&](std::size_t n) {
-    return testing::Eventually([&] {
-      std::lock_guard<std::mutex> g(mu);
-      return seen.size() >= n;
-    });
-  };
+  testing::ObservationReports reports;
+  std::shared_ptr<void> observing = election.observe(reports.fn());
+  auto reported = [&](std::size_t n) { return reports.at_least(n, 20s).size() >= n; };
   ASSERT_TRUE(reported(1)) << "the first report: no leader";
   std::optional<Leadership> first = election.campaign("dlock-a", 20s);
   ASSERT_TRUE(first.has_value());
@@ -363,7 +355,7 @@ TEST_F(EtcdInterop, DlockElectionAndEtcdctlElectOneLeaderTogether) {
   ASSERT_TRUE(next.has_value());
   EXPECT_GT(next->term(), (*now)->term);
   ASSERT_TRUE(reported(4));
-  std::lock_guard<std::mutex> g(mu);
+  std::vector<Observation> seen = reports.all();
   ASSERT_GE(seen.size(), 4u);
   EXPECT_EQ(seen[0].state, LeaderState::kNoLeader);
   EXPECT_EQ(seen[1].leader->value, "dlock-a");

@@ -8,11 +8,10 @@
 
 #include <gtest/gtest.h>
 
-#include <mutex>
 #include <optional>
-#include <vector>
 
 #include "dlock/dlock.hpp"
+#include "support/observation_reports.hpp"
 #include "support/poll.hpp"
 #include "support/tcp_proxy.hpp"
 
@@ -23,18 +22,11 @@ namespace dlock::testing {
 inline void ExpectAnObserverCutOffReportsTheLeaderNowNeverTheOldOne(const Client& watcher, const Client& direct,
                                                                     TcpProxy& proxy) {
   using namespace std::chrono_literals;
-  std::mutex mu;
-  std::vector<Observation> seen;
-  auto reports = [&] {
-    std::lock_guard<std::mutex> g(mu);
-    return seen;
-  };
+  ObservationReports seen;
+  auto reports = [&] { return seen.all(); };
   std::optional<Leadership> old_leader = Election(direct, "e").campaign("old", 30s);
   ASSERT_TRUE(old_leader.has_value());
-  std::shared_ptr<void> observing = Election(watcher, "e").observe([&](const Observation& o) {
-    std::lock_guard<std::mutex> g(mu);
-    seen.push_back(o);
-  });
+  std::shared_ptr<void> observing = Election(watcher, "e").observe(seen.fn());
   ASSERT_TRUE(Eventually([&] { return reports().size() == 1; }, 30s));
   ASSERT_EQ(reports()[0].state, LeaderState::kLeader);
 
@@ -63,7 +55,6 @@ inline void ExpectAnObserverCutOffReportsTheLeaderNowNeverTheOldOne(const Client
       EXPECT_EQ(r[i].leader->value, "new");
     }
   }
-  observing.reset();  // before `seen` goes
 }
 
 }  // namespace dlock::testing

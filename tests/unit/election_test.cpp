@@ -17,6 +17,7 @@
 #include "dlock/dlock.hpp"
 #include "support/detached.hpp"
 #include "support/manual_world.hpp"
+#include "support/observation_reports.hpp"
 #include "support/stores.hpp"
 
 namespace dlock {
@@ -31,38 +32,7 @@ std::string UniqueName(const std::string& base) {
   return "test/election/" + base + "-" + std::to_string(::getpid()) + "-" + std::to_string(counter++);
 }
 
-// Collects an observer's reports. The observer's function shares them, as
-// election.hpp asks: a report already running when the handle goes is not
-// waited for, and may come after this object is gone (seen under TSan).
-class Reports {
- public:
-  std::function<void(const Observation&)> fn() {
-    return [shared = shared_](const Observation& o) {
-      std::lock_guard<std::mutex> g(shared->mu);
-      shared->seen.push_back(o);
-      shared->cv.notify_all();
-    };
-  }
-  // Waits (a bounded time, far beyond what any store needs) until there are
-  // at least `n` reports; returns them all.
-  std::vector<Observation> at_least(std::size_t n) {
-    std::unique_lock<std::mutex> g(shared_->mu);
-    shared_->cv.wait_for(g, 60s, [&] { return shared_->seen.size() >= n; });
-    return shared_->seen;
-  }
-  std::size_t size() {
-    std::lock_guard<std::mutex> g(shared_->mu);
-    return shared_->seen.size();
-  }
-
- private:
-  struct Shared {
-    std::mutex mu;
-    std::condition_variable cv;
-    std::vector<Observation> seen;
-  };
-  std::shared_ptr<Shared> shared_ = std::make_shared<Shared>();
-};
+using Reports = testing::ObservationReports;
 
 std::string Describe(const std::vector<Observation>& reports) {
   std::string out;
