@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <future>
 #include <map>
+#include <memory>
 #include <random>
 #include <set>
 #include <thread>
@@ -1100,21 +1101,48 @@ TEST_P(ConformanceTest, ReadHeadGivesTheFirstEntryWithItsValue) {
   EXPECT_EQ(head->entry->value, std::optional<std::string>("second"));
 }
 
+// A head watch of `q`, armed from a fresh reading by `watcher`, that has not
+// fired within kStillBlocked. A store may fire once when nothing changed
+// (store.hpp: Redis does, for a message about a change made before the
+// reading that its subscriber had not read yet; seen under load): the watch
+// is then read and armed again, a few times, so a store whose watches always
+// fire at once still fails.
+struct QuietHeadWatch {
+  std::unique_ptr<Outcomes<Status>> outcomes;
+  std::shared_ptr<void> handle;  // goes before `outcomes`
+  std::string failure;           // set: never quiet
+};
+
+QuietHeadWatch ArmQuietHeadWatch(Session& watcher, const std::string& q) {
+  QuietHeadWatch w;
+  for (int attempt = 0; attempt < 5; ++attempt) {
+    auto seen = ReadHead(watcher, q);
+    if (!seen.ok()) {
+      w.failure = "read_head: " + seen.status().to_string();
+      return w;
+    }
+    w.handle.reset();
+    w.outcomes = std::make_unique<Outcomes<Status>>();
+    w.handle = watcher.async_watch_head(q, *seen, w.outcomes->Callback());
+    if (w.outcomes->NoneWithin(kStillBlocked)) {
+      w.failure.clear();
+      return w;
+    }
+    w.failure = "fired before any change, 5 times; the last: " + w.outcomes->First().to_string();
+  }
+  return w;
+}
+
 // Watches the head of `q` from a fresh reading by `watcher`, makes `change`,
 // and says whether the watch fired (within kPrompt) and only once.
 ::testing::AssertionResult FiresOn(Session& watcher, const std::string& q, const std::function<void()>& change) {
-  auto seen = ReadHead(watcher, q);
-  if (!seen.ok()) return ::testing::AssertionFailure() << "read_head: " << seen.status().to_string();
-  Outcomes<Status> fired;
-  auto handle = watcher.async_watch_head(q, *seen, fired.Callback());
-  if (!fired.NoneWithin(kStillBlocked)) {
-    return ::testing::AssertionFailure() << "fired before the change: " << fired.First().to_string();
-  }
+  QuietHeadWatch w = ArmQuietHeadWatch(watcher, q);
+  if (!w.failure.empty()) return ::testing::AssertionFailure() << w.failure;
   change();
-  Status s = fired.First();
-  handle.reset();
+  Status s = w.outcomes->First();
+  w.handle.reset();
   if (!s.ok()) return ::testing::AssertionFailure() << "ended with " << s.to_string();
-  if (fired.Count() != 1) return ::testing::AssertionFailure() << fired.Count() << " outcomes";
+  if (w.outcomes->Count() != 1) return ::testing::AssertionFailure() << w.outcomes->Count() << " outcomes";
   return ::testing::AssertionSuccess();
 }
 
@@ -1211,28 +1239,22 @@ TEST_P(ConformanceTest, AHeadWatchIsCancelledByItsHandleAndEndsWithItsSession) {
   const std::string q = Queue("head-cancel");
   SKIP_WITHOUT_VALUES(*s);
   Entry e = Append(*s, q, Candidate("v"));
-  auto seen = ReadHead(*watcher, q);
-  ASSERT_THAT(seen.status(), IsOk());
-  Outcomes<Status> cancelled;
-  auto handle = watcher->async_watch_head(q, *seen, cancelled.Callback());
-  EXPECT_TRUE(cancelled.NoneWithin(kStillBlocked));
-  handle.reset();
-  EXPECT_EQ(cancelled.Count(), 1u) << "the outcome comes before the handle's destructor returns";
-  EXPECT_THAT(cancelled.First(), StatusIs(ErrorCode::kCancelled));
+  QuietHeadWatch cancelled = ArmQuietHeadWatch(*watcher, q);
+  ASSERT_TRUE(cancelled.failure.empty()) << cancelled.failure;
+  cancelled.handle.reset();
+  EXPECT_EQ(cancelled.outcomes->Count(), 1u) << "the outcome comes before the handle's destructor returns";
+  EXPECT_THAT(cancelled.outcomes->First(), StatusIs(ErrorCode::kCancelled));
   ASSERT_THAT(s->remove(q, e.id, In(kPrompt)), IsOk());
   std::this_thread::sleep_for(kStillBlocked);  // a late second outcome would show here
-  EXPECT_EQ(cancelled.Count(), 1u);
+  EXPECT_EQ(cancelled.outcomes->Count(), 1u);
 
   Append(*s, q, Candidate("again"));
-  seen = ReadHead(*watcher, q);
-  ASSERT_THAT(seen.status(), IsOk());
-  Outcomes<Status> ended;
-  auto h2 = watcher->async_watch_head(q, *seen, ended.Callback());
-  EXPECT_TRUE(ended.NoneWithin(kStillBlocked));
+  QuietHeadWatch ended = ArmQuietHeadWatch(*watcher, q);
+  ASSERT_TRUE(ended.failure.empty()) << ended.failure;
   watcher->close();
-  EXPECT_THAT(ended.First(), StatusIs(ErrorCode::kSessionLost));
-  h2.reset();
-  EXPECT_EQ(ended.Count(), 1u);
+  EXPECT_THAT(ended.outcomes->First(), StatusIs(ErrorCode::kSessionLost));
+  ended.handle.reset();
+  EXPECT_EQ(ended.outcomes->Count(), 1u);
 }
 
 // Review finding (etcd, step 5): a downgrade puts its read entry beside the
