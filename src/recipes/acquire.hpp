@@ -79,7 +79,7 @@ void StartAcquire(const std::shared_ptr<ClientCore>& client, AcquireRequest requ
 
 // Blocks until `start(done, caller)` has called `done`, running the steps of
 // what it started on this thread meanwhile, and rethrows what the engine
-// left in `caller->failure`; refused on the executor thread of `client`
+// kept by `caller->keep()`; refused on the executor thread of `client`
 // (whose timers it needs). Shared by every blocking recipe call.
 template <class T>
 Result<T> WaitFor(ClientCore& client, const std::function<void(std::function<void(Result<T>)>, FailureSink)>& start);
@@ -105,7 +105,7 @@ Result<T> WaitFor(ClientCore& client, const std::function<void(std::function<voi
     throw;
   }
   caller->steps.run();
-  if (caller->failure) std::rethrow_exception(caller->failure);
+  if (std::exception_ptr failure = caller->take_failure()) std::rethrow_exception(failure);
   if (!*outcome) return InternalError("a blocking call ended without an outcome");
   return std::move(**outcome);
 }

@@ -52,10 +52,31 @@ class CallerSteps {
 // operations' steps, and a place for the first exception thrown inside the
 // engine (std::bad_alloc, at worst), which the caller rethrows as it is
 // (asynchronous callers get kInternal instead).
-struct BlockingCaller {
+class BlockingCaller {
+ public:
   explicit BlockingCaller(std::shared_ptr<ClientCore> client) : steps(std::move(client)) {}
+
   CallerSteps steps;
-  std::exception_ptr failure;  // set on the thread that runs the steps, read by the caller after run()
+
+  // Keeps `e` unless an exception is kept already or the caller has taken
+  // its failure. Any thread: a step left over after the outcome runs on the
+  // executor, where it may throw while the caller reads (out of memory).
+  void keep(std::exception_ptr e) DLOCK_EXCLUDES(mu_) {
+    MutexLock g(mu_);
+    if (!taken_ && !failure_) failure_ = std::move(e);
+  }
+  // The kept exception, if any, once; later ones are dropped (the caller
+  // has its outcome by then).
+  std::exception_ptr take_failure() DLOCK_EXCLUDES(mu_) {
+    MutexLock g(mu_);
+    taken_ = true;
+    return std::move(failure_);
+  }
+
+ private:
+  Mutex mu_;
+  std::exception_ptr failure_ DLOCK_GUARDED_BY(mu_);
+  bool taken_ DLOCK_GUARDED_BY(mu_) = false;
 };
 
 // How the engine's functions take a blocking caller: the operations started

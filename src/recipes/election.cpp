@@ -290,7 +290,7 @@ void StartCampaign(const Client& client, const std::string& name, const std::str
                    leadership = MakeLeadership(*client, name, **got, std::move(value));
                  } catch (const std::exception& e) {
                    // The HoldCore, if it was made, released the entry as it went.
-                   if (failure && !failure->failure) failure->failure = std::current_exception();
+                   if (failure) failure->keep(std::current_exception());
                    client.reset();
                    return done(InternalError("making the leadership of " + name + ": " + e.what()));
                  }

@@ -37,7 +37,7 @@ void StartHold(const Client& client, const std::string& name, AcquireRequest req
                    hold = MakeHold(*client, name, queue, **got, token);
                  } catch (const std::exception& e) {
                    // The HoldCore, if it was made, released the entry as it went.
-                   if (failure && !failure->failure) failure->failure = std::current_exception();
+                   if (failure) failure->keep(std::current_exception());
                    client.reset();
                    return done(InternalError("making the hold of " + name + ": " + e.what()));
                  }

@@ -85,7 +85,7 @@ class Operation : public std::enable_shared_from_this<Self> {
 
   // Keeps the first exception for a blocking caller (acquire.hpp, FailureSink).
   void keep(std::exception_ptr e) {
-    if (caller_ && !caller_->failure) caller_->failure = std::move(e);
+    if (caller_) caller_->keep(std::move(e));
   }
 
   // Arms the deadline timer and the stop callback, and keeps the operation
