@@ -96,6 +96,7 @@ Result<T> WaitFor(ClientCore& client, const std::function<void(std::function<voi
     start(
         [outcome, caller](Result<T> r) {
           outcome->emplace(std::move(r));  // before finish(): run() reads it after
+          caller->seal();                  // an exception from now on is not this call's
           caller->steps.finish();
         },
         caller);

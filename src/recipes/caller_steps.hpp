@@ -58,25 +58,31 @@ class BlockingCaller {
 
   CallerSteps steps;
 
-  // Keeps `e` unless an exception is kept already or the caller has taken
-  // its failure. Any thread: a step left over after the outcome runs on the
-  // executor, where it may throw while the caller reads (out of memory).
+  // Keeps `e` unless an exception is kept already or the outcome is there
+  // (sealed). Any thread: a step left over after the outcome runs on the
+  // executor, where it may throw while the caller reads (out of memory);
+  // such an exception is not the caller's, who has its outcome.
   void keep(std::exception_ptr e) DLOCK_EXCLUDES(mu_) {
     MutexLock g(mu_);
-    if (!taken_ && !failure_) failure_ = std::move(e);
+    if (!sealed_ && !failure_) failure_ = std::move(e);
   }
-  // The kept exception, if any, once; later ones are dropped (the caller
-  // has its outcome by then).
+  // The outcome is there: later exceptions are dropped. Called by the
+  // outcome's receiver before it lets the caller go.
+  void seal() DLOCK_EXCLUDES(mu_) {
+    MutexLock g(mu_);
+    sealed_ = true;
+  }
+  // The exception kept before the seal, if any.
   std::exception_ptr take_failure() DLOCK_EXCLUDES(mu_) {
     MutexLock g(mu_);
-    taken_ = true;
+    sealed_ = true;
     return std::move(failure_);
   }
 
  private:
   Mutex mu_;
   std::exception_ptr failure_ DLOCK_GUARDED_BY(mu_);
-  bool taken_ DLOCK_GUARDED_BY(mu_) = false;
+  bool sealed_ DLOCK_GUARDED_BY(mu_) = false;
 };
 
 // How the engine's functions take a blocking caller: the operations started

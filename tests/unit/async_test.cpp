@@ -332,25 +332,31 @@ TEST_P(AsyncTest, MixedBlockingAndAsyncAcquiresWithStopsAndTinyTimeoutsStaySafeA
   constexpr std::size_t kThreads = 4;
   const std::size_t each = local ? 400 : 200;  // bounded work: a few ms per acquire at most
 
-  std::atomic<int> in_mutex{0};
-  std::atomic<int> in_semaphore{0};
-  std::atomic<int> overlaps{0};
-  std::atomic<int> over_permits{0};
-  std::atomic<int> granted{0};
-  // Entered and left around each hold, on whatever thread has it; the
-  // holder stays a moment so that a second holder would be seen.
-  auto use_mutex = [&] {
-    granted.fetch_add(1);
-    if (in_mutex.fetch_add(1) != 0) overlaps.fetch_add(1);
-    std::this_thread::sleep_for(50us);
-    in_mutex.fetch_sub(1);
+  // Shared with the asynchronous callbacks, which may outlive a failed test.
+  struct Tally {
+    explicit Tally(std::size_t n) : outcomes(n) {}
+    Outcomes outcomes;
+    std::atomic<int> in_mutex{0};
+    std::atomic<int> in_semaphore{0};
+    std::atomic<int> overlaps{0};
+    std::atomic<int> over_permits{0};
+    std::atomic<int> granted{0};
+    // Entered and left around each hold, on whatever thread has it; the
+    // holder stays a moment so that a second holder would be seen.
+    void use_mutex() {
+      granted.fetch_add(1);
+      if (in_mutex.fetch_add(1) != 0) overlaps.fetch_add(1);
+      std::this_thread::sleep_for(50us);
+      in_mutex.fetch_sub(1);
+    }
+    void use_semaphore() {
+      granted.fetch_add(1);
+      if (in_semaphore.fetch_add(1) >= 2) over_permits.fetch_add(1);
+      std::this_thread::sleep_for(50us);
+      in_semaphore.fetch_sub(1);
+    }
   };
-  auto use_semaphore = [&] {
-    granted.fetch_add(1);
-    if (in_semaphore.fetch_add(1) >= 2) over_permits.fetch_add(1);
-    std::this_thread::sleep_for(50us);
-    in_semaphore.fetch_sub(1);
-  };
+  auto tally = std::make_shared<Tally>(kThreads * each);
 
   // One stop source per thread at a time, requested by the stopper thread.
   std::mutex stops_mu;
@@ -367,7 +373,6 @@ TEST_P(AsyncTest, MixedBlockingAndAsyncAcquiresWithStopsAndTinyTimeoutsStaySafeA
     }
   });
 
-  Outcomes outcomes(kThreads * each);
   std::vector<std::thread> workers;
   for (std::size_t t = 0; t < kThreads; ++t) {
     workers.emplace_back([&, t] {
@@ -380,44 +385,46 @@ TEST_P(AsyncTest, MixedBlockingAndAsyncAcquiresWithStopsAndTinyTimeoutsStaySafeA
           std::lock_guard<std::mutex> g(stops_mu);
           stops[t] = stop;
         }
-        const std::size_t index = t * each + i;
-        switch (rng() % 4) {
-          case 0:
-            if (auto hold = mutexes[side].acquire(timeout, stop->get_token())) use_mutex();
-            outcomes.Callback(index)(std::optional<Hold>());  // blocking: counted here
-            break;
-          case 1:
-            if (auto lease = semaphores[side].acquire(1, timeout, stop->get_token())) use_semaphore();
-            outcomes.Callback(index)(std::optional<Hold>());
-            break;
-          case 2:
-            mutexes[side].async_acquire(timeout, stop->get_token(),
-                                        [&, done = outcomes.Callback(index)](Result<std::optional<Hold>> r) mutable {
-                                          if (r.ok() && r.value()) use_mutex();
-                                          done(std::move(r));
-                                        });
-            break;
-          default:
-            semaphores[side].async_acquire(1, timeout, stop->get_token(),
-                                           [&, done = outcomes.Callback(index)](Result<std::optional<Hold>> r) mutable {
-                                             if (r.ok() && r.value()) use_semaphore();
-                                             done(std::move(r));
-                                           });
-            break;
+        AcquireCallback done = tally->outcomes.Callback(t * each + i);
+        const unsigned form = rng() % 4;
+        if (form < 2) {
+          // Blocking: its outcome is counted here; a store error (thrown)
+          // is counted as one, not left to end the test binary.
+          try {
+            if (form == 0) {
+              if (auto hold = mutexes[side].acquire(timeout, stop->get_token())) tally->use_mutex();
+            } else {
+              if (auto lease = semaphores[side].acquire(1, timeout, stop->get_token())) tally->use_semaphore();
+            }
+            done(std::optional<Hold>());
+          } catch (const Error& e) {
+            done(e.status());
+          }
+          continue;
+        }
+        auto use = [tally, form, done = std::move(done)](Result<std::optional<Hold>> r) {
+          if (r.ok() && r.value()) form == 2 ? tally->use_mutex() : tally->use_semaphore();
+          done(std::move(r));
+        };
+        if (form == 2) {
+          mutexes[side].async_acquire(timeout, stop->get_token(), std::move(use));
+        } else {
+          semaphores[side].async_acquire(1, timeout, stop->get_token(), std::move(use));
         }
       }
     });
   }
   for (auto& w : workers) w.join();
-  const bool all_came = outcomes.AllCame();
+  const bool all_came = tally->outcomes.AllCame();
   working.store(false);
   stopper.join();
   ASSERT_TRUE(all_came) << "an asynchronous acquire never had its outcome";
-  EXPECT_TRUE(outcomes.ExactlyOnceEach());
-  EXPECT_TRUE(outcomes.Errors().empty()) << outcomes.Errors().front();
-  EXPECT_GT(granted.load(), 0) << "nothing was granted: the test tested nothing";
-  EXPECT_EQ(overlaps.load(), 0) << "two holders of the Mutex at once";
-  EXPECT_EQ(over_permits.load(), 0) << "more holders of the Semaphore than permits";
+  EXPECT_TRUE(tally->outcomes.ExactlyOnceEach());
+  const std::vector<std::string> errors = tally->outcomes.Errors();
+  EXPECT_TRUE(errors.empty()) << errors.size() << " errors, the first: " << errors.front();
+  EXPECT_GT(tally->granted.load(), 0) << "nothing was granted: the test tested nothing";
+  EXPECT_EQ(tally->overlaps.load(), 0) << "two holders of the Mutex at once";
+  EXPECT_EQ(tally->over_permits.load(), 0) << "more holders of the Semaphore than permits";
   EXPECT_TRUE(Eventually([&] { return Entries(mutex_name) == 0u && Entries(semaphore_name) == 0u; }, kPrompt))
       << Entries(mutex_name) << " Mutex and " << Entries(semaphore_name) << " Semaphore entries left";
 }
