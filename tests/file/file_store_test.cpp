@@ -567,6 +567,32 @@ TEST_F(FileStoreTest, WaitWakesWhenTheOwnerReleasesTheEntry) {
   EXPECT_EQ(wait.Result(), OkStatus());
 }
 
+// A hold watches its own entry (a broken holder is told): the wait of a
+// session on an entry of its own ends when another client removes the entry
+// (`dlock break`), whether that came before the wait was armed or after.
+TEST_F(FileStoreTest, AWaitOnOnesOwnEntryEndsWhenItIsBrokenBeforeOrAfter) {
+  auto owner = NewSession();
+  auto other_store = OpenStoreAt(dir_.path());
+  auto breaker = NewSession(other_store.get());
+  Entry before = Append(*owner, "own");
+  ASSERT_TRUE(breaker->remove("own", before.id, kNoDeadline).ok());
+  AsyncWait gone(owner, "own", {before.id});
+  EXPECT_EQ(gone.Result(), OkStatus()) << "a wait armed after the break did not see it";
+
+  Entry after = Append(*owner, "own");
+  AsyncWait wait(owner, "own", {after.id});
+  ASSERT_TRUE(wait.Blocks()) << "a wait on a live entry of one's own ended";
+  ASSERT_TRUE(breaker->remove("own", after.id, kNoDeadline).ok());
+  EXPECT_EQ(wait.Result(), OkStatus()) << "a break after the wait was armed did not end it";
+
+  // Deleted by hand (or by a breaker that died before it wrote into the
+  // FIFO): no byte to wake anyone, only the missing name.
+  Entry by_hand = Append(*owner, "own");
+  ASSERT_EQ(::unlink((QueuePath("own") + "/" + by_hand.id).c_str()), 0);
+  AsyncWait deleted(owner, "own", {by_hand.id});
+  EXPECT_EQ(deleted.Result(), OkStatus()) << "a wait armed after the entry file was deleted did not see it";
+}
+
 TEST_F(FileStoreTest, WaitWakesWhenTheOwnerProcessIsKilled) {
   Holder holder(dir_.path(), "w");
   ASSERT_EQ(holder.entries().size(), 1u);

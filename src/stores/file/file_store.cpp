@@ -1145,12 +1145,31 @@ class FileSession final : public Session {
 
   // Whether one of the entries is gone already: its file, or its owner.
   Result<bool> any_gone_now(const std::string& qdir, std::span<const std::string> ids,
-                            const std::vector<EntryName>& names, const std::vector<UniqueFd>& fifos) const {
+                            const std::vector<EntryName>& names, const std::vector<UniqueFd>& fifos) const
+      DLOCK_EXCLUDES(mu_) {
+    // This session's own entries (a hold watching its own) need no probe:
+    // alive while they have a name, since we hold their locks; a breaker
+    // unlinks one, then writes into its FIFO (remove()), and `fifos` are
+    // armed already, so a later break wakes the wait.
+    std::vector<std::size_t> others;
+    {
+      MutexLock lock(mu_);
+      for (std::size_t i = 0; i < ids.size(); ++i) {
+        auto it = entries_.find(ids[i]);
+        if (it == entries_.end() || it->second->qdir != qdir) {
+          others.push_back(i);
+          continue;
+        }
+        struct stat st {};
+        if (fstat(it->second->file.get(), &st) != 0 || st.st_nlink == 0) return true;
+      }
+    }
+    if (others.empty()) return false;
     const StoreDir& dir = *dir_;
     auto qdir_fd = OpenQueueDir(dir, qdir);
     if (!qdir_fd.ok()) return qdir_fd.status();
     if (!qdir_fd->valid()) return true;
-    for (std::size_t i = 0; i < ids.size(); ++i) {
+    for (std::size_t i : others) {
       auto probe = ProbeFile(dir, qdir_fd->get(), ids[i], names[i].nonce, dir.path_of(qdir + "/" + ids[i]));
       if (!probe.ok()) return probe.status();
       if (probe->liveness == Liveness::kGone) return true;
