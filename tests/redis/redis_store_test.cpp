@@ -350,18 +350,22 @@ TEST_F(RedisSessionTest, FiveHundredAsyncWaitsOnOneSessionAddNoThreads) {
   std::vector<std::shared_ptr<void>> handles;
   handles.push_back(b->async_wait_any_gone(queues[0], held[0], record));
   ASSERT_TRUE(Eventually([&] { return server_->NumSub(Channel(queues[0])) == 1; }));
+  // At most as many threads later: a transient thread of the set-up (seen
+  // under load) may end meanwhile, and one thread per wait would still show.
   const int before = ThreadCount();
+  const std::string names_before = testing::ThreadNames();
   for (int i = 1; i < kWaits; ++i) {
     handles.push_back(b->async_wait_any_gone(queues[i % kQueues], held[i % kQueues], record));
   }
   ASSERT_TRUE(Eventually([&] { return server_->NumSub(Channel(queues[kQueues - 1])) == 1; }));
-  EXPECT_EQ(ThreadCount(), before) << "threads added by " << kWaits - 1 << " async waits";
+  EXPECT_LE(ThreadCount(), before) << "threads added by " << kWaits - 1 << " async waits: before " << names_before
+                                   << ", now " << testing::ThreadNames();
   EXPECT_EQ(count(), 0u);
   // Half the queues released: their waits complete OK; the rest are
   // cancelled by their handles, each once.
   for (int i = 0; i < kQueues; i += 2) ASSERT_THAT(a->remove(queues[i], held[i][0], In(5s)), IsOk());
   ASSERT_TRUE(Eventually([&] { return count() == kWaits / 2; }));
-  EXPECT_EQ(ThreadCount(), before);
+  EXPECT_LE(ThreadCount(), before) << "before " << names_before << ", now " << testing::ThreadNames();
   handles.clear();
   ASSERT_EQ(count(), static_cast<std::size_t>(kWaits));
   int ok = 0, cancelled = 0;
@@ -408,7 +412,7 @@ TEST_F(RedisSessionTest, AsyncRequestsArePipelinedInOrderOnOneThread) {
   for (int i = 0; i < kAppends; ++i) {
     s->async_append(queue_ + "/" + std::to_string(i % kQueues), Spec(), In(30s), appended[i].Callback());
   }
-  EXPECT_EQ(ThreadCount(), before);
+  EXPECT_LE(ThreadCount(), before);  // a transient set-up thread may end meanwhile
   std::vector<std::uint64_t> last(kQueues, 0);
   std::vector<std::string> ids;
   for (int i = 0; i < kAppends; ++i) {
