@@ -1148,9 +1148,11 @@ class FileSession final : public Session {
                             const std::vector<EntryName>& names, const std::vector<UniqueFd>& fifos) const
       DLOCK_EXCLUDES(mu_) {
     // This session's own entries (a hold watching its own) need no probe:
-    // alive while they have a name, since we hold their locks; a breaker
+    // alive while they have a link, since we hold their locks; a breaker
     // unlinks one, then writes into its FIFO (remove()), and `fifos` are
-    // armed already, so a later break wakes the wait.
+    // armed already, so a later break wakes the wait. (An entry renamed
+    // away, or unlinked beside a second hard link, before this check is not
+    // seen: docs/notes.md.)
     std::vector<std::size_t> others;
     {
       MutexLock lock(mu_);
