@@ -593,6 +593,17 @@ TEST_F(FileStoreTest, AWaitOnOnesOwnEntryEndsWhenItIsBrokenBeforeOrAfter) {
   EXPECT_EQ(deleted.Result(), OkStatus()) << "a wait armed after the entry file was deleted did not see it";
 }
 
+// The same for an entry file moved out of its queue by hand (into a trash
+// folder, say): still linked, but gone from the queue (review finding: a
+// check of the link count alone took it for alive).
+TEST_F(FileStoreTest, AWaitOnOnesOwnEntryEndsWhenItWasRenamedAway) {
+  auto owner = NewSession();
+  Entry e = Append(*owner, "own");
+  ASSERT_EQ(::rename((QueuePath("own") + "/" + e.id).c_str(), (dir_.path() + "/trashed").c_str()), 0);
+  AsyncWait moved(owner, "own", {e.id});
+  EXPECT_EQ(moved.Result(), OkStatus()) << "a wait armed after the entry file was moved away did not see it";
+}
+
 TEST_F(FileStoreTest, WaitWakesWhenTheOwnerProcessIsKilled) {
   Holder holder(dir_.path(), "w");
   ASSERT_EQ(holder.entries().size(), 1u);

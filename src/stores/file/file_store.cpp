@@ -1148,11 +1148,11 @@ class FileSession final : public Session {
                             const std::vector<EntryName>& names, const std::vector<UniqueFd>& fifos) const
       DLOCK_EXCLUDES(mu_) {
     // This session's own entries (a hold watching its own) need no probe:
-    // alive while they have a link, since we hold their locks; a breaker
-    // unlinks one, then writes into its FIFO (remove()), and `fifos` are
-    // armed already, so a later break wakes the wait. (An entry renamed
-    // away, or unlinked beside a second hard link, before this check is not
-    // seen: docs/notes.md.)
+    // we hold their locks, so one lives while its name still leads to the
+    // file we hold (an entry renamed away or deleted, even beside a second
+    // hard link, does not); a breaker unlinks one, then writes into its
+    // FIFO (remove()), and `fifos` are armed already, so a later break
+    // wakes the wait.
     std::vector<std::size_t> others;
     {
       MutexLock lock(mu_);
@@ -1162,8 +1162,17 @@ class FileSession final : public Session {
           others.push_back(i);
           continue;
         }
-        struct stat st {};
-        if (fstat(it->second->file.get(), &st) != 0 || st.st_nlink == 0) return true;
+        struct stat held {};
+        struct stat named {};
+        if (fstat(it->second->file.get(), &held) != 0) {
+          return ErrnoStatus(errno, "cannot test", dir_->path_of(qdir + "/" + ids[i]));
+        }
+        const std::string path = qdir + "/" + ids[i];
+        if (fstatat(dir_->root.get(), path.c_str(), &named, AT_SYMLINK_NOFOLLOW) != 0) {
+          if (errno == ENOENT) return true;
+          return ErrnoStatus(errno, "cannot test", dir_->path_of(path));
+        }
+        if (named.st_dev != held.st_dev || named.st_ino != held.st_ino) return true;
       }
     }
     if (others.empty()) return false;
