@@ -200,9 +200,9 @@ class Acquisition : public Operation<Acquisition> {
     EntrySpec spec{req_.kind, attempt_, owner_, req_.sequence, req_.value};
     unsettled_ = session_;  // until the store says what became of the append
     unsettled_attempt_ = attempt_;
-    session_->async_append(
-        req_.queue, spec, req_.deadline,
-        then<Result<Appended>>([](Acquisition& a, Result<Appended> r) { a.on_appended(std::move(r)); }));
+    request<Result<Appended>>([&] { return session_->append(req_.queue, spec, req_.deadline); },
+                              [&](auto done) { session_->async_append(req_.queue, spec, req_.deadline, done); },
+                              [](Acquisition& a, Result<Appended> r) { a.on_appended(std::move(r)); });
   }
 
   void on_appended(Result<Appended> appended) {
@@ -229,9 +229,10 @@ class Acquisition : public Operation<Acquisition> {
         a.client_->forget_attempt(a.session_, a.req_.queue, a.attempt_);
         return a.settled(PassEnd::kGaveUp);
       }
-      a.session_->async_find_own(a.req_.queue, a.attempt_, a.req_.deadline,
-                                 a.then<Result<std::optional<Entry>>>(
-                                     [](Acquisition& b, Result<std::optional<Entry>> r) { b.on_found(std::move(r)); }));
+      a.request<Result<std::optional<Entry>>>(
+          [&] { return a.session_->find_own(a.req_.queue, a.attempt_, a.req_.deadline); },
+          [&](auto done) { a.session_->async_find_own(a.req_.queue, a.attempt_, a.req_.deadline, done); },
+          [](Acquisition& b, Result<std::optional<Entry>> r) { b.on_found(std::move(r)); });
     });
   }
 
@@ -260,11 +261,13 @@ class Acquisition : public Operation<Acquisition> {
   // one round trip less) and waits for what the rule names.
   void await_turn(std::optional<std::vector<Entry>> snapshot) {
     if (snapshot) return evaluate(std::move(*snapshot));
-    session_->async_list(req_.queue, {}, req_.deadline,
-                         then<Result<std::vector<Entry>>>([](Acquisition& a, Result<std::vector<Entry>> listed) {
-                           if (listed.ok()) return a.evaluate(std::move(listed).value());
-                           a.after_failure(listed.status(), [](Acquisition& b) { b.await_turn(std::nullopt); });
-                         }));
+    request<Result<std::vector<Entry>>>([&] { return session_->list(req_.queue, {}, req_.deadline); },
+                                        [&](auto done) { session_->async_list(req_.queue, {}, req_.deadline, done); },
+                                        [](Acquisition& a, Result<std::vector<Entry>> listed) {
+                                          if (listed.ok()) return a.evaluate(std::move(listed).value());
+                                          a.after_failure(listed.status(),
+                                                          [](Acquisition& b) { b.await_turn(std::nullopt); });
+                                        });
   }
 
   void evaluate(std::vector<Entry> queue) {

@@ -22,6 +22,7 @@ void CallerSteps::finish() {
 }
 
 void CallerSteps::run() {
+  running_.store(std::this_thread::get_id(), std::memory_order_release);
   MutexLock g(mu_);
   while (true) {
     cv_.wait(g.native(), [&]() DLOCK_NO_THREAD_SAFETY_ANALYSIS { return finished_ || !tasks_.empty(); });
@@ -38,6 +39,7 @@ void CallerSteps::run() {
   }
   // Closed, under mu_: a post that sees closed_ comes after these.
   closed_ = true;
+  running_.store(std::thread::id(), std::memory_order_release);
   for (auto& task : tasks_) client_->executor().post(std::move(task));
   tasks_.clear();
 }

@@ -4,16 +4,22 @@
 // acquire.hpp). If its steps ran on the client's executor, every store
 // completion would cross two threads to reach the caller (store thread ->
 // executor -> caller, and the same on the way out); run by the caller, who
-// waits anyway, it crosses one. Timers (deadlines, pauses) stay on the
+// waits anyway, it crosses one. Its store requests (append, list, find_own)
+// cross none: they are made with the store's blocking forms on its thread
+// (Operation::request), e.g. a synchronous gRPC call on etcd, a pooled
+// connection on Redis. Waits stay asynchronous (a deadline or stop cuts
+// them short through the engine). Timers (deadlines, pauses) stay on the
 // executor, which posts what they start here.
 #ifndef DLOCK_SRC_RECIPES_CALLER_STEPS_HPP_
 #define DLOCK_SRC_RECIPES_CALLER_STEPS_HPP_
 
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <exception>
 #include <functional>
 #include <memory>
+#include <thread>
 
 #include "core/client_core.hpp"
 #include "core/thread_annotations.hpp"
@@ -38,6 +44,12 @@ class CallerSteps {
   // Runs posted tasks on this thread until finish(), then closes. A task
   // that throws is dropped, as the executor drops one.
   void run() DLOCK_EXCLUDES(mu_);
+  // Whether the calling thread is the one running the steps now (inside
+  // run(), before the outcome): a step can then block it, as the caller
+  // waits anyway.
+  bool on_running_thread() const noexcept {
+    return running_.load(std::memory_order_acquire) == std::this_thread::get_id();
+  }
 
  private:
   const std::shared_ptr<ClientCore> client_;  // for its executor, once closed
@@ -46,6 +58,7 @@ class CallerSteps {
   std::deque<std::function<void()>> tasks_ DLOCK_GUARDED_BY(mu_);
   bool finished_ DLOCK_GUARDED_BY(mu_) = false;
   bool closed_ DLOCK_GUARDED_BY(mu_) = false;
+  std::atomic<std::thread::id> running_{};  // set for the time of run()
 };
 
 // What a blocking caller lends the engine: the thread that runs its

@@ -83,6 +83,20 @@ class Operation : public std::enable_shared_from_this<Self> {
     return [op = this->shared_from_this(), task = step(std::move(fn))] { op->post(task); };
   }
 
+  // A store request, whose answer `next` gets as the operation's next step.
+  // On a blocking caller's own thread (its steps running there now), it is
+  // made with the store's blocking form: the caller waits anyway, and the
+  // answer then reaches it without a hand-over from a store thread (and,
+  // on a store with a request thread, without one there either). Elsewhere
+  // (the executor), with the asynchronous form.
+  template <class T>
+  void request(const std::function<T()>& blocking, const std::function<void(std::function<void(T)>)>& async,
+               std::function<void(Self&, T)> next) {
+    std::function<void(T)> done = then<T>(std::move(next));
+    if (caller_ && caller_->steps.on_running_thread()) return done(blocking());
+    async(std::move(done));
+  }
+
   // Keeps the first exception for a blocking caller (acquire.hpp, FailureSink).
   void keep(std::exception_ptr e) {
     if (caller_) caller_->keep(std::move(e));

@@ -114,11 +114,12 @@ class SemaphoreAcquisition : public internal::Operation<SemaphoreAcquisition> {
   // what the last append read: no second round trip.
   void fit() {
     if (seen_) return check(std::exchange(seen_, std::nullopt).value());
-    session_->async_list(leases_, {}, deadline_,
-                         then<Result<std::vector<Entry>>>([](SemaphoreAcquisition& s, Result<std::vector<Entry>> r) {
-                           if (r.ok()) return s.check(std::move(r).value());
-                           s.after_failure(r.status());
-                         }));
+    request<Result<std::vector<Entry>>>([&] { return session_->list(leases_, {}, deadline_); },
+                                        [&](auto done) { session_->async_list(leases_, {}, deadline_, done); },
+                                        [](SemaphoreAcquisition& s, Result<std::vector<Entry>> r) {
+                                          if (r.ok()) return s.check(std::move(r).value());
+                                          s.after_failure(r.status());
+                                        });
   }
 
   void check(const std::vector<Entry>& listed) {

@@ -203,6 +203,10 @@ class HookedStore final : public Store {
   std::function<void(const std::string&)> after_state_read;  // runs once
   std::atomic<int> wait_throws{0};                           // the next N wait_any_gone calls throw std::bad_alloc
   std::atomic<int> subscribe_throws{0};                      // the next N subscribe calls throw std::bad_alloc
+  // Which form of append the engine used, and on which thread.
+  std::atomic<int> blocking_appends{0};
+  std::atomic<int> async_appends{0};
+  std::atomic<std::thread::id> blocking_append_thread{};
 
  private:
   class HookedSession final : public Session {
@@ -220,7 +224,14 @@ class HookedStore final : public Store {
       return inner_->subscribe(std::move(fn));
     }
     Result<Appended> append(std::string_view q, const EntrySpec& s, Clock::time_point d) override {
+      store_->blocking_appends.fetch_add(1);
+      store_->blocking_append_thread.store(std::this_thread::get_id());
       return inner_->append(q, s, d);
+    }
+    void async_append(std::string_view q, const EntrySpec& s, Clock::time_point d,
+                      std::function<void(Result<Appended>)> done) override {
+      store_->async_appends.fetch_add(1);
+      inner_->async_append(q, s, d, std::move(done));
     }
     Result<std::vector<Entry>> list(std::string_view q, const ListOptions& o, Clock::time_point d) override {
       return inner_->list(q, o, d);
@@ -244,6 +255,27 @@ class HookedStore final : public Store {
   };
   std::shared_ptr<MemStore> inner_;
 };
+
+// A blocking acquire makes its requests with the store's blocking forms, on
+// the calling thread (which waits anyway: no hand-over to a store thread and
+// back, e.g. etcd's synchronous gRPC call, Redis's pooled connection); an
+// asynchronous acquire with the asynchronous forms, never blocking the
+// executor.
+TEST(Engine, ABlockingAcquireRequestsOnItsOwnThreadAndAnAsynchronousOneAsynchronously) {
+  auto mem = MemStore::create();
+  auto hooked = std::make_shared<HookedStore>(mem);
+  auto a = Client::with_store(hooked);
+  Mutex m(a, "engine/request-forms");
+  m.lock();
+  m.unlock();
+  EXPECT_EQ(hooked->blocking_appends.load(), 1);
+  EXPECT_EQ(hooked->async_appends.load(), 0);
+  EXPECT_EQ(hooked->blocking_append_thread.load(), std::this_thread::get_id());
+  std::optional<Hold> h = m.acquire_future(5s).get();
+  ASSERT_TRUE(h);
+  EXPECT_EQ(hooked->async_appends.load(), 1);
+  EXPECT_EQ(hooked->blocking_appends.load(), 1) << "the asynchronous acquire used the blocking form";
+}
 
 // Finding: HoldCore::Make subscribes, then reads the session's state and, if
 // it is not kConnected, applies it itself -- on the acquiring thread, outside
