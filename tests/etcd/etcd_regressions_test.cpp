@@ -80,9 +80,10 @@ double CpuSeconds() {
 
 using testing::ThreadCount;
 
-// Txn calls the server received (its /metrics on the client port:
-// grpc_server_msg_received_total), or -1 if unreadable.
-std::int64_t TxnCalls(const PrivateEtcd& server) {
+// Messages of gRPC method `method` ("Txn", "Watch") the server received (its
+// /metrics on the client port: grpc_server_msg_received_total), or -1 if
+// unreadable.
+std::int64_t ReceivedMessages(const PrivateEtcd& server, const std::string& method) {
   const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
@@ -100,11 +101,14 @@ std::int64_t TxnCalls(const PrivateEtcd& server) {
   if (fd >= 0) ::close(fd);
   std::istringstream lines(text);
   for (std::string line; std::getline(lines, line);) {
-    if (line.rfind("grpc_server_msg_received_total{", 0) == 0 && line.find("grpc_method=\"Txn\"") != std::string::npos)
+    if (line.rfind("grpc_server_msg_received_total{", 0) == 0 &&
+        line.find("grpc_method=\"" + method + "\"") != std::string::npos)
       return std::stoll(line.substr(line.rfind(' ') + 1));
   }
   return -1;
 }
+
+std::int64_t TxnCalls(const PrivateEtcd& server) { return ReceivedMessages(server, "Txn"); }
 
 // Finding 1: margin() is ttl_ / 10 on std::chrono::seconds, an integer
 // division: 0 for every TTL below 10 s. docs and issue 15 promise kLost a
@@ -449,6 +453,146 @@ TEST(EtcdRegressions, AnUncontendedCycleIsTwoTxns) {
   // A few to spare: a loaded machine may make a request ambiguous and have
   // it retried; the defect this guards against costs kCycles more.
   EXPECT_LE(txns, 2 * kCycles + 4) << txns << " Txns for " << kCycles << " cycles";
+}
+
+// The hold's watch of its own entry is not cancelled when the hold goes: it
+// lingers, and the next hold on the same queue (same key: the session's
+// first entry there) adopts it, so a cycle sends no watch create and no
+// cancel (2 stream messages per cycle before). Some to spare: the stream's
+// liveness probes, and a cycle slower than the linger time under load.
+TEST(EtcdRegressions, AnUncontendedCycleSendsNoWatchMessages) {
+  PrivateEtcd server;
+  ASSERT_TRUE(server.ok());
+  auto client = Client::connect(Url(server, "ttl=10s"));
+  Mutex m(client, "cycles");
+  ASSERT_TRUE(m.acquire(20s).has_value());  // the session, its first hold and watch
+  constexpr int kCycles = 20;
+  const std::int64_t before = ReceivedMessages(server, "Watch");
+  ASSERT_GE(before, 0) << "no Watch count on the server's /metrics";
+  for (int i = 0; i < kCycles; ++i) {
+    auto hold = m.acquire(20s);
+    ASSERT_TRUE(hold.has_value());
+    std::this_thread::sleep_for(5ms);  // the hold's watch reaches the loop
+    hold->release();
+  }
+  const std::int64_t sent = ReceivedMessages(server, "Watch") - before;
+  EXPECT_LE(sent, kCycles / 2) << sent << " watch stream messages for " << kCycles << " cycles";
+}
+
+// A lingering watch reports the deletions of its key while nobody has it;
+// a wait that adopts it afterwards for an entry already deleted then must
+// end at once (found by EtcdGoInterop.GoAndDlockHoldersNeverOverlapAndTheir
+// TokensGrow: a thread waiting on its other thread's entry adopted the
+// watch that entry's hold had left, after the deletion had passed it, and
+// waited for good; the same would leave a hold broken by `dlock break`
+// before its watch was armed believing it holds).
+TEST(EtcdRegressions, AWaitAdoptingAWatchThatSawItsEntryGoEndsAtOnce) {
+  PrivateEtcd server;
+  ASSERT_TRUE(server.ok());
+  auto store = OpenStore(Url(server, "ttl=10s"));
+  ASSERT_TRUE(store.ok()) << store.status().to_string();
+  auto opened = (*store)->open_session(In(20s));
+  ASSERT_TRUE(opened.ok()) << opened.status().to_string();
+  std::shared_ptr<Session> session = *opened;
+  EntrySpec spec;
+  spec.kind = "lock";
+  spec.attempt_id = "0123456789abcdef0123456789abcdef";
+  auto first = session->append("seen", spec, In(20s));
+  ASSERT_TRUE(first.ok()) << first.status().to_string();
+  const std::string first_id = first->entry.id;
+  auto first_wait = session->async_wait_any_gone("seen", std::span<const std::string>(&first_id, 1), [](Status) {});
+  std::this_thread::sleep_for(100ms);  // its watch is on the stream
+  first_wait.reset();                  // it lingers
+  ASSERT_TRUE(session->remove("seen", first_id, In(20s)).ok());
+  spec.attempt_id = "fedcba9876543210fedcba9876543210";
+  auto second = session->append("seen", spec, In(20s));  // the same key
+  ASSERT_TRUE(second.ok()) << second.status().to_string();
+  const std::string second_id = second->entry.id;
+  ASSERT_TRUE(session->remove("seen", second_id, In(20s)).ok());
+  std::this_thread::sleep_for(300ms);  // both deletions reach the lingering watch
+
+  std::promise<Status> gone;
+  auto second_wait = session->async_wait_any_gone("seen", std::span<const std::string>(&second_id, 1),
+                                                  [&gone](Status s) { gone.set_value(std::move(s)); });
+  auto outcome = gone.get_future();
+  ASSERT_EQ(outcome.wait_for(20s), std::future_status::ready) << "a wait on a deleted entry never ended";
+  EXPECT_TRUE(outcome.get().ok());
+  second_wait.reset();
+  session->close();
+}
+
+// A lingering watch adopted by the wait on a newer entry of the same key
+// may still deliver the deletion of the older entry (here: the loop thread
+// is held inside another wait's completion while the old entry is removed
+// and the new wait is posted, so the adoption runs before the deletion is
+// read). That deletion, older than the new entry, must not end the wait;
+// the new entry's own deletion must.
+TEST(EtcdRegressions, AnAdoptedWatchCountsOnlyDeletionsOfItsOwnEntry) {
+  PrivateEtcd server;
+  ASSERT_TRUE(server.ok());
+  auto store = OpenStore(Url(server, "ttl=10s"));
+  ASSERT_TRUE(store.ok()) << store.status().to_string();
+  auto opened = (*store)->open_session(In(20s));
+  ASSERT_TRUE(opened.ok()) << opened.status().to_string();
+  std::shared_ptr<Session> session = *opened;
+  int attempt = 0;
+  auto append = [&](const std::string& queue) {
+    EntrySpec spec;
+    spec.kind = "lock";
+    spec.attempt_id = "00000000000000000000000000000" + std::to_string(100 + attempt++);
+    auto r = session->append(queue, spec, In(20s));
+    EXPECT_TRUE(r.ok()) << r.status().to_string();
+    return r.ok() ? r->entry.id : std::string();
+  };
+  auto wait_on = [&](const std::string& queue, const std::string& id, std::function<void(Status)> done) {
+    return session->async_wait_any_gone(queue, std::span<const std::string>(&id, 1), std::move(done));
+  };
+
+  const std::string first = append("adopt");
+  ASSERT_FALSE(first.empty());
+  auto first_wait = wait_on("adopt", first, [](Status) {});
+  std::this_thread::sleep_for(100ms);  // its watch is on the stream
+  first_wait.reset();                  // it lingers
+
+  // A wait whose completion holds the loop thread until released.
+  const std::string blocker = append("blocker");
+  std::mutex mu;
+  std::condition_variable cv;
+  bool inside = false, let_go = false;
+  auto blocker_wait = wait_on("blocker", blocker, [&](Status) {
+    std::unique_lock lk(mu);
+    inside = true;
+    cv.notify_all();
+    cv.wait_for(lk, 20s, [&] { return let_go; });
+  });
+  std::this_thread::sleep_for(100ms);
+  ASSERT_TRUE(session->remove("blocker", blocker, In(20s)).ok());
+  {
+    std::unique_lock lk(mu);
+    ASSERT_TRUE(cv.wait_for(lk, 20s, [&] { return inside; })) << "the blocker's wait never ended";
+  }
+  // The loop is held: the old entry's deletion waits in the stream while
+  // the new entry's wait is posted ahead of it.
+  ASSERT_TRUE(session->remove("adopt", first, In(20s)).ok());
+  const std::string second = append("adopt");
+  ASSERT_FALSE(second.empty());
+  std::promise<Status> gone;
+  auto second_wait = wait_on("adopt", second, [&gone](Status s) { gone.set_value(std::move(s)); });
+  std::this_thread::sleep_for(50ms);
+  {
+    std::lock_guard lk(mu);
+    let_go = true;
+  }
+  cv.notify_all();
+  auto outcome = gone.get_future();
+  EXPECT_EQ(outcome.wait_for(500ms), std::future_status::timeout)
+      << "the wait on the new entry ended while the entry is there (the old entry's deletion)";
+  ASSERT_TRUE(session->remove("adopt", second, In(20s)).ok());
+  ASSERT_EQ(outcome.wait_for(20s), std::future_status::ready) << "the new entry's deletion was never seen";
+  EXPECT_TRUE(outcome.get().ok());
+  second_wait.reset();
+  blocker_wait.reset();
+  session->close();
 }
 
 // The watch on a session's own entry starts at its create revision: when

@@ -523,6 +523,38 @@ TEST_P(AsyncTest, AHoldWhoseEntryIsRemovedByAnotherClientIsToldLost) {
   EXPECT_TRUE(Eventually([&] { return Entries(name) == 0u && Entries(name + "-sem/leases") == 0u; }, kPrompt));
 }
 
+// The same after the lock was taken and released a few times by the same
+// client (on etcd, each hold's watch of its own entry adopts the watch the
+// last hold left behind: the entry has the same key; the deletions of the
+// earlier entries must not count, the removal of this one must).
+TEST_P(AsyncTest, AHoldTakenAfterQuickCyclesIsToldLostWhenItsEntryIsRemoved) {
+  Client a = NewClient();
+  Client b = NewClient();
+  const std::string name = UniqueName("broken-after-cycles");
+  Mutex m(a, name);
+  constexpr int kCycles = 4;
+  for (int i = 0; i <= kCycles; ++i) {
+    std::optional<Hold> hold = m.acquire(5s);
+    ASSERT_TRUE(hold);
+    std::atomic<int> told_lost{0};
+    auto sub = hold->on_state_change([&](HoldState s) { told_lost += s == HoldState::kLost; });
+    if (i < kCycles) {
+      std::this_thread::sleep_for(20ms);  // an earlier entry's deletion, if counted, ends it now
+      EXPECT_EQ(hold->state(), HoldState::kHeld) << "cycle " << i;
+      hold->release();
+      EXPECT_EQ(told_lost.load(), 0) << "cycle " << i;
+      continue;
+    }
+    auto listed = b.list_entries(name, false);
+    ASSERT_TRUE(listed.ok());
+    ASSERT_EQ(listed->size(), 1u);
+    ASSERT_TRUE(b.remove_entry(name, listed->front().id).ok());
+    EXPECT_TRUE(Eventually([&] { return told_lost.load() == 1; }, kPrompt));
+    EXPECT_EQ(hold->state(), HoldState::kLost);
+  }
+  EXPECT_TRUE(Eventually([&] { return Entries(name) == 0u; }, kPrompt));
+}
+
 // The handoff without a second look (Session::async_wait_turn): a waiter
 // whose own entry was removed while it waited (the operator's `dlock
 // break`) must not be granted when the entry ahead of it goes; the waiter

@@ -61,6 +61,10 @@ constexpr milliseconds kFirstRetry{50};
 constexpr milliseconds kMaxRetry{2'000};
 // How often the watch stream checks that its member answers (Watches::probe).
 constexpr milliseconds kWatchProbeEvery{2'000};
+// How long a hold's watch of its own entry outlives the hold, and how many
+// may (Watches::linger).
+constexpr milliseconds kLingerFor{1'000};
+constexpr std::size_t kMaxLingering = 64;
 // Reads of more keys than this in one Txn read the queue's range instead
 // (etcd's --max-txn-ops is 128 by default).
 constexpr std::size_t kMaxKeysPerTxn = 64;
@@ -556,11 +560,12 @@ struct WaitRec {
   std::string head_dir;
   std::int64_t head_from = 0;
 
-  bool done = false;      // finished or cancelled: nothing more to do
-  bool checking = false;  // a read is in flight
-  std::vector<std::int64_t> watch_ids;
-  std::uint64_t watch_generation = 0;  // of watch_ids: a reading counts for the watches it followed
-  std::size_t unconfirmed = 0;         // watches of watch_ids whose creation etcd has not confirmed yet
+  bool done = false;                    // finished or cancelled: nothing more to do
+  bool checking = false;                // a read is in flight
+  bool lingers = false;                 // watch_ids watch from each key's creation: may linger (Watches::linger)
+  std::vector<std::int64_t> watch_ids;  // one per key of `keys`, in order (a head watch: its own)
+  std::uint64_t watch_generation = 0;   // of watch_ids: a reading counts for the watches it followed
+  std::size_t unconfirmed = 0;          // watches of watch_ids whose creation etcd has not confirmed yet
   std::uint64_t retry_timer = 0;
   Backoff backoff;
 };
@@ -1250,7 +1255,7 @@ class Watches {
   // The wait is over (cancelled, or its session ended): forget it.
   void stop(const std::shared_ptr<WaitRec>& w) {
     w->done = true;
-    unwatch(*w);
+    unwatch(*w, /*may_linger=*/true);
     loop_->cancel_timer(w->retry_timer);
     waits_.erase(w);
   }
@@ -1317,7 +1322,17 @@ class Watches {
     }
     ++w->watch_generation;
     w->unconfirmed = from == WatchFrom::kNow ? w->keys.size() : 0;
+    w->lingers = from == WatchFrom::kAfterCreation;
+    bool gone = false;  // an adopted watch saw the entry's deletion already
     for (const auto& [key, rev] : w->keys) {
+      if (w->lingers) {
+        if (std::optional<std::int64_t> id = adopt(key, rev)) {
+          by_id_[*id] = w;
+          w->watch_ids.push_back(*id);
+          gone = gone || last_deletion(*id) > rev;
+          continue;
+        }
+      }
       const std::int64_t id = next_watch_id_++;
       by_id_[id] = w;
       w->watch_ids.push_back(id);
@@ -1329,6 +1344,7 @@ class Watches {
       create->set_watch_id(id);
       stream_.write(std::move(req));
     }
+    if (gone) finish(w, OkStatus());
   }
 
   // A head watch's watches (see WaitRec::head). After the stream ended it
@@ -1369,15 +1385,94 @@ class Watches {
     return false;
   }
 
-  void unwatch(WaitRec& w) {
-    for (std::int64_t id : w.watch_ids) {
+  // Ends the wait's watches: cancels them, or (`may_linger`, a wait that
+  // is over) leaves a watch from its key's creation to linger.
+  void unwatch(WaitRec& w, bool may_linger = false) {
+    const bool linger_them = may_linger && w.lingers && !w.head && w.watch_ids.size() == w.keys.size();
+    for (std::size_t i = 0; i < w.watch_ids.size(); ++i) {
+      const std::int64_t id = w.watch_ids[i];
       by_id_.erase(id);
-      pb::WatchRequest req;
-      req.mutable_cancel_request()->set_watch_id(id);
-      stream_.write(std::move(req));
+      if (linger_them) {
+        linger(w.keys[i].first, w.keys[i].second + 1, id);
+      } else {
+        cancel_watch(id);
+      }
     }
     w.watch_ids.clear();
     w.unconfirmed = 0;
+    w.lingers = false;
+  }
+
+  void cancel_watch(std::int64_t id) {
+    deletions_.erase(id);
+    pb::WatchRequest req;
+    req.mutable_cancel_request()->set_watch_id(id);
+    stream_.write(std::move(req));
+  }
+
+  // A hold's watch of its own entry (from the entry's creation) is not
+  // cancelled when the hold goes: it lingers for kLingerFor, and a wait on
+  // the same key adopts it. A session's first entry in a queue always has
+  // the same key (FirstSuffix of its lease), so a lock taken and released
+  // in a loop costs no watch create and no cancel on the stream per cycle
+  // (each is a message, its answer, and a wake-up of this thread). Adopting
+  // is sound because the watch reports every deletion of its key from
+  // `from` on, in order, and a key is created only after its last deletion:
+  // a wait on an entry created at revision C (C >= from, as every later
+  // incarnation of the key is) counts only deletions after C (on_message).
+  // Lingering watches end with the stream; at most kMaxLingering are kept.
+  void linger(const std::string& key, std::int64_t from, std::int64_t id) {
+    if (!stream_.ready()) return;  // ended with the stream already
+    if (auto old = lingering_.find(key); old != lingering_.end()) {
+      cancel_watch(old->second.id);
+      lingering_ids_.erase(old->second.id);
+      lingering_.erase(old);
+    }
+    if (lingering_.size() >= kMaxLingering) {
+      auto oldest = std::min_element(lingering_.begin(), lingering_.end(),
+                                     [](const auto& a, const auto& b) { return a.second.until < b.second.until; });
+      cancel_watch(oldest->second.id);
+      lingering_ids_.erase(oldest->second.id);
+      lingering_.erase(oldest);
+    }
+    lingering_[key] = Lingering{id, from, std::chrono::steady_clock::now() + kLingerFor};
+    lingering_ids_[id] = key;
+    arm_linger_sweep();
+  }
+
+  // The lingering watch of `key`, if it reports every deletion of an entry
+  // created at `rev`; it is the caller's now. The deletions it reported
+  // while it lingered were nobody's: last_deletion() says whether the
+  // entry was among them.
+  std::optional<std::int64_t> adopt(const std::string& key, std::int64_t rev) {
+    auto it = lingering_.find(key);
+    if (it == lingering_.end()) return std::nullopt;
+    const Lingering l = it->second;
+    lingering_ids_.erase(l.id);
+    lingering_.erase(it);
+    if (l.from > rev + 1) {  // cannot happen (revisions grow); never adopt a watch that starts late
+      cancel_watch(l.id);
+      return std::nullopt;
+    }
+    return l.id;
+  }
+
+  void arm_linger_sweep() {
+    if (linger_timer_ != 0) return;
+    linger_timer_ = loop_->at(std::chrono::steady_clock::now() + kLingerFor, [this] {
+      linger_timer_ = 0;
+      const auto now = std::chrono::steady_clock::now();
+      for (auto it = lingering_.begin(); it != lingering_.end();) {
+        if (it->second.until > now) {
+          ++it;
+          continue;
+        }
+        cancel_watch(it->second.id);
+        lingering_ids_.erase(it->second.id);
+        it = lingering_.erase(it);
+      }
+      if (!lingering_.empty()) arm_linger_sweep();
+    });
   }
 
   void retry(const std::shared_ptr<WaitRec>& w) {
@@ -1435,6 +1530,14 @@ class Watches {
 
   void on_message(pb::WatchResponse& r) {
     probe_unanswered_ = false;  // the member answers
+    if (by_id_.contains(r.watch_id()) || lingering_ids_.contains(r.watch_id())) {
+      // Not for a watch cancelled already: its id would stay here for good.
+      for (const auto& ev : r.events()) {
+        if (ev.type() != mvccpb::Event::DELETE) continue;
+        std::int64_t& last = deletions_[r.watch_id()];
+        last = std::max(last, ev.kv().mod_revision());
+      }
+    }
     if (r.canceled() && IsStaleToken(grpc::Status(grpc::StatusCode::UNKNOWN, r.cancel_reason()))) {
       // The stream's token (sent when it opened) expired: a new token and a
       // new stream, on which every wait reads again.
@@ -1443,6 +1546,16 @@ class Watches {
     }
     auto it = by_id_.find(r.watch_id());
     if (it == by_id_.end()) {
+      if (auto l = lingering_ids_.find(r.watch_id()); l != lingering_ids_.end()) {
+        // A lingering watch: its deletions are noted above, for the wait
+        // that adopts it. Cancelled (compacted): it goes.
+        if (r.canceled()) {
+          deletions_.erase(l->first);
+          lingering_.erase(l->second);
+          lingering_ids_.erase(l);
+        }
+        return;
+      }
       // A create refused before it had an id (watch_id -1): every wait not
       // yet confirmed reads again.
       if (r.canceled() && r.watch_id() < 0) {
@@ -1458,7 +1571,7 @@ class Watches {
       return;
     }
     for (const auto& ev : r.events()) {
-      if (ev.type() == mvccpb::Event::DELETE) return finish(w, OkStatus());
+      if (ev.type() == mvccpb::Event::DELETE && deletes_waited_for_entry(*w, ev.kv())) return finish(w, OkStatus());
     }
     if (r.canceled()) return retry(w);  // compacted, or refused: read again
     // The last of the wait's watches is in place: what the reading finds
@@ -1466,8 +1579,30 @@ class Watches {
     if (r.created() && w->unconfirmed > 0 && --w->unconfirmed == 0) read(w);
   }
 
+  // Whether a deletion of one of the wait's keys (an event of its watches)
+  // removed the entry it waits for: the key's incarnation created at the
+  // wait's revision, or one before it (the entry was gone already).
+  // Deletions of earlier incarnations, older than that revision, reach an
+  // adopted lingering watch: they are not this entry's.
+  // The revision of the last deletion a watch reported (0: none), whoever
+  // had it then.
+  std::int64_t last_deletion(std::int64_t id) const {
+    auto it = deletions_.find(id);
+    return it == deletions_.end() ? 0 : it->second;
+  }
+
+  static bool deletes_waited_for_entry(const WaitRec& w, const mvccpb::KeyValue& deleted) {
+    for (const auto& [key, rev] : w.keys) {
+      if (key == deleted.key()) return deleted.mod_revision() > rev;
+    }
+    return true;  // not a key of ours: cannot be, and a wake-up too many is safe
+  }
+
   void on_end() {
     probe_unanswered_ = false;
+    lingering_.clear();  // the stream's watches are gone with it
+    lingering_ids_.clear();
+    deletions_.clear();
     by_id_.clear();
     for (const auto& w : waits_) {
       w->watch_ids.clear();
@@ -1479,6 +1614,17 @@ class Watches {
   std::shared_ptr<Loop> loop_;
   std::set<std::shared_ptr<WaitRec>> waits_;
   std::map<std::int64_t, std::shared_ptr<WaitRec>> by_id_;
+  struct Lingering {
+    std::int64_t id;    // the watch's
+    std::int64_t from;  // its start revision
+    std::chrono::steady_clock::time_point until;
+  };
+  std::map<std::string, Lingering> lingering_;         // by key
+  std::map<std::int64_t, std::string> lingering_ids_;  // watch id -> key
+  std::uint64_t linger_timer_ = 0;
+  // Per watch of the stream, the revision of the last deletion it reported:
+  // what a lingering watch saw before a wait adopted it.
+  std::map<std::int64_t, std::int64_t> deletions_;
   std::int64_t next_watch_id_ = 1;
   std::uint64_t probe_timer_ = 0;
   bool probe_unanswered_ = false;  // a progress request went out, and nothing came back since
