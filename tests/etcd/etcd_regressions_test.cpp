@@ -15,6 +15,7 @@
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <future>
 #include <mutex>
 #include <span>
@@ -83,7 +84,7 @@ using testing::ThreadCount;
 // Messages of gRPC method `method` ("Txn", "Watch") the server received (its
 // /metrics on the client port: grpc_server_msg_received_total), or -1 if
 // unreadable.
-std::int64_t ReceivedMessages(const PrivateEtcd& server, const std::string& method) {
+std::int64_t MetricLine(const PrivateEtcd& server, const std::function<bool(const std::string&)>& wanted) {
   const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
@@ -101,11 +102,22 @@ std::int64_t ReceivedMessages(const PrivateEtcd& server, const std::string& meth
   if (fd >= 0) ::close(fd);
   std::istringstream lines(text);
   for (std::string line; std::getline(lines, line);) {
-    if (line.rfind("grpc_server_msg_received_total{", 0) == 0 &&
-        line.find("grpc_method=\"" + method + "\"") != std::string::npos)
-      return std::stoll(line.substr(line.rfind(' ') + 1));
+    if (wanted(line)) return std::stoll(line.substr(line.rfind(' ') + 1));
   }
   return -1;
+}
+
+std::int64_t ReceivedMessages(const PrivateEtcd& server, const std::string& method) {
+  return MetricLine(server, [&](const std::string& line) {
+    return line.rfind("grpc_server_msg_received_total{", 0) == 0 &&
+           line.find("grpc_method=\"" + method + "\"") != std::string::npos;
+  });
+}
+
+// The watchers the server keeps, on every stream.
+std::int64_t Watchers(const PrivateEtcd& server) {
+  return MetricLine(server,
+                    [](const std::string& line) { return line.rfind("etcd_debugging_mvcc_watcher_total ", 0) == 0; });
 }
 
 std::int64_t TxnCalls(const PrivateEtcd& server) { return ReceivedMessages(server, "Txn"); }
@@ -477,6 +489,43 @@ TEST(EtcdRegressions, AnUncontendedCycleSendsNoWatchMessages) {
   }
   const std::int64_t sent = ReceivedMessages(server, "Watch") - before;
   EXPECT_LE(sent, kCycles / 2) << sent << " watch stream messages for " << kCycles << " cycles";
+}
+
+// A wait on an own entry created before a compaction, ended before etcd
+// refuses its watch (compacted): the watch lingers, and the refusal finds
+// it there. etcd keeps a compacted watcher until it is cancelled, so the
+// lingering watch must be cancelled still, or each such wait leaves one on
+// the server for the stream's life (review of the lingering watches).
+TEST(EtcdRegressions, ALingeringWatchRefusedAsCompactedIsCancelled) {
+  PrivateEtcd server;
+  ASSERT_TRUE(server.ok());
+  auto store = OpenStore(Url(server, "ttl=10s"));
+  ASSERT_TRUE(store.ok()) << store.status().to_string();
+  auto session = (*store)->open_session(In(20s));
+  ASSERT_TRUE(session.ok()) << session.status().to_string();
+  EntrySpec spec;
+  spec.kind = "lock";
+  spec.attempt_id = "0123456789abcdef0123456789abcdef";
+  auto own = (*session)->append("compacted", spec, In(20s));
+  ASSERT_TRUE(own.ok()) << own.status().to_string();
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(server.ctl("put /rev/other " + std::to_string(i)));
+  spec.attempt_id = "fedcba9876543210fedcba9876543210";
+  auto later = (*session)->append("elsewhere", spec, In(20s));
+  ASSERT_TRUE(later.ok()) << later.status().to_string();
+  ASSERT_TRUE(server.ctl("compaction " + std::to_string(later->entry.sequence)));
+  const std::int64_t before = Watchers(server);
+  ASSERT_GE(before, 0) << "no watcher count on the server's /metrics";
+  const std::string id = own->entry.id;
+  constexpr int kWaits = 5;
+  for (int i = 0; i < kWaits; ++i) {
+    // Started and ended at once: both run on the loop before etcd answers.
+    auto wait = (*session)->async_wait_any_gone("compacted", std::span<const std::string>(&id, 1), [](Status) {});
+    wait.reset();
+    std::this_thread::sleep_for(200ms);
+  }
+  EXPECT_TRUE(Eventually([&] { return Watchers(server) <= before; }, 10s))
+      << Watchers(server) - before << " watchers left on the server by " << kWaits << " waits";
+  (*session)->close();
 }
 
 // A lingering watch reports the deletions of its key while nobody has it;

@@ -1457,9 +1457,19 @@ class Watches {
     return l.id;
   }
 
+  void drop_lingering() {
+    for (const auto& [key, l] : lingering_) cancel_watch(l.id);
+    lingering_.clear();
+    lingering_ids_.clear();
+  }
+
+  // A timer at the earliest end of a lingering watch (each ends at most a
+  // timer's lateness after kLingerFor).
   void arm_linger_sweep() {
-    if (linger_timer_ != 0) return;
-    linger_timer_ = loop_->at(std::chrono::steady_clock::now() + kLingerFor, [this] {
+    if (linger_timer_ != 0 || lingering_.empty()) return;
+    auto earliest = std::min_element(lingering_.begin(), lingering_.end(),
+                                     [](const auto& a, const auto& b) { return a.second.until < b.second.until; });
+    linger_timer_ = loop_->at(earliest->second.until, [this] {
       linger_timer_ = 0;
       const auto now = std::chrono::steady_clock::now();
       for (auto it = lingering_.begin(); it != lingering_.end();) {
@@ -1471,7 +1481,7 @@ class Watches {
         lingering_ids_.erase(it->second.id);
         it = lingering_.erase(it);
       }
-      if (!lingering_.empty()) arm_linger_sweep();
+      arm_linger_sweep();
     });
   }
 
@@ -1548,17 +1558,23 @@ class Watches {
     if (it == by_id_.end()) {
       if (auto l = lingering_ids_.find(r.watch_id()); l != lingering_ids_.end()) {
         // A lingering watch: its deletions are noted above, for the wait
-        // that adopts it. Cancelled (compacted): it goes.
+        // that adopts it. Cancelled (compacted): it goes, and is cancelled
+        // still (etcd keeps a compacted watcher until then).
         if (r.canceled()) {
-          deletions_.erase(l->first);
+          const std::int64_t id = l->first;
           lingering_.erase(l->second);
           lingering_ids_.erase(l);
+          cancel_watch(id);
         }
         return;
       }
-      // A create refused before it had an id (watch_id -1): every wait not
-      // yet confirmed reads again.
+      // A create refused (etcd answers it with watch_id -1, not the id we
+      // chose): we cannot tell whose, so every wait watches and reads again,
+      // those whose watches were confirmed and those that adopted a
+      // lingering watch (which may be the refused one) too, and no lingering
+      // watch is adopted any more.
       if (r.canceled() && r.watch_id() < 0) {
+        drop_lingering();
         std::vector<std::shared_ptr<WaitRec>> all(waits_.begin(), waits_.end());
         for (const auto& w : all) retry(w);
       }
@@ -1579,11 +1595,6 @@ class Watches {
     if (r.created() && w->unconfirmed > 0 && --w->unconfirmed == 0) read(w);
   }
 
-  // Whether a deletion of one of the wait's keys (an event of its watches)
-  // removed the entry it waits for: the key's incarnation created at the
-  // wait's revision, or one before it (the entry was gone already).
-  // Deletions of earlier incarnations, older than that revision, reach an
-  // adopted lingering watch: they are not this entry's.
   // The revision of the last deletion a watch reported (0: none), whoever
   // had it then.
   std::int64_t last_deletion(std::int64_t id) const {
@@ -1591,6 +1602,11 @@ class Watches {
     return it == deletions_.end() ? 0 : it->second;
   }
 
+  // Whether a deletion of one of the wait's keys (an event of its watches)
+  // removed the entry it waits for: the key's incarnation created at the
+  // wait's revision, or one before it (the entry was gone already).
+  // Deletions of earlier incarnations, older than that revision, reach an
+  // adopted lingering watch: they are not this entry's.
   static bool deletes_waited_for_entry(const WaitRec& w, const mvccpb::KeyValue& deleted) {
     for (const auto& [key, rev] : w.keys) {
       if (key == deleted.key()) return deleted.mod_revision() > rev;
