@@ -43,11 +43,13 @@
 #include <cerrno>
 #include <condition_variable>
 #include <deque>
+#include <future>
 #include <map>
 #include <optional>
 #include <random>
 #include <system_error>
 #include <thread>
+#include <utility>
 
 #include <nlohmann/json.hpp>
 
@@ -141,16 +143,50 @@ struct Config {
 
 class Pool {
  public:
+  // A connection lent out of the pool, or none (default). It goes back
+  // when dropped, or is closed then if it broke (or was discarded).
+  class Lent {
+   public:
+    Lent() = default;
+    Lent(Pool& pool, std::unique_ptr<Conn> conn, bool fresh) : pool_(&pool), conn_(std::move(conn)), fresh_(fresh) {}
+    Lent(Lent&& other) noexcept
+        : pool_(std::exchange(other.pool_, nullptr)), conn_(std::move(other.conn_)), fresh_(other.fresh_) {}
+    Lent& operator=(Lent&& other) noexcept {
+      if (this == &other) return *this;
+      Lent gone(std::move(*this));  // back to the pool
+      pool_ = std::exchange(other.pool_, nullptr);
+      conn_ = std::move(other.conn_);
+      fresh_ = other.fresh_;
+      return *this;
+    }
+    ~Lent() {
+      if (pool_ != nullptr) pool_->release(std::move(conn_));
+    }
+    explicit operator bool() const { return pool_ != nullptr; }
+    Conn& conn() { return *conn_; }
+    bool fresh() const { return fresh_; }
+    // Closes it rather than give it back (an exception left a request's
+    // answer unread on it).
+    void discard() { conn_.reset(); }
+
+   private:
+    Pool* pool_ = nullptr;
+    std::unique_ptr<Conn> conn_;
+    bool fresh_ = false;  // opened for this loan
+  };
+
   Pool(Endpoint ep, std::size_t max) : ep_(std::move(ep)), max_(max) {}
 
-  // A connection, and whether it was opened just now.
-  Result<std::pair<std::unique_ptr<Conn>, bool>> acquire(IoClock::time_point deadline) DLOCK_EXCLUDES(mu_) {
+  // A connection: an idle one, or one opened now while fewer than the
+  // maximum are open; otherwise, with `wait`, the first one given back
+  // before `deadline`, and without it none (an empty Lent) at once.
+  Result<Lent> lend(IoClock::time_point deadline, bool wait) DLOCK_EXCLUDES(mu_) {
     MutexLock lk(mu_);
     for (;;) {
       if (!idle_.empty()) {
         auto c = std::move(idle_.back());
         idle_.pop_back();
-        return std::make_pair(std::move(c), false);
+        return Lent(*this, std::move(c), false);
       }
       if (open_ < max_) {
         ++open_;
@@ -162,14 +198,26 @@ class Pool {
           cv_.notify_one();
           return c.status();
         }
-        return std::make_pair(std::move(*c), true);
+        return Lent(*this, std::move(*c), true);
       }
+      if (!wait) return Lent();
       if (cv_.wait_until(lk.native(), deadline) == std::cv_status::timeout && idle_.empty() && open_ >= max_) {
         return UnavailableError("redis store: all " + std::to_string(max_) + " connections stayed busy");
       }
     }
   }
 
+  // A connection, waiting for one until `deadline` when all are lent out.
+  Result<Lent> acquire(IoClock::time_point deadline) DLOCK_EXCLUDES(mu_) { return lend(deadline, /*wait=*/true); }
+
+  void adopt(std::unique_ptr<Conn> c) DLOCK_EXCLUDES(mu_) {
+    MutexLock lk(mu_);
+    ++open_;
+    idle_.push_back(std::move(c));
+    cv_.notify_one();
+  }
+
+ private:
   void release(std::unique_ptr<Conn> c) DLOCK_EXCLUDES(mu_) {
     MutexLock lk(mu_);
     if (c && !c->broken()) {
@@ -180,14 +228,6 @@ class Pool {
     cv_.notify_one();
   }
 
-  void adopt(std::unique_ptr<Conn> c) DLOCK_EXCLUDES(mu_) {
-    MutexLock lk(mu_);
-    ++open_;
-    idle_.push_back(std::move(c));
-    cv_.notify_one();
-  }
-
- private:
   const Endpoint ep_;
   const std::size_t max_;
   Mutex mu_;
@@ -195,6 +235,16 @@ class Pool {
   std::vector<std::unique_ptr<Conn>> idle_ DLOCK_GUARDED_BY(mu_);
   std::size_t open_ DLOCK_GUARDED_BY(mu_) = 0;  // idle or lent out
 };
+
+// An asynchronous request's answer, waited for on this thread (never a
+// dlock thread: the answer comes on one).
+template <class T, class Start>
+T AwaitAnswer(Start start) {
+  auto answer = std::make_shared<std::promise<T>>();  // shared: set_value may still run when get() returns
+  std::future<T> got = answer->get_future();
+  start([answer](T r) { answer->set_value(std::move(r)); });
+  return got.get();
+}
 
 // --- The shared part of a store
 
@@ -399,32 +449,46 @@ class StoreCore {
     return static_cast<int>(w->integer());
   }
 
-  // Runs `fn(conn)` on a pooled connection. A request that failed on a
-  // reused connection the server had closed (a restart, an idle timeout, a
-  // CLIENT KILL) is sent once more on a new one, since every request dlock
-  // makes is idempotent (see the scripts); a timeout is not retried.
+  // Runs `fn(conn)` on a pooled connection (`first`, when the caller has
+  // one already). A request that failed on a reused connection the server
+  // had closed (a restart, an idle timeout, a CLIENT KILL) is sent once more
+  // on a new one, since every request dlock makes is idempotent (see the
+  // scripts); a timeout is not retried.
   template <typename Fn>
-  Result<Reply> pooled(IoClock::time_point deadline, Fn fn) {
+  Result<Reply> pooled(IoClock::time_point deadline, Fn fn, Pool::Lent first = {}) {
     for (int attempt = 0;; ++attempt) {
-      auto c = pool_.acquire(deadline);
-      if (!c.ok()) return c.status();
-      auto& [conn, fresh] = *c;
-      Result<Reply> r = fn(*conn);
-      bool retry =
-          !r.ok() && conn->broken() && !conn->timed_out() && !fresh && attempt == 0 && IoClock::now() < deadline;
-      pool_.release(std::move(conn));
+      Pool::Lent lent = std::move(first);
+      if (!lent) {
+        auto c = pool_.acquire(deadline);
+        if (!c.ok()) return c.status();
+        lent = std::move(*c);
+      }
+      Conn& conn = lent.conn();
+      Result<Reply> r = InternalError("unset");
+      try {
+        r = fn(conn);
+      } catch (...) {
+        lent.discard();  // never lent again with an answer unread
+        throw;
+      }
+      const bool retry =
+          !r.ok() && conn.broken() && !conn.timed_out() && !lent.fresh() && attempt == 0 && IoClock::now() < deadline;
+      lent = Pool::Lent();  // back to the pool before a retry takes one
       if (!retry) return r;
     }
   }
 
   // A script, without WAIT.
   Result<Reply> script(ScriptId id, const std::vector<std::string>& keys, const std::vector<std::string>& args,
-                       IoClock::time_point deadline) {
-    return pooled(deadline, [&](Conn& c) -> Result<Reply> {
-      auto r = script_on(c, id, keys, args, deadline, /*wait=*/false);
-      if (!r.ok()) return r.status();
-      return std::move(r->reply);
-    });
+                       IoClock::time_point deadline, Pool::Lent first = {}) {
+    return pooled(
+        deadline,
+        [&](Conn& c) -> Result<Reply> {
+          auto r = script_on(c, id, keys, args, deadline, /*wait=*/false);
+          if (!r.ok()) return r.status();
+          return std::move(r->reply);
+        },
+        std::move(first));
   }
 
   Result<Reply> command(const Command& cmd, IoClock::time_point deadline) {
@@ -564,6 +628,27 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
     std::vector<std::string> keys;
     std::vector<std::string> args;
   };
+  // Where a blocking request (append, list, find_own, remove) goes: on a
+  // pooled connection free now, or, when all of the pool's are lent out,
+  // through the request loop, pipelined there with every other request and
+  // this thread waiting for the answer. So blocking callers beyond the
+  // pool's size never queue for a connection (review of 8323212, which
+  // moved a blocking acquire's requests off the loop: 100 threads each
+  // taking a free lock with a 300 ms timeout over a 25 ms link got 60 of
+  // 100, the slowest 1 s late). On a dlock thread the request waits for a
+  // pooled connection as before: the loop's own thread must never wait for
+  // the loop.
+  struct Route {
+    bool through_loop = false;
+    Pool::Lent conn;  // the pooled connection, when one was free
+  };
+  Route route_blocking(IoClock::time_point io) {
+    auto lent = store_->pool().lend(io, /*wait=*/false);
+    if (!lent.ok()) return {};  // none could be opened: pooled() tries once more and says why
+    if (*lent) return {false, std::move(*lent)};
+    return {!OnDlockThread(), {}};
+  }
+
   Result<AppendPlan> plan_append(std::string_view queue, const EntrySpec& spec) {
     if (auto s = ValidateLockName(queue); !s.ok()) return s;
     if (spec.kind.empty()) return InvalidArgumentError("entry kind is empty");
@@ -629,31 +714,38 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
   }
 
   Result<Appended> append(std::string_view queue, const EntrySpec& spec, Clock::time_point deadline) {
+    const auto io = store_->io_deadline(deadline);
+    Route route = route_blocking(io);
+    if (route.through_loop) {
+      return AwaitAnswer<Result<Appended>>([&](auto done) { async_append(queue, spec, deadline, std::move(done)); });
+    }
     auto plan = plan_append(queue, spec);
     if (!plan.ok()) return plan.status();
     const AppendPlan& p = *plan;
     const std::string& q = p.q;
     const QueueKeys& k = p.k;
     const std::string& id = p.id;
-    const auto io = store_->io_deadline(deadline);
     int acked = -1;
     bool undone = false;
-    auto r = store_->pooled(io, [&](Conn& c) -> Result<Reply> {
-      auto s = store_->script_on(c, ScriptId::kAppend, p.keys, p.args, io, /*wait=*/true);
-      if (!s.ok()) return s.status();
-      acked = s->acked;
-      if (store_->short_of_replicas(acked) && !Fenced(s->reply)) {
-        // Not as durable as asked for: take the entry back before anyone
-        // counts on it (a waiter behind it could otherwise be granted on a
-        // replica that never saw it).
-        mark_removing(q, id);
-        auto undo = store_->script_on(c, ScriptId::kRemove, {k.zset}, {k.base, k.channel, id, sid_},
-                                      store_->one_more_round_trip(), /*wait=*/false);
-        if (!undo.ok()) return undo.status();  // the entry may exist: find_own settles it
-        undone = true;
-      }
-      return std::move(s->reply);
-    });
+    auto r = store_->pooled(
+        io,
+        [&](Conn& c) -> Result<Reply> {
+          auto s = store_->script_on(c, ScriptId::kAppend, p.keys, p.args, io, /*wait=*/true);
+          if (!s.ok()) return s.status();
+          acked = s->acked;
+          if (store_->short_of_replicas(acked) && !Fenced(s->reply)) {
+            // Not as durable as asked for: take the entry back before anyone
+            // counts on it (a waiter behind it could otherwise be granted on a
+            // replica that never saw it).
+            mark_removing(q, id);
+            auto undo = store_->script_on(c, ScriptId::kRemove, {k.zset}, {k.base, k.channel, id, sid_},
+                                          store_->one_more_round_trip(), /*wait=*/false);
+            if (!undo.ok()) return undo.status();  // the entry may exist: find_own settles it
+            undone = true;
+          }
+          return std::move(s->reply);
+        },
+        std::move(route.conn));
     if (!r.ok()) {
       on_request_failed(r.status());
       return r.status();  // the entry may exist: it stays tracked until find_own says
@@ -713,10 +805,16 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
   Result<std::vector<Entry>> list(std::string_view queue, const ListOptions& options, Clock::time_point deadline) {
     if (auto s = ValidateLockName(queue); !s.ok()) return s;
     if (auto s = usable(true); !s.ok()) return s;
+    const auto io = store_->io_deadline(deadline);
+    Route route = route_blocking(io);
+    if (route.through_loop) {
+      return AwaitAnswer<Result<std::vector<Entry>>>(
+          [&](auto done) { async_list(queue, options, deadline, std::move(done)); });
+    }
     const QueueKeys k = KeysFor(queue, cfg_.endpoint.db);
     auto r = store_->script(ScriptId::kList, {k.zset},
-                            {k.base, k.channel, options.with_owners ? "1" : "0", options.with_values ? "1" : "0"},
-                            store_->io_deadline(deadline));
+                            {k.base, k.channel, options.with_owners ? "1" : "0", options.with_values ? "1" : "0"}, io,
+                            std::move(route.conn));
     if (!r.ok()) {
       on_request_failed(r.status());
       return r.status();
@@ -728,22 +826,29 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
     if (auto s = ValidateLockName(queue); !s.ok()) return s;
     if (id.empty()) return InvalidArgumentError("entry id is empty");
     if (auto s = usable(true); !s.ok()) return s;
+    const auto io = store_->io_deadline(deadline);
+    Route route = route_blocking(io);
+    if (route.through_loop) {
+      return AwaitAnswer<Status>([&](auto done) { async_remove(queue, id, deadline, std::move(done)); });
+    }
     const std::string q(queue);
     const QueueKeys k = KeysFor(q, cfg_.endpoint.db);
     // Before it is sent: a renewal that finds the entry gone meanwhile must
     // not take that for lost data.
     mark_removing(q, std::string(id));
-    const auto io = store_->io_deadline(deadline);
     // With wait_replicas, WAIT, so that a release normally survives a
     // failover too. If too few replicas acknowledge in time, the removal has
     // still happened on the primary: done (a failover to a replica that
     // missed it brings the entry back until the session's lease there ends).
-    auto r = store_->pooled(io, [&](Conn& c) -> Result<Reply> {
-      auto s = store_->script_on(c, ScriptId::kRemove, {k.zset}, {k.base, k.channel, std::string(id), sid_}, io,
-                                 /*wait=*/true);
-      if (!s.ok()) return s.status();
-      return std::move(s->reply);
-    });
+    auto r = store_->pooled(
+        io,
+        [&](Conn& c) -> Result<Reply> {
+          auto s = store_->script_on(c, ScriptId::kRemove, {k.zset}, {k.base, k.channel, std::string(id), sid_}, io,
+                                     /*wait=*/true);
+          if (!s.ok()) return s.status();
+          return std::move(s->reply);
+        },
+        std::move(route.conn));
     if (!r.ok()) {
       on_request_failed(r.status());
       return r.status();
@@ -757,35 +862,43 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
     if (auto s = ValidateLockName(queue); !s.ok()) return s;
     if (attempt_id.empty()) return InvalidArgumentError("attempt id is empty");
     if (auto s = usable(true); !s.ok()) return s;
+    const auto io = store_->io_deadline(deadline);
+    Route route = route_blocking(io);
+    if (route.through_loop) {
+      return AwaitAnswer<Result<std::optional<Entry>>>(
+          [&](auto done) { async_find_own(queue, attempt_id, deadline, std::move(done)); });
+    }
     const std::string q(queue);
     const QueueKeys k = KeysFor(q, cfg_.endpoint.db);
     auto mirror = track(q, std::string(), std::string());  // no id yet
     if (!mirror.ok()) return mirror.status();
-    const auto io = store_->io_deadline(deadline);
     int acked = -1;
     bool undone = false;
-    auto r = store_->pooled(io, [&](Conn& c) -> Result<Reply> {
-      auto s = store_->script_on(c, ScriptId::kFindOwn, {k.zset, k.mirror(sid_)},
-                                 {k.base, k.channel, std::string(attempt_id), sid_, std::to_string(mirror->ms),
-                                  std::to_string(cfg_.ttl.count())},
-                                 io, /*wait=*/false);
-      if (!s.ok()) return s.status();
-      if (cfg_.wait_replicas == 0 || !s->reply.is_array() || s->reply.size() == 0) return std::move(s->reply);
-      // Found: hand it out only as durable as a fresh append would be. The
-      // script wrote after the append did, so this WAIT covers the entry.
-      auto w = store_->wait_on(c, io);
-      if (!w.ok()) return w.status();
-      acked = *w;
-      if (store_->short_of_replicas(acked)) {
-        const std::string found(ElementStr(s->reply.element(0)));
-        mark_removing(q, found);
-        auto undo = store_->script_on(c, ScriptId::kRemove, {k.zset}, {k.base, k.channel, found, sid_},
-                                      store_->one_more_round_trip(), /*wait=*/false);
-        if (!undo.ok()) return undo.status();
-        undone = true;
-      }
-      return std::move(s->reply);
-    });
+    auto r = store_->pooled(
+        io,
+        [&](Conn& c) -> Result<Reply> {
+          auto s = store_->script_on(c, ScriptId::kFindOwn, {k.zset, k.mirror(sid_)},
+                                     {k.base, k.channel, std::string(attempt_id), sid_, std::to_string(mirror->ms),
+                                      std::to_string(cfg_.ttl.count())},
+                                     io, /*wait=*/false);
+          if (!s.ok()) return s.status();
+          if (cfg_.wait_replicas == 0 || !s->reply.is_array() || s->reply.size() == 0) return std::move(s->reply);
+          // Found: hand it out only as durable as a fresh append would be. The
+          // script wrote after the append did, so this WAIT covers the entry.
+          auto w = store_->wait_on(c, io);
+          if (!w.ok()) return w.status();
+          acked = *w;
+          if (store_->short_of_replicas(acked)) {
+            const std::string found(ElementStr(s->reply.element(0)));
+            mark_removing(q, found);
+            auto undo = store_->script_on(c, ScriptId::kRemove, {k.zset}, {k.base, k.channel, found, sid_},
+                                          store_->one_more_round_trip(), /*wait=*/false);
+            if (!undo.ok()) return undo.status();
+            undone = true;
+          }
+          return std::move(s->reply);
+        },
+        std::move(route.conn));
     if (!r.ok()) {
       untrack(q, [](const std::string&, const Tracked&) { return false; });  // drop an empty track
       on_request_failed(r.status());
@@ -1383,7 +1496,7 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
     auto deadline = IoClock::now() + std::min(cfg_.op_timeout, milliseconds(2'000));
     auto c = store_->pool().acquire(deadline);
     if (!c.ok()) return;
-    Conn& conn = *c->first;
+    Conn& conn = c->conn();
     for (const auto& q : queues) {
       const QueueKeys k = KeysFor(q, cfg_.endpoint.db);
       auto r = store_->script_on(conn, ScriptId::kCloseQueue, {k.zset, k.mirror(sid_)}, {k.base, k.channel}, deadline,
@@ -1394,7 +1507,6 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
       auto r = conn.run({"DEL", SessionKey(sid_)}, deadline);
       (void)r;
     }
-    store_->pool().release(std::move(c->first));
   }
 
   // One renewal round trip: PEXPIRE of the session key, and the renewal of
