@@ -191,7 +191,15 @@ class Pool {
       if (open_ < max_) {
         ++open_;
         lk.unlock();
-        auto c = Conn::open(ep_, deadline);  // without the lock: others may use the idle ones meanwhile
+        Result<std::unique_ptr<Conn>> c = UnavailableError("unset");
+        try {
+          c = Conn::open(ep_, deadline);  // without the lock: others may use the idle ones meanwhile
+        } catch (...) {
+          lk.lock();
+          --open_;  // the slot is free again
+          cv_.notify_one();
+          throw;
+        }
         if (!c.ok()) {
           lk.lock();
           --open_;
@@ -637,26 +645,41 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
   // taking a free lock with a 300 ms timeout over a 25 ms link got 60 of
   // 100, the slowest 1 s late). On a dlock thread the request waits for a
   // pooled connection as before: the loop's own thread must never wait for
-  // the loop.
+  // the loop. So does a request followed by a WAIT (`with_wait`, when the
+  // URL asks for replicas): the server answers one connection's WAITs one
+  // after another, so on the loop's one connection each would wait out the
+  // one before it (review: 12 releases with a replica gone took 0.5 s to
+  // 4 s, one after another, and held back every other request on the loop).
   struct Route {
     bool through_loop = false;
     Pool::Lent conn;  // the pooled connection, when one was free
   };
-  Route route_blocking(IoClock::time_point io) {
+  Route route_blocking(IoClock::time_point io, bool with_wait) {
     auto lent = store_->pool().lend(io, /*wait=*/false);
     if (!lent.ok()) return {};  // none could be opened: pooled() tries once more and says why
     if (*lent) return {false, std::move(*lent)};
-    return {!OnDlockThread(), {}};
+    if (OnDlockThread() || (with_wait && cfg_.wait_replicas > 0)) return {};
+    try {
+      (void)store_->loop();  // started on first use
+    } catch (const std::exception&) {
+      return {};  // no thread for it: wait for a pooled connection
+    }
+    return {true, {}};
   }
 
-  Result<AppendPlan> plan_append(std::string_view queue, const EntrySpec& spec) {
+  // Whether an append may be made: its arguments, and the session.
+  Status check_append(std::string_view queue, const EntrySpec& spec) {
     if (auto s = ValidateLockName(queue); !s.ok()) return s;
     if (spec.kind.empty()) return InvalidArgumentError("entry kind is empty");
     if (auto s = CheckEntryValue(spec.value); !s.ok()) return s;
     if (spec.sequence && (*spec.sequence < 0 || *spec.sequence >= kMaxSequence)) {
       return InvalidArgumentError("entry sequence " + std::to_string(*spec.sequence) + " is out of range");
     }
-    if (auto s = usable(true); !s.ok()) return s;
+    return usable(true);
+  }
+
+  Result<AppendPlan> plan_append(std::string_view queue, const EntrySpec& spec) {
+    if (auto s = check_append(queue, spec); !s.ok()) return s;
     AppendPlan p;
     p.q = std::string(queue);
     p.k = KeysFor(p.q, cfg_.endpoint.db);
@@ -714,8 +737,10 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
   }
 
   Result<Appended> append(std::string_view queue, const EntrySpec& spec, Clock::time_point deadline) {
+    // Checked before a connection is taken (or opened) for it.
+    if (auto s = check_append(queue, spec); !s.ok()) return s;
     const auto io = store_->io_deadline(deadline);
-    Route route = route_blocking(io);
+    Route route = route_blocking(io, /*with_wait=*/true);
     if (route.through_loop) {
       return AwaitAnswer<Result<Appended>>([&](auto done) { async_append(queue, spec, deadline, std::move(done)); });
     }
@@ -806,7 +831,7 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
     if (auto s = ValidateLockName(queue); !s.ok()) return s;
     if (auto s = usable(true); !s.ok()) return s;
     const auto io = store_->io_deadline(deadline);
-    Route route = route_blocking(io);
+    Route route = route_blocking(io, /*with_wait=*/false);
     if (route.through_loop) {
       return AwaitAnswer<Result<std::vector<Entry>>>(
           [&](auto done) { async_list(queue, options, deadline, std::move(done)); });
@@ -827,7 +852,7 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
     if (id.empty()) return InvalidArgumentError("entry id is empty");
     if (auto s = usable(true); !s.ok()) return s;
     const auto io = store_->io_deadline(deadline);
-    Route route = route_blocking(io);
+    Route route = route_blocking(io, /*with_wait=*/true);
     if (route.through_loop) {
       return AwaitAnswer<Status>([&](auto done) { async_remove(queue, id, deadline, std::move(done)); });
     }
@@ -863,7 +888,7 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
     if (attempt_id.empty()) return InvalidArgumentError("attempt id is empty");
     if (auto s = usable(true); !s.ok()) return s;
     const auto io = store_->io_deadline(deadline);
-    Route route = route_blocking(io);
+    Route route = route_blocking(io, /*with_wait=*/true);
     if (route.through_loop) {
       return AwaitAnswer<Result<std::optional<Entry>>>(
           [&](auto done) { async_find_own(queue, attempt_id, deadline, std::move(done)); });
@@ -1497,15 +1522,20 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
     auto c = store_->pool().acquire(deadline);
     if (!c.ok()) return;
     Conn& conn = c->conn();
-    for (const auto& q : queues) {
-      const QueueKeys k = KeysFor(q, cfg_.endpoint.db);
-      auto r = store_->script_on(conn, ScriptId::kCloseQueue, {k.zset, k.mirror(sid_)}, {k.base, k.channel}, deadline,
-                                 /*wait=*/false);
-      if (!r.ok() && conn.broken()) break;
-    }
-    if (!conn.broken()) {
-      auto r = conn.run({"DEL", SessionKey(sid_)}, deadline);
-      (void)r;
+    try {
+      for (const auto& q : queues) {
+        const QueueKeys k = KeysFor(q, cfg_.endpoint.db);
+        auto r = store_->script_on(conn, ScriptId::kCloseQueue, {k.zset, k.mirror(sid_)}, {k.base, k.channel}, deadline,
+                                   /*wait=*/false);
+        if (!r.ok() && conn.broken()) break;
+      }
+      if (!conn.broken()) {
+        auto r = conn.run({"DEL", SessionKey(sid_)}, deadline);
+        (void)r;
+      }
+    } catch (...) {
+      c->discard();  // never lent again with an answer unread
+      throw;
     }
   }
 
