@@ -43,6 +43,7 @@
 #include <cerrno>
 #include <condition_variable>
 #include <deque>
+#include <exception>
 #include <future>
 #include <map>
 #include <optional>
@@ -144,7 +145,9 @@ struct Config {
 class Pool {
  public:
   // A connection lent out of the pool, or none (default). It goes back
-  // when dropped, or is closed then if it broke (or was discarded).
+  // when dropped; it is closed instead if it broke, or if it is dropped by
+  // an exception thrown while it was lent (which may have left a request's
+  // answer unread on it).
   class Lent {
    public:
     Lent() = default;
@@ -157,22 +160,23 @@ class Pool {
       pool_ = std::exchange(other.pool_, nullptr);
       conn_ = std::move(other.conn_);
       fresh_ = other.fresh_;
+      unwinding_ = std::uncaught_exceptions();
       return *this;
     }
     ~Lent() {
-      if (pool_ != nullptr) pool_->release(std::move(conn_));
+      if (pool_ == nullptr) return;
+      if (std::uncaught_exceptions() > unwinding_) conn_.reset();  // never lent again with an answer unread
+      pool_->release(std::move(conn_));
     }
     explicit operator bool() const { return pool_ != nullptr; }
     Conn& conn() { return *conn_; }
     bool fresh() const { return fresh_; }
-    // Closes it rather than give it back (an exception left a request's
-    // answer unread on it).
-    void discard() { conn_.reset(); }
 
    private:
     Pool* pool_ = nullptr;
     std::unique_ptr<Conn> conn_;
-    bool fresh_ = false;  // opened for this loan
+    bool fresh_ = false;                          // opened for this loan
+    int unwinding_ = std::uncaught_exceptions();  // exceptions in flight when it was lent
   };
 
   Pool(Endpoint ep, std::size_t max) : ep_(std::move(ep)), max_(max) {}
@@ -191,19 +195,17 @@ class Pool {
       if (open_ < max_) {
         ++open_;
         lk.unlock();
-        Result<std::unique_ptr<Conn>> c = UnavailableError("unset");
-        try {
-          c = Conn::open(ep_, deadline);  // without the lock: others may use the idle ones meanwhile
-        } catch (...) {
-          lk.lock();
-          --open_;  // the slot is free again
-          cv_.notify_one();
-          throw;
-        }
+        // Without the lock: others may use the idle ones meanwhile.
+        auto c = [&]() -> Result<std::unique_ptr<Conn>> {
+          try {
+            return Conn::open(ep_, deadline);
+          } catch (...) {
+            free_slot();
+            throw;
+          }
+        }();
         if (!c.ok()) {
-          lk.lock();
-          --open_;
-          cv_.notify_one();
+          free_slot();
           return c.status();
         }
         return Lent(*this, std::move(*c), true);
@@ -226,6 +228,13 @@ class Pool {
   }
 
  private:
+  // A connection that was to be opened was not.
+  void free_slot() DLOCK_EXCLUDES(mu_) {
+    MutexLock lk(mu_);
+    --open_;
+    cv_.notify_one();
+  }
+
   void release(std::unique_ptr<Conn> c) DLOCK_EXCLUDES(mu_) {
     MutexLock lk(mu_);
     if (c && !c->broken()) {
@@ -472,13 +481,7 @@ class StoreCore {
         lent = std::move(*c);
       }
       Conn& conn = lent.conn();
-      Result<Reply> r = InternalError("unset");
-      try {
-        r = fn(conn);
-      } catch (...) {
-        lent.discard();  // never lent again with an answer unread
-        throw;
-      }
+      Result<Reply> r = fn(conn);
       const bool retry =
           !r.ok() && conn.broken() && !conn.timed_out() && !lent.fresh() && attempt == 0 && IoClock::now() < deadline;
       lent = Pool::Lent();  // back to the pool before a retry takes one
@@ -678,8 +681,8 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
     return usable(true);
   }
 
+  // After check_append().
   Result<AppendPlan> plan_append(std::string_view queue, const EntrySpec& spec) {
-    if (auto s = check_append(queue, spec); !s.ok()) return s;
     AppendPlan p;
     p.q = std::string(queue);
     p.k = KeysFor(p.q, cfg_.endpoint.db);
@@ -782,6 +785,7 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
   // append() on the request loop: the same steps, each a completion.
   void async_append(std::string_view queue, const EntrySpec& spec, Clock::time_point deadline,
                     std::function<void(Result<Appended>)> done) {
+    if (auto s = check_append(queue, spec); !s.ok()) return done(s);
     auto plan = plan_append(queue, spec);
     if (!plan.ok()) return done(plan.status());
     auto p = std::make_shared<const AppendPlan>(std::move(*plan));
@@ -1522,20 +1526,15 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
     auto c = store_->pool().acquire(deadline);
     if (!c.ok()) return;
     Conn& conn = c->conn();
-    try {
-      for (const auto& q : queues) {
-        const QueueKeys k = KeysFor(q, cfg_.endpoint.db);
-        auto r = store_->script_on(conn, ScriptId::kCloseQueue, {k.zset, k.mirror(sid_)}, {k.base, k.channel}, deadline,
-                                   /*wait=*/false);
-        if (!r.ok() && conn.broken()) break;
-      }
-      if (!conn.broken()) {
-        auto r = conn.run({"DEL", SessionKey(sid_)}, deadline);
-        (void)r;
-      }
-    } catch (...) {
-      c->discard();  // never lent again with an answer unread
-      throw;
+    for (const auto& q : queues) {
+      const QueueKeys k = KeysFor(q, cfg_.endpoint.db);
+      auto r = store_->script_on(conn, ScriptId::kCloseQueue, {k.zset, k.mirror(sid_)}, {k.base, k.channel}, deadline,
+                                 /*wait=*/false);
+      if (!r.ok() && conn.broken()) break;
+    }
+    if (!conn.broken()) {
+      auto r = conn.run({"DEL", SessionKey(sid_)}, deadline);
+      (void)r;
     }
   }
 
