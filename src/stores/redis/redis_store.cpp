@@ -681,8 +681,10 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
     return usable(true);
   }
 
-  // After check_append().
+  // Checks again in append(): the session may have ended while a
+  // connection was opened for it (review).
   Result<AppendPlan> plan_append(std::string_view queue, const EntrySpec& spec) {
+    if (auto s = check_append(queue, spec); !s.ok()) return s;
     AppendPlan p;
     p.q = std::string(queue);
     p.k = KeysFor(p.q, cfg_.endpoint.db);
@@ -785,7 +787,6 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
   // append() on the request loop: the same steps, each a completion.
   void async_append(std::string_view queue, const EntrySpec& spec, Clock::time_point deadline,
                     std::function<void(Result<Appended>)> done) {
-    if (auto s = check_append(queue, spec); !s.ok()) return done(s);
     auto plan = plan_append(queue, spec);
     if (!plan.ok()) return done(plan.status());
     auto p = std::make_shared<const AppendPlan>(std::move(*plan));
