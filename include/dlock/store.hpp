@@ -257,6 +257,15 @@ class DLOCK_EXPORT Session {
                                                 std::span<const std::string> ahead, std::string_view own,
                                                 std::function<void(Status, bool)> done);
 
+  // Whether the blocking wait_any_gone sleeps in the calling thread itself,
+  // woken by the kernel or the store's client (the file store polls the
+  // entries' FIFOs there), rather than over async_wait_any_gone and a
+  // hand-over from a store thread. If true, a blocking acquire whose steps
+  // run on its caller's thread waits with it, on that thread, with its
+  // deadline and stop token: one thread switch less per wake-up. Default
+  // false.
+  virtual bool waits_on_calling_thread() const noexcept;
+
   // --- Published values (elections) -------------------------------------
   //
   // What an election needs beyond a lock (docs/election.md): a value per

@@ -86,6 +86,8 @@ std::shared_ptr<void> Session::async_wait_turn(std::string_view queue, std::span
   return async_wait_any_gone(queue, ids, [done = std::move(done)](Status s) { done(std::move(s), false); });
 }
 
+bool Session::waits_on_calling_thread() const noexcept { return false; }
+
 bool Session::keeps_values() const noexcept { return false; }
 
 bool Session::keeps_owners_beside_values() const noexcept { return true; }

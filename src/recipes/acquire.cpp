@@ -291,7 +291,10 @@ class Acquisition : public Operation<Acquisition> {
       return pass_ended(PassEnd::kGranted);
     }
     if (req_.try_only || expired()) return give_up();
-    turn_queue_ = next_in_line(queue, static_cast<std::size_t>(ours - queue.begin()), v);
+    // A wait on this very thread (file://, for a blocking caller) gets no
+    // vouching for our entry: it lists after the wake-up.
+    turn_queue_ =
+        waits_here(*session_) ? std::nullopt : next_in_line(queue, static_cast<std::size_t>(ours - queue.begin()), v);
     if (turn_queue_) {
       auto waited = then<std::pair<Status, bool>>(
           [](Acquisition& a, std::pair<Status, bool> w) { a.on_waited(std::move(w.first), w.second); });
@@ -300,8 +303,10 @@ class Acquisition : public Operation<Acquisition> {
                                           waited(std::make_pair(std::move(s), own_intact));
                                         });
     } else {
-      wait_ = session_->async_wait_any_gone(
-          req_.queue, v.wait_for, then<Status>([](Acquisition& a, Status waited) { a.on_waited(std::move(waited)); }));
+      auto handle = wait_any_gone(*session_, req_.queue, v.wait_for,
+                                  [](Acquisition& a, Status waited) { a.on_waited(std::move(waited)); });
+      if (!handle) return;  // made here, and over: on_waited() is posted
+      wait_ = std::move(*handle);
     }
     // The wait's own completion (kCancelled) follows the cancel.
     on_interrupt_ = [this] { wait_.reset(); };

@@ -17,7 +17,9 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <span>
 #include <stop_token>
+#include <string_view>
 #include <utility>
 
 #include "core/client_core.hpp"
@@ -95,6 +97,32 @@ class Operation : public std::enable_shared_from_this<Self> {
     std::function<void(T)> done = then<T>(std::move(next));
     if (caller_ && caller_->steps.on_running_thread()) return done(blocking());
     async(std::move(done));
+  }
+
+  // Whether a wait would be made on this thread (waits_here_or_async).
+  bool waits_here(const Session& session) const {
+    return caller_ && caller_->steps.on_running_thread() && session.waits_on_calling_thread();
+  }
+
+  // Waits until an entry of `ids` is gone from `queue`; `next` gets the
+  // outcome as the operation's next step. On a blocking caller's own thread,
+  // where the store's blocking wait sleeps in the calling thread itself
+  // (Session::waits_on_calling_thread), it is made there, with the
+  // operation's deadline and stop token, and returns nullopt: the wake-up
+  // reaches the caller without a store thread in between. (A deadline or
+  // stop posted meanwhile runs after it and finds nothing armed.) Otherwise
+  // returns the asynchronous wait's handle (which may be a null pointer with
+  // a deleter): destroying it cancels.
+  std::optional<std::shared_ptr<void>> wait_any_gone(Session& session, std::string_view queue,
+                                                     std::span<const std::string> ids,
+                                                     std::function<void(Self&, Status)> next) {
+    std::function<void(Status)> done = then<Status>(std::move(next));
+    if (waits_here(session)) {
+      on_interrupt_ = nullptr;  // nothing to cut short: the wait below ends by the deadline and stop itself
+      done(session.wait_any_gone(queue, ids, deadline_, stop_));
+      return std::nullopt;
+    }
+    return session.async_wait_any_gone(queue, ids, std::move(done));
   }
 
   // Keeps the first exception for a blocking caller (acquire.hpp, FailureSink).

@@ -128,12 +128,14 @@ class SemaphoreAcquisition : public internal::Operation<SemaphoreAcquisition> {
     // A stop request wins over a grant that comes after it.
     if (listed.size() <= permits_) return end_round(stopped() ? Round::kGaveUp : Round::kGranted);
     if (gate_.try_only || expired()) return end_round(Round::kGaveUp);
-    wait_ = session_->async_wait_any_gone(leases_, others, then<Status>([](SemaphoreAcquisition& s, Status waited) {
-                                            s.wait_.reset();
-                                            s.on_interrupt_ = nullptr;
-                                            if (waited.ok()) return s.fit();
-                                            s.after_failure(waited);
-                                          }));
+    auto handle = wait_any_gone(*session_, leases_, others, [](SemaphoreAcquisition& s, Status waited) {
+      s.wait_.reset();
+      s.on_interrupt_ = nullptr;
+      if (waited.ok()) return s.fit();
+      s.after_failure(waited);
+    });
+    if (!handle) return;  // made here, and over: its outcome is posted
+    wait_ = std::move(*handle);
     on_interrupt_ = [this] { wait_.reset(); };  // its completion (kCancelled) follows
   }
 

@@ -677,6 +677,67 @@ TEST_F(FileStoreTest, ManyWaitersWakeTogether) {
   for (auto& w : waits) EXPECT_EQ(w->Result(), OkStatus());
 }
 
+// The blocking wait sleeps in the calling thread (poll(2) on the FIFOs), so
+// a blocking acquire's wake-up reaches it without a store thread: the
+// store's waiting thread is not started by it.
+TEST_F(FileStoreTest, ABlockingWaitSleepsInTheCallingThread) {
+  auto owner = NewSession();
+  auto waiter = NewSession();
+  Entry e = Append(*owner, "here");
+  EXPECT_TRUE(waiter->waits_on_calling_thread());
+  const int threads_before = testing::ThreadCount();
+  AsyncWait wait(waiter, "here", {e.id});  // one thread of the test's own
+  ASSERT_TRUE(wait.Blocks());
+  EXPECT_LE(testing::ThreadCount(), threads_before + 1) << "the wait started the store's waiting thread";
+  ASSERT_TRUE(owner->remove("here", e.id, kNoDeadline).ok());
+  EXPECT_EQ(wait.Result(), OkStatus());
+}
+
+// ... and ends by itself at its deadline, at a stop request (also one made
+// before it began) and when its own session is closed under it.
+TEST_F(FileStoreTest, ABlockingWaitEndsAtItsDeadlineItsStopAndItsSessionsClose) {
+  auto owner = NewSession();
+  auto waiter = NewSession();
+  Entry e = Append(*owner, "ends");
+  std::vector<std::string> ids = {e.id};
+  EXPECT_EQ(waiter->wait_any_gone("ends", ids, std::chrono::steady_clock::now() + 50ms, {}).code(),
+            ErrorCode::kDeadlineExceeded);
+  EXPECT_EQ(waiter->wait_any_gone("ends", ids, std::chrono::steady_clock::now() - 1s, {}).code(),
+            ErrorCode::kDeadlineExceeded);
+
+  std::stop_source stopped;
+  stopped.request_stop();
+  EXPECT_EQ(waiter->wait_any_gone("ends", ids, Soon(), stopped.get_token()).code(), ErrorCode::kCancelled);
+
+  AsyncWait cancelled(waiter, "ends", ids);
+  ASSERT_TRUE(cancelled.Blocks());
+  cancelled.Cancel();
+  EXPECT_EQ(cancelled.Result().code(), ErrorCode::kCancelled);
+
+  AsyncWait closed(waiter, "ends", ids);
+  ASSERT_TRUE(closed.Blocks());
+  waiter->close();
+  EXPECT_EQ(closed.Result().code(), ErrorCode::kSessionLost) << "the close did not wake the wait";
+  EXPECT_EQ(waiter->wait_any_gone("ends", ids, Soon(), {}).code(), ErrorCode::kSessionLost);
+  // The entry waited for is still there: nothing but the close ended the wait.
+  EXPECT_EQ(Ids(List(*owner, "ends")), ids);
+}
+
+// With a hand-moved clock a deadline must follow the clock, not poll's
+// timeout: that store keeps the asynchronous wait.
+TEST_F(FileStoreTest, AHandMovedClockKeepsTheAsynchronousWait) {
+  auto clock = std::make_shared<ManualClock>();
+  auto store = OpenStoreAt(dir_.path(), {.clock = clock});
+  auto owner = NewSession(store.get());
+  auto waiter = NewSession(store.get());
+  EXPECT_FALSE(waiter->waits_on_calling_thread());
+  Entry e = Append(*owner, "manual");
+  AsyncWait wait(waiter, "manual", {e.id}, clock->now() + 1h);
+  ASSERT_TRUE(wait.Blocks());
+  clock->advance(2h);
+  EXPECT_EQ(wait.Result().code(), ErrorCode::kDeadlineExceeded);
+}
+
 // --- asynchronous waits
 
 using testing::ThreadCount;

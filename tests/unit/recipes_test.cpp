@@ -695,6 +695,44 @@ TEST_P(RecipeTest, NestedNamesAreIndependent) {
   EXPECT_TRUE(TryOnce(child1));
 }
 
+// A waiter whose session is closed under it (Client::close_session) queues
+// again on a new session at once, not when the entry it waits for goes, and
+// gets the lock when that goes. (On file://, a blocking acquire waits on its
+// own thread, in poll(2): the close must wake that wait.)
+TEST_P(RecipeTest, AWaiterWhoseSessionIsClosedQueuesAgainAtOnce) {
+  const std::string name = UniqueName("waiter-closed");
+  auto a = NewClient();
+  auto b = NewClient();
+  auto observer = NewClient();
+  Mutex ma(a, name);
+  Mutex mb(b, name);
+  auto hold = AcquireHold(ma, 5s);
+  ASSERT_TRUE(hold);
+  std::atomic<int> got{-1};
+  std::jthread waiter([&] {
+    std::optional<Turn> turn = TryLockFor(mb, 120s);
+    got = turn ? 1 : 0;
+  });
+  // The entry after the holder's: the waiter's, first on the session we close, then on a new one.
+  auto second = [&]() -> std::string {
+    auto listed = observer.list_entries(name, false);
+    if (!listed.ok() || listed->size() != 2) return {};
+    return (*listed)[1].id;
+  };
+  std::string first;
+  ASSERT_TRUE(Eventually([&] { return !(first = second()).empty(); }));
+  b.close_session();
+  EXPECT_TRUE(Eventually([&] {
+    std::string now = second();
+    return !now.empty() && now != first;
+  })) << "the waiter did not queue again while the entry it waits for stayed";
+  EXPECT_EQ(got.load(), -1) << "the waiter gave up";
+  hold->release();
+  waiter.join();
+  EXPECT_EQ(got.load(), 1);
+  EXPECT_TRUE(Eventually([&] { return fixture_.entries(name) == 0u; }));
+}
+
 // A waiter whose entry an operator removes (`dlock break`) notices when it
 // next looks (here: when the holder releases), queues again and gets the
 // lock; the hold it gets then lasts (on Redis, whose renewals check the

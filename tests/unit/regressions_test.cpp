@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -14,6 +15,7 @@
 #include <mutex>
 #include <optional>
 #include <thread>
+#include <vector>
 
 #include "dlock/dlock.hpp"
 #include "support/child.hpp"
@@ -207,6 +209,11 @@ class HookedStore final : public Store {
   std::atomic<int> blocking_appends{0};
   std::atomic<int> async_appends{0};
   std::atomic<std::thread::id> blocking_append_thread{};
+  // Whether its sessions say their blocking wait sleeps in the calling
+  // thread, and the threads that made blocking waits.
+  std::atomic<bool> direct_waits{false};
+  std::mutex waits_mu;
+  std::vector<std::thread::id> wait_threads;
 
  private:
   class HookedSession final : public Session {
@@ -239,8 +246,13 @@ class HookedStore final : public Store {
     Status wait_any_gone(std::string_view q, std::span<const std::string> ids, Clock::time_point d,
                          std::stop_token st) override {
       if (store_->wait_throws.fetch_sub(1) > 0) throw std::bad_alloc();
+      {
+        std::lock_guard<std::mutex> g(store_->waits_mu);
+        store_->wait_threads.push_back(std::this_thread::get_id());
+      }
       return inner_->wait_any_gone(q, ids, d, std::move(st));
     }
+    bool waits_on_calling_thread() const noexcept override { return store_->direct_waits.load(); }
     Status remove(std::string_view q, std::string_view id, Clock::time_point d) override {
       return inner_->remove(q, id, d);
     }
@@ -275,6 +287,59 @@ TEST(Engine, ABlockingAcquireRequestsOnItsOwnThreadAndAnAsynchronousOneAsynchron
   ASSERT_TRUE(h);
   EXPECT_EQ(hooked->async_appends.load(), 1);
   EXPECT_EQ(hooked->blocking_appends.load(), 1) << "the asynchronous acquire used the blocking form";
+}
+
+// Where the store's blocking wait sleeps in the calling thread (file://), a
+// blocking acquire makes its waits there, on its own thread; elsewhere, and
+// for an asynchronous acquire everywhere, the waits are asynchronous (over
+// this double, which has no asynchronous wait of its own, the default's
+// thread of its own: never the caller's, never the executor).
+TEST(Engine, ABlockingAcquireWaitsOnItsOwnThreadWhereTheStoreCan) {
+  auto mem = MemStore::create();
+  auto hooked = std::make_shared<HookedStore>(mem);
+  auto a = Client::with_store(hooked);
+  auto holder = Client::with_store(mem);
+  Mutex held(holder, "engine/wait-forms");
+  Mutex m(a, "engine/wait-forms");
+  // Waits, with `held` held, until it is released from another thread; the
+  // threads of the blocking waits made meanwhile.
+  auto waits_while = [&](const std::function<bool()>& acquire) {
+    {
+      std::lock_guard<std::mutex> g(hooked->waits_mu);
+      hooked->wait_threads.clear();
+    }
+    std::optional<Hold> h = held.acquire(5s);
+    EXPECT_TRUE(h);
+    std::jthread releaser([&] {
+      // Released once the acquire waits (its entry is second in line).
+      Eventually([&] { return mem->entry_count() >= 2; }, 5s);
+      std::this_thread::sleep_for(20ms);
+      h->release();
+    });
+    EXPECT_TRUE(acquire());
+    releaser.join();
+    std::lock_guard<std::mutex> g(hooked->waits_mu);
+    return hooked->wait_threads;
+  };
+  const std::thread::id here = std::this_thread::get_id();
+  hooked->direct_waits = true;
+  std::vector<std::thread::id> threads = waits_while([&] {
+    const bool got = m.try_lock_for(10s);
+    if (got) m.unlock();
+    return got;
+  });
+  ASSERT_FALSE(threads.empty());
+  EXPECT_EQ(threads.front(), here) << "the blocking acquire did not wait on its own thread";
+  threads = waits_while([&] { return m.acquire_future(10s).get().has_value(); });
+  EXPECT_TRUE(std::find(threads.begin(), threads.end(), here) == threads.end()) << "an async acquire blocked a thread";
+  hooked->direct_waits = false;
+  threads = waits_while([&] {
+    const bool got = m.try_lock_for(10s);
+    if (got) m.unlock();
+    return got;
+  });
+  ASSERT_FALSE(threads.empty());
+  EXPECT_NE(threads.front(), here) << "a store that cannot wait on the calling thread was made to";
 }
 
 // Finding: HoldCore::Make subscribes, then reads the session's state and, if

@@ -40,6 +40,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/file.h>
@@ -55,12 +56,14 @@
 #include <condition_variable>
 #include <cstdlib>
 #include <ctime>
+#include <functional>
 #include <limits>
 #include <map>
 #include <optional>
 #include <stop_token>
 #include <system_error>
 #include <thread>
+#include <typeinfo>
 #include <utility>
 #include <vector>
 
@@ -363,6 +366,9 @@ struct StoreDir {
   std::string path;  // absolute, for messages
   UniqueFd root;
   std::shared_ptr<Clock> clock;
+  // The clock reads steady_clock (no hand-moved clock): a blocking wait may
+  // then sleep in poll(2) with the deadline as its timeout.
+  bool real_clock = false;
   std::atomic<std::uint64_t> sessions_opened{0};
   const std::shared_ptr<FifoWatcher> watcher = std::make_shared<FifoWatcher>();
 
@@ -956,8 +962,11 @@ class FileSession final : public Session {
     return ReadQueue(*dir_, QueueDirName(queue), {.options = options, .held = {}, .head_only = false});
   }
 
+  // With the real clock, on the calling thread (wait_here); a hand-moved
+  // clock needs the asynchronous wait and its on_advance.
   Status wait_any_gone(std::string_view queue, std::span<const std::string> ids, Clock::time_point deadline,
                        std::stop_token stop) override {
+    if (dir_->real_clock) return wait_here(queue, ids, deadline, stop);
     return AwaitAsyncWait(*dir_->clock, queue, deadline, std::move(stop), [&](std::function<void(Status)> done) {
       return async_wait_any_gone(queue, ids, std::move(done));
     });
@@ -1032,6 +1041,8 @@ class FileSession final : public Session {
     }
     return std::optional<Entry>();
   }
+
+  bool waits_on_calling_thread() const noexcept override { return dir_->real_clock; }
 
   bool keeps_values() const noexcept override { return true; }
 
@@ -1123,6 +1134,8 @@ class FileSession final : public Session {
     // Holders first, entries second: nobody may see an entry gone before its
     // holder has been told (store.hpp). No lock is held while they hear it.
     subscribers_.notify(SessionState::kClosed);
+    // Waits in wait_here() (closing_ is never reset once made).
+    if (const EventSignal* closing = closing_signal()) closing->signal();
     for (auto& [id, owned] : doomed) ReleaseEntry(*dir_, *owned);
     dir_->watcher->end_session(id_, "session " + id_ + " of " + dir_->path + " was closed while waiting");
   }
@@ -1193,12 +1206,12 @@ class FileSession final : public Session {
     return false;
   }
 
-  // Registers a wait (`key` set), or returns its outcome if it has one at
-  // once (`key` stays 0): arm first, then test, so that an entry that goes
-  // after its FIFO is open wakes the watcher, and one that went before shows
-  // in the test.
-  Status start_wait(std::string_view queue, std::span<const std::string> ids,
-                    const std::shared_ptr<OneOutcome>& outcome, std::uint64_t& key) DLOCK_EXCLUDES(mu_) {
+  // The first half of every wait: arms the entries' FIFOs into `fifos`,
+  // then tests, so that an entry that goes after its FIFO is open wakes the
+  // wait, and one that went before shows in the test. OK with `fifos` empty:
+  // one is gone already; an error: the wait's outcome.
+  Status arm_wait(std::string_view queue, std::span<const std::string> ids, std::vector<UniqueFd>& fifos) const
+      DLOCK_EXCLUDES(mu_) {
     if (auto s = CheckQueueName(queue); !s.ok()) return s;
     if (ids.empty()) return InvalidArgumentError("wait_any_gone needs at least one entry id");
     std::vector<EntryName> names;
@@ -1208,11 +1221,22 @@ class FileSession final : public Session {
       names.push_back(std::move(*parsed));
     }
     if (closed()) return closed_error();
-    std::vector<UniqueFd> fifos;
-    auto armed = arm(names, fifos);                     // EMFILE/ENFILE: kUnavailable, never a wait without its FIFOs
-    if (!armed.ok() || !*armed) return armed.status();  // an error, or one is gone already
+    auto armed = arm(names, fifos);  // EMFILE/ENFILE: kUnavailable, never a wait without its FIFOs
+    if (!armed.ok() || !*armed) {    // an error, or one is gone already
+      fifos.clear();
+      return armed.status();
+    }
     auto gone = any_gone_now(QueueDirName(queue), ids, names, fifos);
-    if (!gone.ok() || *gone) return gone.status();
+    if (!gone.ok() || *gone) fifos.clear();
+    return gone.status();
+  }
+
+  // Registers a wait with the store's FifoWatcher (`key` set), or returns
+  // its outcome if it has one at once (`key` stays 0).
+  Status start_wait(std::string_view queue, std::span<const std::string> ids,
+                    const std::shared_ptr<OneOutcome>& outcome, std::uint64_t& key) DLOCK_EXCLUDES(mu_) {
+    std::vector<UniqueFd> fifos;
+    if (Status s = arm_wait(queue, ids, fifos); !s.ok() || fifos.empty()) return s;
     // Under mu_, so that close() (which sets closed_ first) ends this wait
     // if it comes after.
     MutexLock lock(mu_);
@@ -1221,6 +1245,69 @@ class FileSession final : public Session {
     if (!added.ok()) return added.status();
     key = *added;
     return OkStatus();
+  }
+
+  // The blocking wait on the calling thread, without the FifoWatcher: poll(2)
+  // on the entries' FIFOs (POLLHUP: the owner let go or died; POLLIN: a
+  // remover's byte), on the session's closing signal, and on a signal of
+  // its own for `stop` (only if a stop can be requested). The deadline is
+  // poll's timeout: real clock only.
+  Status wait_here(std::string_view queue, std::span<const std::string> ids, Clock::time_point deadline,
+                   const std::stop_token& stop) DLOCK_EXCLUDES(mu_) {
+    std::vector<UniqueFd> fifos;
+    if (Status s = arm_wait(queue, ids, fifos); !s.ok() || fifos.empty()) return s;
+    std::vector<pollfd> polled;
+    polled.reserve(fifos.size() + 2);
+    for (const UniqueFd& fd : fifos) polled.push_back({fd.get(), POLLIN, 0});
+    {
+      // Made under mu_, so that a close() after this line signals it.
+      MutexLock lock(mu_);
+      if (closed_) return closed_error();
+      if (!closing_) {
+        auto made = EventSignal::create();
+        if (!made.ok()) return made.status();
+        closing_.emplace(std::move(*made));
+      }
+      polled.push_back({closing_->fd(), POLLIN, 0});
+    }
+    std::optional<EventSignal> stopping;
+    std::optional<std::stop_callback<std::function<void()>>> on_stop;
+    if (stop.stop_possible()) {
+      auto made = EventSignal::create();
+      if (!made.ok()) return made.status();
+      stopping.emplace(std::move(*made));
+      polled.push_back({stopping->fd(), POLLIN, 0});
+      on_stop.emplace(stop, [&stopping] { stopping->signal(); });  // at once if requested already
+    }
+    const std::size_t closing_at = fifos.size();
+    for (;;) {
+      int timeout_ms = -1;
+      if (deadline != kNoDeadline) {
+        const Clock::duration left = deadline - dir_->clock->now();
+        if (left <= Clock::duration::zero()) break;
+        // Rounded up: a wake-up just before the deadline would only poll again.
+        const auto ms = std::chrono::ceil<std::chrono::milliseconds>(left).count();
+        timeout_ms = static_cast<int>(std::min<std::int64_t>(ms, std::numeric_limits<int>::max()));
+      }
+      const int n = poll(polled.data(), polled.size(), timeout_ms);
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        return UnavailableError("waiting in queue " + std::string(queue) + " (poll): " + ErrnoText(errno));
+      }
+      if (polled[closing_at].revents != 0) return closed_error();
+      for (std::size_t i = 0; i < closing_at; ++i) {
+        if (polled[i].revents != 0) return OkStatus();
+      }
+      if (stopping && polled.back().revents != 0) {
+        return CancelledError("waiting in queue " + std::string(queue) + " was cancelled");
+      }
+    }
+    return DeadlineExceededError("deadline passed waiting for an entry of queue " + std::string(queue) + " to go");
+  }
+
+  const EventSignal* closing_signal() const DLOCK_EXCLUDES(mu_) {
+    MutexLock lock(mu_);
+    return closing_ ? &*closing_ : nullptr;
   }
 
   // One reading of the queue's head; its position is the counter's value
@@ -1317,6 +1404,9 @@ class FileSession final : public Session {
   mutable Mutex mu_;
   bool closed_ DLOCK_GUARDED_BY(mu_) = false;
   std::map<std::string, std::unique_ptr<OwnedEntry>> entries_ DLOCK_GUARDED_BY(mu_);  // by id
+  // Signalled by close() for waits in wait_here(); made by the first of
+  // them, kept until the session goes (a wait may poll it after close()).
+  std::optional<EventSignal> closing_ DLOCK_GUARDED_BY(mu_);
 };
 
 class FileStore final : public Store {
@@ -1455,6 +1545,11 @@ Result<std::shared_ptr<Store>> OpenFileStore(const ParsedUrl& url, const StoreOp
 
   auto dir = std::make_shared<StoreDir>();
   dir->clock = options.clock ? options.clock : Clock::system();
+  {
+    const Clock& given = *dir->clock;
+    const std::shared_ptr<Clock> system = Clock::system();
+    dir->real_clock = typeid(given) == typeid(*system);
+  }
   bool use_default = url.path.empty();
   dir->path = use_default ? DefaultFileStoreDirectory() : url.path;
   while (dir->path.size() > 1 && dir->path.back() == '/') dir->path.pop_back();
