@@ -322,22 +322,19 @@ TEST(Engine, ABlockingAcquireWaitsOnItsOwnThreadWhereTheStoreCan) {
     return hooked->wait_threads;
   };
   const std::thread::id here = std::this_thread::get_id();
-  hooked->direct_waits = true;
-  std::vector<std::thread::id> threads = waits_while([&] {
+  auto blocking = [&] {
     const bool got = m.try_lock_for(10s);
     if (got) m.unlock();
     return got;
-  });
+  };
+  hooked->direct_waits = true;
+  std::vector<std::thread::id> threads = waits_while(blocking);
   ASSERT_FALSE(threads.empty());
   EXPECT_EQ(threads.front(), here) << "the blocking acquire did not wait on its own thread";
   threads = waits_while([&] { return m.acquire_future(10s).get().has_value(); });
   EXPECT_TRUE(std::find(threads.begin(), threads.end(), here) == threads.end()) << "an async acquire blocked a thread";
   hooked->direct_waits = false;
-  threads = waits_while([&] {
-    const bool got = m.try_lock_for(10s);
-    if (got) m.unlock();
-    return got;
-  });
+  threads = waits_while(blocking);
   ASSERT_FALSE(threads.empty());
   EXPECT_NE(threads.front(), here) << "a store that cannot wait on the calling thread was made to";
 }
