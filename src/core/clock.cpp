@@ -1,6 +1,7 @@
 #include "dlock/clock.hpp"
 
 #include "core/listeners.hpp"
+#include "core/system_clock.hpp"
 
 #include <algorithm>
 #include <atomic>
@@ -24,6 +25,10 @@ class SystemClock final : public Clock {
 }  // namespace
 
 std::shared_ptr<Clock> Clock::system() { return std::make_shared<SystemClock>(); }
+
+namespace internal {
+bool IsSystemClock(const Clock& clock) noexcept { return dynamic_cast<const SystemClock*>(&clock) != nullptr; }
+}  // namespace internal
 
 Clock::time_point DeadlineAfter(Clock::time_point now, Clock::duration timeout) noexcept {
   if (timeout <= Clock::duration::zero()) return now;

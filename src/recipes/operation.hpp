@@ -23,6 +23,7 @@
 #include <utility>
 
 #include "core/client_core.hpp"
+#include "core/system_clock.hpp"
 #include "dlock/store.hpp"
 #include "recipes/caller_steps.hpp"
 
@@ -99,9 +100,12 @@ class Operation : public std::enable_shared_from_this<Self> {
     async(std::move(done));
   }
 
-  // Whether a wait would be made on this thread (waits_here_or_async).
+  // Whether wait_any_gone() below would wait on this thread. Not with a
+  // hand-moved client clock: the store's wait takes our deadline as real
+  // time (poll's timeout), and the client's timer could not cut it short.
   bool waits_here(const Session& session) const {
-    return caller_ && caller_->steps.on_running_thread() && session.waits_on_calling_thread();
+    return caller_ && caller_->steps.on_running_thread() && session.waits_on_calling_thread() &&
+           IsSystemClock(client_->clock());
   }
 
   // Waits until an entry of `ids` is gone from `queue`; `next` gets the

@@ -738,6 +738,34 @@ TEST_F(FileStoreTest, AHandMovedClockKeepsTheAsynchronousWait) {
   EXPECT_EQ(wait.Result().code(), ErrorCode::kDeadlineExceeded);
 }
 
+// A client on a hand-moved clock over a store on the real one: its
+// deadlines are on its own clock, so its blocking acquires keep the
+// asynchronous wait, which its timer cuts short (review finding: the
+// store's poll took the hand-moved deadline for real time and gave up at
+// once).
+TEST_F(FileStoreTest, AClientOnAHandMovedClockKeepsItsDeadlinesOverARealClockStore) {
+  auto clock = std::make_shared<ManualClock>();
+  Client holder = Client::with_store(store_);
+  ClientOptions on_clock;
+  on_clock.clock = clock;
+  Client waiter = Client::with_store(store_, on_clock);
+  Mutex held(holder, "clocks");
+  Mutex wanted(waiter, "clocks");
+  std::optional<Hold> hold = held.acquire(5s);
+  ASSERT_TRUE(hold);
+  auto got = std::async(std::launch::async, [&] {
+    const bool locked = wanted.try_lock_for(1h);
+    if (locked) wanted.unlock();
+    return locked;
+  });
+  EXPECT_EQ(got.wait_for(kStillBlocked), std::future_status::timeout)
+      << "the acquire ended before its deadline on the client's clock";
+  clock->advance(2h);
+  EXPECT_EQ(got.wait_for(kPrompt), std::future_status::ready) << "the client's clock did not end the acquire";
+  hold.reset();
+  EXPECT_FALSE(got.get());
+}
+
 // --- asynchronous waits
 
 using testing::ThreadCount;

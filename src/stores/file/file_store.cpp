@@ -35,6 +35,7 @@
 #include "core/event_signal.hpp"
 #include "core/listeners.hpp"
 #include "core/random_id.hpp"
+#include "core/system_clock.hpp"
 #include "core/thread_annotations.hpp"
 #include "core/unique_fd.hpp"
 
@@ -63,7 +64,6 @@
 #include <stop_token>
 #include <system_error>
 #include <thread>
-#include <typeinfo>
 #include <utility>
 #include <vector>
 
@@ -1545,11 +1545,7 @@ Result<std::shared_ptr<Store>> OpenFileStore(const ParsedUrl& url, const StoreOp
 
   auto dir = std::make_shared<StoreDir>();
   dir->clock = options.clock ? options.clock : Clock::system();
-  {
-    const Clock& given = *dir->clock;
-    const std::shared_ptr<Clock> system = Clock::system();
-    dir->real_clock = typeid(given) == typeid(*system);
-  }
+  dir->real_clock = IsSystemClock(*dir->clock);
   bool use_default = url.path.empty();
   dir->path = use_default ? DefaultFileStoreDirectory() : url.path;
   while (dir->path.size() > 1 && dir->path.back() == '/') dir->path.pop_back();
