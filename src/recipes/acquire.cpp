@@ -380,8 +380,12 @@ class Acquisition : public Operation<Acquisition> {
     unsettled_.reset();
     pass_ended(end);
   }
-  // Our entry went with its session.
+  // Our entry went with its session. If the session says it still lives
+  // (a store that answered kSessionLost for it early, or wrongly), the entry
+  // is removed anyway: the next pass may append on that same session, and
+  // must not leave this one behind.
   void gone(PassEnd end) {
+    if (placed_ && !ended(*placed_)) client_->remove_guaranteed(placed_, req_.queue, entry_.id);
     placed_.reset();
     pass_ended(end);
   }

@@ -8,8 +8,11 @@
 // cross none: they are made with the store's blocking forms on its thread
 // (Operation::request), e.g. a synchronous gRPC call on etcd, a pooled
 // connection on Redis. Waits stay asynchronous (a deadline or stop cuts
-// them short through the engine). Timers (deadlines, pauses) stay on the
-// executor, which posts what they start here.
+// them short through the engine), except on a store whose blocking wait
+// sleeps in the calling thread (file://, real clocks only: Operation::
+// wait_any_gone), which takes the deadline and stop token itself. Timers
+// (deadlines, pauses) stay on the executor, which posts what they start
+// here.
 #ifndef DLOCK_SRC_RECIPES_CALLER_STEPS_HPP_
 #define DLOCK_SRC_RECIPES_CALLER_STEPS_HPP_
 

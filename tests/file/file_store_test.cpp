@@ -886,6 +886,67 @@ TEST_F(FileStoreTest, AForkedChildsWaitFailsAndLeavesTheParentsWaits) {
   EXPECT_EQ(got[0].second, OkStatus());
 }
 
+// The same for the blocking wait and the session itself (review finding: the
+// session's closing signal is an eventfd, which a child forked without exec
+// shares; its close() of its copy ended every blocking wait of the parent
+// with kSessionLost, for good). A child's copy of a session leaves the
+// parent's entries, FIFOs and waits alone: its blocking wait fails, its
+// remove() of the parent's entry is refused, and its close() only closes
+// its own descriptors.
+TEST_F(FileStoreTest, AForkedChildsCopyOfASessionLeavesTheParentsEntriesAndBlockingWaits) {
+  auto holder = NewSession();
+  auto waiter = NewSession();
+  Entry e = Append(*holder, "fork");
+  Entry own = Append(*waiter, "fork");
+  std::vector<std::string> ids{e.id};
+  // A first blocking wait makes the session's closing signal.
+  EXPECT_EQ(waiter->wait_any_gone("fork", ids, std::chrono::steady_clock::now() + 20ms, {}).code(),
+            ErrorCode::kDeadlineExceeded);
+  auto result = testing::RunInChild(
+      [&]() -> int {
+        int wrong = 0;  // 1: the wait did not fail; 2: the remove was not refused
+        if (waiter->wait_any_gone("fork", ids, Soon(), {}).code() != ErrorCode::kUnavailable) wrong |= 1;
+        if (waiter->remove("fork", own.id, kNoDeadline).code() != ErrorCode::kFailedPrecondition) wrong |= 2;
+        waiter.reset();  // the child's copy: close() runs in the child
+        return wrong == 0 ? 0 : 10 + wrong;
+      },
+      std::chrono::seconds(30));
+  EXPECT_EQ(result, "exit 0");
+  EXPECT_EQ(waiter->state(), SessionState::kConnected);
+  EXPECT_EQ(Ids(List(*holder, "fork")), (std::vector<std::string>{e.id, own.id})) << "the child removed an entry";
+  AsyncWait wait(waiter, "fork", ids);
+  EXPECT_TRUE(wait.Blocks()) << "the parent's blocking wait ended after the child closed its copy";
+  ASSERT_TRUE(holder->remove("fork", e.id, kNoDeadline).ok());
+  EXPECT_EQ(wait.Result(), OkStatus());
+}
+
+// The same under a blocking acquire: with the defect above, each pass saw
+// kSessionLost from a session still connected, took its entry for gone
+// with it and appended another, until the deadline (hundreds of entries
+// left behind, and nobody got the lock while that session lived).
+TEST_F(FileStoreTest, AForkedChildClosingItsCopyOfASessionLeavesTheParentsAcquiresAlone) {
+  Client a = Client::with_store(store_);
+  Client h = Client::with_store(store_);
+  Mutex ma(a, "fork-acquire");
+  Mutex mh(h, "fork-acquire");
+  std::optional<Hold> held = mh.acquire(5s);
+  ASSERT_TRUE(held);
+  EXPECT_FALSE(ma.acquire(20ms));  // makes a's session's closing signal
+  std::shared_ptr<Session> session = a.session().value();
+  EXPECT_EQ(testing::RunInChild(
+                [&]() -> int {
+                  session->close();  // in the child only
+                  return 0;
+                },
+                std::chrono::seconds(30)),
+            "exit 0");
+  ASSERT_EQ(session->state(), SessionState::kConnected);
+  EXPECT_FALSE(ma.acquire(300ms));
+  EXPECT_EQ(h.list_entries("fork-acquire", false).value().size(), 1u) << "the timed-out acquire left entries";
+  held.reset();
+  EXPECT_TRUE(ma.acquire(5s)) << "the lock stayed out of reach after its holder let go";
+}
+
 // Each pending wait holds a descriptor per entry it waits for. Out of
 // descriptors, a new wait ends at once with kUnavailable (it never hangs or
 // spins), and waits work again once descriptors are back.

@@ -995,6 +995,10 @@ class FileSession final : public Session {
       if (closed_) return closed_error();
       auto it = entries_.find(std::string(id));
       if (it != entries_.end() && it->second->queue == queue) {
+        if (forked_copy()) {  // the parent's entry, which it still holds
+          return FailedPreconditionError("entry " + std::string(id) + " belongs to process " +
+                                         std::to_string(opened_by_) + ", of which this is a child forked without exec");
+        }
         mine = std::move(it->second);
         entries_.erase(it);
       }
@@ -1134,6 +1138,11 @@ class FileSession final : public Session {
     // Holders first, entries second: nobody may see an entry gone before its
     // holder has been told (store.hpp). No lock is held while they hear it.
     subscribers_.notify(SessionState::kClosed);
+    // A child forked without exec closing its copy: the entries, the FIFOs
+    // and closing_ (one eventfd for both processes) are the parent's, whose
+    // session lives on. Only the child's descriptors close (an entry's
+    // flock stays with the parent's).
+    if (forked_copy()) return;
     // Waits in wait_here() (closing_ is never reset once made).
     if (const EventSignal* closing = closing_signal()) closing->signal();
     for (auto& [id, owned] : doomed) ReleaseEntry(*dir_, *owned);
@@ -1254,6 +1263,8 @@ class FileSession final : public Session {
   // poll's timeout: real clock only.
   Status wait_here(std::string_view queue, std::span<const std::string> ids, Clock::time_point deadline,
                    const std::stop_token& stop) DLOCK_EXCLUDES(mu_) {
+    // As the FifoWatcher says: closing_ would be the parent's.
+    if (forked_copy()) return UnavailableError("this file store was opened before fork(); open it again in the child");
     std::vector<UniqueFd> fifos;
     if (Status s = arm_wait(queue, ids, fifos); !s.ok() || fifos.empty()) return s;
     std::vector<pollfd> polled;
@@ -1396,8 +1407,12 @@ class FileSession final : public Session {
   }
   Status closed_error() const { return SessionLostError("session " + id_ + " of " + dir_->path + " is closed"); }
 
+  // Whether this is a copy of the session in a child forked without exec.
+  bool forked_copy() const noexcept { return getpid() != opened_by_; }
+
   const std::shared_ptr<StoreDir> dir_;
   const std::string id_;
+  const pid_t opened_by_ = getpid();
   // Atomic: read without mu_ by state(); written under mu_ by close().
   std::atomic<SessionState> state_{SessionState::kConnected};
   ListenerList<SessionState> subscribers_;  // locks itself
