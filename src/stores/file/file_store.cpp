@@ -995,10 +995,6 @@ class FileSession final : public Session {
       if (closed_) return closed_error();
       auto it = entries_.find(std::string(id));
       if (it != entries_.end() && it->second->queue == queue) {
-        if (forked_copy()) {  // the parent's entry, which it still holds
-          return FailedPreconditionError("entry " + std::string(id) + " belongs to process " +
-                                         std::to_string(opened_by_) + ", of which this is a child forked without exec");
-        }
         mine = std::move(it->second);
         entries_.erase(it);
       }
@@ -1138,13 +1134,13 @@ class FileSession final : public Session {
     // Holders first, entries second: nobody may see an entry gone before its
     // holder has been told (store.hpp). No lock is held while they hear it.
     subscribers_.notify(SessionState::kClosed);
-    // A child forked without exec closing its copy: the entries, the FIFOs
-    // and closing_ (one eventfd for both processes) are the parent's, whose
-    // session lives on. Only the child's descriptors close (an entry's
-    // flock stays with the parent's).
-    if (forked_copy()) return;
-    // Waits in wait_here() (closing_ is never reset once made).
-    if (const EventSignal* closing = closing_signal()) closing->signal();
+    // Waits in wait_here() (closing_ is never reset once made). Not from a
+    // child forked without exec closing its copy: the eventfd is one for
+    // both processes, and the parent's session lives on. (Its entries are
+    // shared too: such a close removes them, as it always did; README.)
+    if (!forked_copy()) {
+      if (const EventSignal* closing = closing_signal()) closing->signal();
+    }
     for (auto& [id, owned] : doomed) ReleaseEntry(*dir_, *owned);
     dir_->watcher->end_session(id_, "session " + id_ + " of " + dir_->path + " was closed while waiting");
   }
