@@ -295,19 +295,15 @@ class Acquisition : public Operation<Acquisition> {
     // vouching for our entry: it lists after the wake-up.
     turn_queue_ =
         waits_here(*session_) ? std::nullopt : next_in_line(queue, static_cast<std::size_t>(ours - queue.begin()), v);
-    if (turn_queue_) {
-      auto waited = then<std::pair<Status, bool>>(
-          [](Acquisition& a, std::pair<Status, bool> w) { a.on_waited(std::move(w.first), w.second); });
-      wait_ = session_->async_wait_turn(req_.queue, v.wait_for, ahead_, entry_.id,
-                                        [waited = std::move(waited)](Status s, bool own_intact) {
-                                          waited(std::make_pair(std::move(s), own_intact));
-                                        });
-    } else {
-      auto handle = wait_any_gone(*session_, req_.queue, v.wait_for,
-                                  [](Acquisition& a, Status waited) { a.on_waited(std::move(waited)); });
-      if (!handle) return;  // made here, and over: on_waited() is posted
-      wait_ = std::move(*handle);
+    if (!turn_queue_) {
+      return wait_any_gone(*session_, req_.queue, v.wait_for,
+                           [](Acquisition& a, Status waited) { a.on_waited(std::move(waited)); });
     }
+    auto waited = then<std::pair<Status, bool>>(
+        [](Acquisition& a, std::pair<Status, bool> w) { a.on_waited(std::move(w.first), w.second); });
+    wait_ = session_->async_wait_turn(
+        req_.queue, v.wait_for, ahead_, entry_.id,
+        [waited = std::move(waited)](Status s, bool own_intact) { waited(std::make_pair(std::move(s), own_intact)); });
     // The wait's own completion (kCancelled) follows the cancel.
     on_interrupt_ = [this] { wait_.reset(); };
   }
@@ -417,7 +413,6 @@ class Acquisition : public Operation<Acquisition> {
   std::shared_ptr<Session> placed_;     // set while entry_ exists and is ours to remove
   std::shared_ptr<Session> unsettled_;  // set while an append's outcome is unknown
   std::string unsettled_attempt_;
-  std::shared_ptr<void> wait_;  // the store wait in progress
   std::vector<Entry> granted_queue_;
   std::optional<std::vector<Entry>> turn_queue_;  // while waiting: next_in_line()
   std::vector<std::string> ahead_;                // its entries ahead of ours

@@ -112,21 +112,20 @@ class Operation : public std::enable_shared_from_this<Self> {
   // outcome as the operation's next step. On a blocking caller's own thread,
   // where the store's blocking wait sleeps in the calling thread itself
   // (Session::waits_on_calling_thread), it is made there, with the
-  // operation's deadline and stop token, and returns nullopt: the wake-up
-  // reaches the caller without a store thread in between. (A deadline or
-  // stop posted meanwhile runs after it and finds nothing armed.) Otherwise
-  // returns the asynchronous wait's handle (which may be a null pointer with
-  // a deleter): destroying it cancels.
-  std::optional<std::shared_ptr<void>> wait_any_gone(Session& session, std::string_view queue,
-                                                     std::span<const std::string> ids,
-                                                     std::function<void(Self&, Status)> next) {
+  // operation's deadline and stop token: the wake-up reaches the caller
+  // without a store thread in between (a deadline or stop posted meanwhile
+  // runs after it and finds nothing armed). Otherwise the asynchronous wait
+  // is armed in wait_, and a deadline or stop cancels it (its completion,
+  // kCancelled, follows).
+  void wait_any_gone(Session& session, std::string_view queue, std::span<const std::string> ids,
+                     std::function<void(Self&, Status)> next) {
     std::function<void(Status)> done = then<Status>(std::move(next));
     if (waits_here(session)) {
-      on_interrupt_ = nullptr;  // nothing to cut short: the wait below ends by the deadline and stop itself
-      done(session.wait_any_gone(queue, ids, deadline_, stop_));
-      return std::nullopt;
+      on_interrupt_ = nullptr;
+      return done(session.wait_any_gone(queue, ids, deadline_, stop_));
     }
-    return session.async_wait_any_gone(queue, ids, std::move(done));
+    wait_ = session.async_wait_any_gone(queue, ids, std::move(done));
+    on_interrupt_ = [this] { wait_.reset(); };
   }
 
   // Keeps the first exception for a blocking caller (acquire.hpp, FailureSink).
@@ -218,6 +217,7 @@ class Operation : public std::enable_shared_from_this<Self> {
   const std::stop_token stop_;
   bool finished_ = false;
   std::function<void()> on_interrupt_;  // what a deadline or stop cuts short now
+  std::shared_ptr<void> wait_;          // the store wait in progress
   std::shared_ptr<void> recovery_;      // the session subscription of a recovery in progress
   const FailureSink caller_;            // a blocking caller's, or null
 

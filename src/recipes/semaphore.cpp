@@ -128,15 +128,12 @@ class SemaphoreAcquisition : public internal::Operation<SemaphoreAcquisition> {
     // A stop request wins over a grant that comes after it.
     if (listed.size() <= permits_) return end_round(stopped() ? Round::kGaveUp : Round::kGranted);
     if (gate_.try_only || expired()) return end_round(Round::kGaveUp);
-    auto handle = wait_any_gone(*session_, leases_, others, [](SemaphoreAcquisition& s, Status waited) {
+    wait_any_gone(*session_, leases_, others, [](SemaphoreAcquisition& s, Status waited) {
       s.wait_.reset();
       s.on_interrupt_ = nullptr;
       if (waited.ok()) return s.fit();
       s.after_failure(waited);
     });
-    if (!handle) return;  // made here, and over: its outcome is posted
-    wait_ = std::move(*handle);
-    on_interrupt_ = [this] { wait_.reset(); };  // its completion (kCancelled) follows
   }
 
   // A failed look or wait: a store out of touch for a moment is waited for
@@ -242,7 +239,6 @@ class SemaphoreAcquisition : public internal::Operation<SemaphoreAcquisition> {
   std::vector<HeldEntry> mine_;
   std::uint64_t token_ = 0;
   std::optional<std::vector<Entry>> seen_;  // the leases as the last append read them
-  std::shared_ptr<void> wait_;
 };
 
 }  // namespace
